@@ -1,0 +1,40 @@
+# The newcomer's commands. `make up` brings the local cluster up; `make test` runs every test
+# (it builds the control plane on first use and starts the cluster the tests need).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: up down status test unit lint testbed venv clean
+
+venv: $(STAMP)
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+# Builds etcd, Kubernetes, kwok and helm from the Go module proxy into ~/.cache/vigil (once).
+testbed:
+	testbed/build.sh
+
+up: venv testbed
+	$(BIN)/python -m testbed.cluster up
+
+down:
+	$(PYTHON) -m testbed.cluster down
+
+status:
+	$(PYTHON) -m testbed.cluster status
+
+lint: venv
+	$(BIN)/ruff check .
+
+unit: venv
+	$(BIN)/pytest -m unit
+
+test: venv testbed lint
+	$(BIN)/pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

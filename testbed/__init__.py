@@ -1,0 +1,1 @@
+"""The local Kubernetes test bed: build script, cluster runner, kwok stages."""

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Builds the local control plane from the Go module proxy into a cache outside the checkout:
+#   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm.
+# Binaries land in $VIGIL_CACHE/bin/<name>-<version>; a second run finds them and does nothing.
+# Usage: testbed/build.sh [--print-bin-dir]
+set -euo pipefail
+
+KUBE_VERSION=${VIGIL_KUBE_VERSION:-v1.36.3}
+ETCD_VERSION=${VIGIL_ETCD_VERSION:-v3.6.16}
+KWOK_VERSION=${VIGIL_KWOK_VERSION:-v0.8.0}
+HELM_VERSION=${VIGIL_HELM_VERSION:-v3.22.0}
+CACHE=${VIGIL_CACHE:-$HOME/.cache/vigil}
+BIN=$CACHE/bin
+SRC=$CACHE/src
+
+# The module proxy only; never a toolchain download (the machine's Go must do).
+export GOTOOLCHAIN=${GOTOOLCHAIN:-local} CGO_ENABLED=0 GOFLAGS=-mod=mod
+
+log() { printf '[testbed build %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { printf '[testbed build] ERROR: %s\n' "$*" >&2; exit 1; }
+
+if [[ ${1:-} == --print-bin-dir ]]; then echo "$BIN"; exit 0; fi
+
+command -v go >/dev/null || die "no 'go' on PATH: install Go >= 1.26 (https://go.dev/doc/install) and run again."
+go_minor=$(go env GOVERSION | sed -E 's/^go1\.([0-9]+).*/\1/')
+(( go_minor >= 26 )) || die "Go $(go env GOVERSION) is too old: Kubernetes ${KUBE_VERSION}, kwok and helm need Go >= 1.26."
+mkdir -p "$BIN" "$SRC"
+
+# Runs a go command, and on failure says which module step failed and what usually causes it.
+run_go() {
+  local what=$1; shift
+  local out; out=$(mktemp)
+  if ! "$@" >"$out" 2>&1; then
+    tail -n 30 "$out" >&2
+    if grep -qE 'dial tcp|proxyconnect|i/o timeout|no such host|connection refused' "$out"; then
+      die "$what: the Go module proxy ($(go env GOPROXY)) could not be reached. Check GOPROXY and the network."
+    elif grep -qE 'not found|unknown revision|invalid version|410 Gone|404 Not Found' "$out"; then
+      die "$what: the module proxy refused a module version (see above). Try another version via VIGIL_*_VERSION."
+    fi
+    die "$what failed (Go's output above)."
+  fi
+  rm -f "$out"
+}
+
+have() { [[ -x $BIN/$1-$2 ]]; }
+
+# Prints a go.mod 'replace' block that pins each of a module's local (staging) replaces
+# to the published version: derived from the module's own go.mod, not hard-coded.
+published_replaces() {
+  local gomod=$1 version=$2
+  awk -v v="$version" '
+    /=> \.\.?\// && !/FORBIDDEN/ { if ($1 == "replace") { $1 = "" ; sub(/^ /, "") } ; print "replace " $1 " => " $1 " " v }
+  ' "$gomod"
+}
+
+wrapper_module() { # dir module-path requires... ; then the replace lines on stdin
+  local dir=$1 name=$2; shift 2
+  mkdir -p "$dir"
+  { echo "module $name"; echo; echo "go 1.26.0"; echo;
+    for r in "$@"; do echo "require $r"; done; echo; cat; } >"$dir/go.mod"
+}
+
+stamp_flags() { # version
+  local v=$1 major minor
+  major=$(sed -E 's/^v([0-9]+)\..*/\1/' <<<"$v"); minor=$(sed -E 's/^v[0-9]+\.([0-9]+)\..*/\1/' <<<"$v")
+  local f="-s -w"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    f+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+    f+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
+  echo "$f"
+}
+
+build_kubernetes() {
+  local missing=()
+  for c in kube-apiserver kube-controller-manager kube-scheduler kubectl; do have "$c" "$KUBE_VERSION" || missing+=("$c"); done
+  (( ${#missing[@]} )) || { log "kubernetes $KUBE_VERSION: cached"; return; }
+  local dir=$SRC/kubernetes-$KUBE_VERSION staging=v0.${KUBE_VERSION#v1.}
+  log "kubernetes $KUBE_VERSION: fetching module (staging modules pinned to $staging)"
+  run_go "download k8s.io/kubernetes@$KUBE_VERSION" go mod download k8s.io/kubernetes@"$KUBE_VERSION"
+  local gomod; gomod=$(go mod download -json k8s.io/kubernetes@"$KUBE_VERSION" | sed -nE 's/.*"GoMod": "(.*)",?/\1/p')
+  published_replaces "$gomod" "$staging" | wrapper_module "$dir" vigil.dev/testbed/kubernetes "k8s.io/kubernetes $KUBE_VERSION"
+  for c in "${missing[@]}"; do
+    log "kubernetes $KUBE_VERSION: building $c (a cold build takes several minutes per binary on 2 cores)"
+    (cd "$dir" && run_go "build $c" go build -trimpath -ldflags "$(stamp_flags "$KUBE_VERSION")" \
+      -o "$BIN/$c-$KUBE_VERSION.tmp" "k8s.io/kubernetes/cmd/$c")
+    mv "$BIN/$c-$KUBE_VERSION.tmp" "$BIN/$c-$KUBE_VERSION"
+  done
+}
+
+build_etcd() {
+  have etcd "$ETCD_VERSION" && { log "etcd $ETCD_VERSION: cached"; return; }
+  local dir=$SRC/etcd-$ETCD_VERSION
+  log "etcd $ETCD_VERSION: fetching module"
+  run_go "download go.etcd.io/etcd/server/v3@$ETCD_VERSION" go mod download go.etcd.io/etcd/server/v3@"$ETCD_VERSION"
+  local gomod; gomod=$(go mod download -json go.etcd.io/etcd/server/v3@"$ETCD_VERSION" | sed -nE 's/.*"GoMod": "(.*)",?/\1/p')
+  published_replaces "$gomod" "$ETCD_VERSION" | wrapper_module "$dir" vigil.dev/testbed/etcd "go.etcd.io/etcd/server/v3 $ETCD_VERSION"
+  log "etcd $ETCD_VERSION: building"
+  (cd "$dir" && run_go "build etcd" go build -trimpath -ldflags "-s -w" -o "$BIN/etcd-$ETCD_VERSION.tmp" go.etcd.io/etcd/server/v3)
+  mv "$BIN/etcd-$ETCD_VERSION.tmp" "$BIN/etcd-$ETCD_VERSION"
+}
+
+build_plain() { # name module/cmd/path version ldflags
+  local name=$1 pkg=$2 version=$3 ldflags=${4:-"-s -w"}
+  have "$name" "$version" && { log "$name $version: cached"; return; }
+  local gobin; gobin=$(mktemp -d)
+  log "$name $version: building $pkg@$version"
+  GOFLAGS= GOBIN=$gobin run_go "go install $pkg@$version" go install -trimpath -ldflags "$ldflags" "$pkg@$version"
+  mv "$gobin/$name" "$BIN/$name-$version"; rmdir "$gobin"
+}
+
+start=$SECONDS
+build_etcd
+build_kubernetes
+build_plain kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION" "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
+build_plain helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+
+# Stable names for the chosen versions, so PATH=$BIN works.
+for pair in "etcd $ETCD_VERSION" "kube-apiserver $KUBE_VERSION" "kube-controller-manager $KUBE_VERSION" \
+            "kube-scheduler $KUBE_VERSION" "kubectl $KUBE_VERSION" "kwok $KWOK_VERSION" "helm $HELM_VERSION"; do
+  set -- $pair; ln -sfn "$1-$2" "$BIN/$1"
+done
+log "done in $((SECONDS - start))s: binaries in $BIN"

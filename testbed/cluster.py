@@ -1,0 +1,639 @@
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler and kwok (fake nodes and kubelets), from binaries built by testbed/build.sh.
+
+    python -m testbed.cluster up [--nodes 3] [--port-base 16443] [--name default] [--durable]
+    python -m testbed.cluster status
+    python -m testbed.cluster down [--keep-data]
+
+Everything lives in $VIGIL_CACHE/clusters/<name>/ (pki, etcd data, logs, pid files,
+kubeconfig). `down` stops only the processes whose pid files it wrote. Standard library only,
+so the pytest fixtures can drive it from any virtualenv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+CACHE = Path(os.environ.get("VIGIL_CACHE", Path.home() / ".cache" / "vigil"))
+BIN = CACHE / "bin"
+STAGES = Path(__file__).with_name("kwok-stages.yaml")
+SERVICE_CIDR = "10.0.0.0/24"
+POD_CIDR = "10.244.0.1/16"
+FAKE_NODE_TAINT = {"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}
+# Start order; `down` stops them in reverse.
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+
+
+class ClusterError(RuntimeError):
+    """A step of bringing the cluster up failed; the message says what to look at."""
+
+
+def log(msg: str) -> None:
+    print(f"[testbed {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Ports:
+    """All ports of one cluster, derived from one base so two clusters can run side by side."""
+
+    apiserver: int
+    etcd_client: int
+    etcd_peer: int
+    controller_manager: int
+    scheduler: int
+    kwok: int
+
+    @classmethod
+    def from_base(cls, base: int) -> Ports:
+        return cls(base, base + 1, base + 2, base + 3, base + 4, base + 5)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    ports: Ports
+
+    @property
+    def dir(self) -> Path:
+        return CACHE / "clusters" / self.name
+
+    @property
+    def pki(self) -> Path:
+        return self.dir / "pki"
+
+    @property
+    def logs(self) -> Path:
+        return self.dir / "logs"
+
+    @property
+    def pids(self) -> Path:
+        return self.dir / "pids"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.dir / "kubeconfig"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports.apiserver}"
+
+    def save(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "cluster.json").write_text(json.dumps({"name": self.name, "port_base": self.ports.apiserver}))
+
+    @classmethod
+    def load(cls, name: str) -> Cluster | None:
+        path = CACHE / "clusters" / name / "cluster.json"
+        if not path.exists():
+            return None
+        data = json.loads(path.read_text())
+        return cls(data["name"], Ports.from_base(data["port_base"]))
+
+
+# --- binaries ---------------------------------------------------------------------------
+
+
+def binary(name: str) -> str:
+    path = BIN / name
+    if not path.exists():
+        raise ClusterError(f"{path} is missing: run testbed/build.sh first (it builds the control plane).")
+    return str(path)
+
+
+# --- PKI (openssl) --------------------------------------------------------------------------
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    result = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
+    if result.returncode:
+        raise ClusterError(f"openssl {' '.join(args[:2])} failed: {result.stderr.strip()}")
+
+
+def _client_cert(pki: Path, name: str, subject: str) -> None:
+    _openssl(
+        "req",
+        "-new",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.csr",
+        "-subj",
+        subject,
+        cwd=pki,
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        f"{name}.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "3650",
+        "-out",
+        f"{name}.crt",
+        cwd=pki,
+    )
+
+
+def make_pki(pki: Path) -> None:
+    """A CA, the apiserver's serving cert, client certs per component, the service-account key."""
+    if (pki / "done").exists():
+        return
+    if shutil.which("openssl") is None:
+        raise ClusterError("openssl is missing: install it (apt-get install openssl).")
+    pki.mkdir(parents=True, exist_ok=True)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "3650",
+        "-subj",
+        "/CN=vigil-testbed-ca",
+        cwd=pki,
+    )
+    (pki / "serving.ext").write_text(
+        "subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,"
+        "DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\n"
+        "extendedKeyUsage=serverAuth\n"
+    )
+    _openssl(
+        "req",
+        "-new",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "apiserver.key",
+        "-out",
+        "apiserver.csr",
+        "-subj",
+        "/CN=kube-apiserver",
+        cwd=pki,
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        "apiserver.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "3650",
+        "-extfile",
+        "serving.ext",
+        "-out",
+        "apiserver.crt",
+        cwd=pki,
+    )
+    # Each component authenticates as the user the default RBAC bootstrap policy expects.
+    _client_cert(pki, "admin", "/O=system:masters/CN=vigil-testbed-admin")
+    _client_cert(pki, "controller-manager", "/CN=system:kube-controller-manager")
+    _client_cert(pki, "scheduler", "/CN=system:kube-scheduler")
+    _openssl("genrsa", "-out", "sa.key", "2048", cwd=pki)
+    _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
+    (pki / "done").write_text("")
+
+
+def write_kubeconfig(cluster: Cluster, path: Path, user: str) -> None:
+    pki = cluster.pki
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": f"vigil-{cluster.name}",
+                "cluster": {"server": cluster.server, "certificate-authority": str(pki / "ca.crt")},
+            }
+        ],
+        "users": [
+            {
+                "name": user,
+                "user": {"client-certificate": str(pki / f"{user}.crt"), "client-key": str(pki / f"{user}.key")},
+            }
+        ],
+        "contexts": [{"name": f"vigil-{cluster.name}", "context": {"cluster": f"vigil-{cluster.name}", "user": user}}],
+        "current-context": f"vigil-{cluster.name}",
+    }
+    path.write_text(json.dumps(config, indent=2))  # JSON is YAML: every client reads it
+
+
+# --- processes ------------------------------------------------------------------------------
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours is not running.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def running_pid(cluster: Cluster, component: str) -> int | None:
+    pidfile = cluster.pids / f"{component}.pid"
+    if not pidfile.exists():
+        return None
+    pid = int(pidfile.read_text().split()[0])
+    # Guard against pid reuse: the process must still be the binary we started.
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+    if not _pid_alive(pid) or Path(exe).name.rsplit("-v", 1)[0] != component:
+        return None
+    return pid
+
+
+def start(cluster: Cluster, component: str, args: list[str]) -> None:
+    if running_pid(cluster, component):
+        log(f"{component}: already running")
+        return
+    cluster.logs.mkdir(parents=True, exist_ok=True)
+    cluster.pids.mkdir(parents=True, exist_ok=True)
+    logfile = cluster.logs / f"{component}.log"
+    with open(logfile, "ab") as out:
+        proc = subprocess.Popen(
+            [binary(component), *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    (cluster.pids / f"{component}.pid").write_text(str(proc.pid))
+    log(f"{component}: started (pid {proc.pid}), log {logfile}")
+
+
+def stop(cluster: Cluster, component: str, timeout: float = 15.0) -> None:
+    pid = running_pid(cluster, component)
+    pidfile = cluster.pids / f"{component}.pid"
+    if pid:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while _pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+            while _pid_alive(pid):
+                time.sleep(0.05)
+        log(f"{component}: stopped (pid {pid})")
+    pidfile.unlink(missing_ok=True)
+
+
+def wait_for(what: str, check, timeout: float, cluster: Cluster, component: str) -> None:
+    """Polls check() until it is true; fails early if the component died, pointing at its log."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if component and not running_pid(cluster, component):
+            tail = _tail(cluster.logs / f"{component}.log")
+            raise ClusterError(f"{component} exited while waiting for {what}. Last log lines:\n{tail}")
+        time.sleep(0.25)
+    raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}; see {cluster.logs / (component + '.log')}")
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+# --- health checks --------------------------------------------------------------------------
+
+
+def _https_ok(cluster: Cluster, url: str) -> bool:
+    ctx = ssl.create_default_context(cafile=str(cluster.pki / "ca.crt"))
+    ctx.load_cert_chain(str(cluster.pki / "admin.crt"), str(cluster.pki / "admin.key"))
+    try:
+        with urllib.request.urlopen(url, context=ctx, timeout=2) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _insecure_ok(url: str) -> bool:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(url, context=ctx, timeout=2) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def kubectl(cluster: Cluster, *args: str, input: str | None = None) -> str:
+    result = subprocess.run(
+        [binary("kubectl"), "--kubeconfig", str(cluster.kubeconfig), *args], input=input, capture_output=True, text=True
+    )
+    if result.returncode:
+        raise ClusterError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+    return result.stdout
+
+
+# --- the components -------------------------------------------------------------------------
+
+
+def start_etcd(cluster: Cluster, durable: bool) -> None:
+    p = cluster.ports
+    args = [
+        "--name=vigil",
+        f"--data-dir={cluster.dir / 'etcd'}",
+        f"--listen-client-urls=http://127.0.0.1:{p.etcd_client}",
+        f"--advertise-client-urls=http://127.0.0.1:{p.etcd_client}",
+        f"--listen-peer-urls=http://127.0.0.1:{p.etcd_peer}",
+        f"--initial-advertise-peer-urls=http://127.0.0.1:{p.etcd_peer}",
+        f"--initial-cluster=vigil=http://127.0.0.1:{p.etcd_peer}",
+        "--quota-backend-bytes=4294967296",
+        "--log-level=warn",
+    ]
+    if not durable:
+        args.append("--unsafe-no-fsync")  # tests only: a crash of the machine may lose writes
+    start(cluster, "etcd", args)
+    wait_for("etcd health", lambda: _http_ok(f"http://127.0.0.1:{p.etcd_client}/health"), 60, cluster, "etcd")
+
+
+def start_apiserver(cluster: Cluster) -> None:
+    pki, p = cluster.pki, cluster.ports
+    start(
+        cluster,
+        "kube-apiserver",
+        [
+            f"--etcd-servers=http://127.0.0.1:{p.etcd_client}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={p.apiserver}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--authorization-mode=Node,RBAC",
+            "--endpoint-reconciler-type=none",  # no loopback Endpoints for the kubernetes Service
+            "--allow-privileged=true",
+            "--profiling=false",
+            "--v=1",
+        ],
+    )
+    wait_for(
+        "kube-apiserver /readyz", lambda: _https_ok(cluster, f"{cluster.server}/readyz"), 120, cluster, "kube-apiserver"
+    )
+
+
+def start_controller_manager(cluster: Cluster) -> None:
+    pki, p = cluster.pki, cluster.ports
+    kubeconfig = cluster.dir / "controller-manager.kubeconfig"
+    write_kubeconfig(cluster, kubeconfig, "controller-manager")
+    start(
+        cluster,
+        "kube-controller-manager",
+        [
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={p.controller_manager}",
+            "--leader-elect=false",
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            f"--root-ca-file={pki / 'ca.crt'}",
+            "--use-service-account-credentials=true",  # each controller acts as its own identity
+            f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+            f"--cluster-signing-key-file={pki / 'ca.key'}",
+            "--v=1",
+        ],
+    )
+    wait_for(
+        "kube-controller-manager /healthz",
+        lambda: _insecure_ok(f"https://127.0.0.1:{p.controller_manager}/healthz"),
+        60,
+        cluster,
+        "kube-controller-manager",
+    )
+
+
+def start_scheduler(cluster: Cluster) -> None:
+    p = cluster.ports
+    kubeconfig = cluster.dir / "scheduler.kubeconfig"
+    write_kubeconfig(cluster, kubeconfig, "scheduler")
+    start(
+        cluster,
+        "kube-scheduler",
+        [
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={p.scheduler}",
+            "--leader-elect=false",
+            "--v=1",
+        ],
+    )
+    wait_for(
+        "kube-scheduler /healthz",
+        lambda: _insecure_ok(f"https://127.0.0.1:{p.scheduler}/healthz"),
+        60,
+        cluster,
+        "kube-scheduler",
+    )
+
+
+def start_kwok(cluster: Cluster) -> None:
+    p = cluster.ports
+    start(
+        cluster,
+        "kwok",
+        [
+            f"--kubeconfig={cluster.kubeconfig}",
+            f"--config={STAGES}",
+            "--manage-all-nodes=false",
+            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            f"--cidr={POD_CIDR}",
+            "--node-ip=127.0.0.1",
+            f"--server-address=127.0.0.1:{p.kwok}",
+        ],
+    )
+    wait_for("kwok /healthz", lambda: _http_ok(f"http://127.0.0.1:{p.kwok}/healthz"), 60, cluster, "kwok")
+
+
+def fake_node(name: str) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {
+                "type": "kwok",
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+            },
+        },
+        # The taint keeps real workloads off fake nodes (on kind too); test pods tolerate it.
+        "spec": {"taints": [FAKE_NODE_TAINT]},
+    }
+
+
+def create_nodes(cluster: Cluster, count: int) -> list[str]:
+    names = [f"kwok-node-{i}" for i in range(count)]
+    manifest = {"apiVersion": "v1", "kind": "List", "items": [fake_node(n) for n in names]}
+    kubectl(cluster, "apply", "-f", "-", input=json.dumps(manifest))
+    return names
+
+
+def _nodes_ready(cluster: Cluster, names: list[str]) -> bool:
+    try:
+        out = json.loads(kubectl(cluster, "get", "nodes", "-o", "json"))
+    except ClusterError:
+        return False
+    ready = {
+        n["metadata"]["name"]
+        for n in out["items"]
+        if any(c["type"] == "Ready" and c["status"] == "True" for c in n.get("status", {}).get("conditions", []))
+    }
+    return set(names) <= ready
+
+
+def _default_service_account(cluster: Cluster) -> bool:
+    try:
+        kubectl(cluster, "get", "serviceaccount", "default", "-n", "default")
+        return True
+    except ClusterError:
+        return False
+
+
+# --- commands -------------------------------------------------------------------------------
+
+
+def up(cluster: Cluster, nodes: int, durable: bool = False) -> Cluster:
+    began = time.monotonic()
+    existing = Cluster.load(cluster.name)
+    if existing and existing.ports != cluster.ports and any(running_pid(existing, c) for c in COMPONENTS):
+        raise ClusterError(
+            f"cluster {cluster.name!r} already runs on port base {existing.ports.apiserver}; "
+            "run `down` first or choose another --name."
+        )
+    cluster.save()
+    make_pki(cluster.pki)
+    write_kubeconfig(cluster, cluster.kubeconfig, "admin")
+    start_etcd(cluster, durable)
+    start_apiserver(cluster)
+    start_controller_manager(cluster)
+    start_scheduler(cluster)
+    start_kwok(cluster)
+    names = create_nodes(cluster, nodes)
+    wait_for(f"{nodes} Ready kwok nodes", lambda: _nodes_ready(cluster, names), 120, cluster, "kwok")
+    # Pods are refused until the service-account controller has made the default account.
+    wait_for(
+        "the default ServiceAccount", lambda: _default_service_account(cluster), 60, cluster, "kube-controller-manager"
+    )
+    log(f"cluster {cluster.name!r} is up in {time.monotonic() - began:.1f}s: {cluster.server}")
+    log(f"export KUBECONFIG={cluster.kubeconfig}")
+    log(f"logs: {cluster.logs}/<component>.log")
+    return cluster
+
+
+def down(cluster: Cluster, keep_data: bool = False) -> None:
+    for component in reversed(COMPONENTS):
+        stop(cluster, component)
+    if not keep_data:
+        shutil.rmtree(cluster.dir / "etcd", ignore_errors=True)
+        log(f"cluster {cluster.name!r}: data removed (pki and logs kept in {cluster.dir})")
+
+
+def status(cluster: Cluster) -> bool:
+    """Prints what runs; true when every component does."""
+    all_up = True
+    for component in COMPONENTS:
+        pid = running_pid(cluster, component)
+        all_up &= pid is not None
+        print(f"{component:26} {f'running (pid {pid})' if pid else 'stopped'}")
+    print(f"{'kubeconfig':26} {cluster.kubeconfig}")
+    print(f"{'apiserver':26} {cluster.server}")
+    return all_up
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m testbed.cluster", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("command", choices=["up", "down", "status", "kubeconfig"])
+    parser.add_argument("--name", default=os.environ.get("VIGIL_CLUSTER", "default"))
+    parser.add_argument(
+        "--port-base",
+        type=int,
+        default=None,
+        help="apiserver port; the others follow it (default 16443, or the cluster's own)",
+    )
+    parser.add_argument("--nodes", type=int, default=3, help="number of kwok nodes (default 3)")
+    parser.add_argument("--durable", action="store_true", help="etcd fsyncs every write (off by default: faster tests)")
+    parser.add_argument("--keep-data", action="store_true", help="down: keep etcd's data")
+    args = parser.parse_args(argv)
+
+    saved = Cluster.load(args.name)
+    base = args.port_base or (saved.ports.apiserver if saved else 16443)
+    cluster = Cluster(args.name, Ports.from_base(base))
+    try:
+        if args.command == "up":
+            up(cluster, args.nodes, args.durable)
+            print(kubectl(cluster, "get", "nodes", "-o", "wide"), end="")
+        elif args.command == "down":
+            down(cluster, args.keep_data)
+        elif args.command == "kubeconfig":
+            print(cluster.kubeconfig)
+        else:
+            return 0 if status(cluster) else 3
+    except ClusterError as err:
+        log(f"ERROR: {err}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
