@@ -1,4 +1,4 @@
-# The newcomer's commands. `make up` brings the local cluster up; `make test` runs every test
+# The newcomer's commands. `make up` brings Vigil up on a local cluster and runs the examples; `make test` runs every test
 # (it builds the control plane on first use and starts the cluster the tests need).
 PYTHON ?= python3
 VENV   := .venv
@@ -18,8 +18,9 @@ $(STAMP): pyproject.toml
 testbed:
 	testbed/build.sh
 
+# The cluster, Vigil's CRDs and operator, and the example jobs run until each has finished.
 up: venv testbed
-	$(BIN)/python -m testbed.cluster up
+	$(BIN)/python -m testbed.demo
 
 down:
 	$(PYTHON) -m testbed.cluster down

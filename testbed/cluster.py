@@ -264,22 +264,29 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot: with the pid, a unique identity."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
 def running_pid(cluster: Cluster, component: str) -> int | None:
+    """The pid of the component if the very process `start` launched still runs."""
     pidfile = cluster.pids / f"{component}.pid"
     if not pidfile.exists():
         return None
-    pid = int(pidfile.read_text().split()[0])
-    # Guard against pid reuse: the process must still be the binary we started.
-    try:
-        exe = os.readlink(f"/proc/{pid}/exe")
-    except OSError:
+    pid, _, started = pidfile.read_text().partition(" ")
+    # Guard against pid reuse: same pid and same start time, or it is another process.
+    if not _pid_alive(int(pid)) or _start_time(int(pid)) != started.strip():
         return None
-    if not _pid_alive(pid) or Path(exe).name.rsplit("-v", 1)[0] != component:
-        return None
-    return pid
+    return int(pid)
 
 
-def start(cluster: Cluster, component: str, args: list[str]) -> None:
+def start(cluster: Cluster, component: str, command: list[str], env: dict[str, str] | None = None) -> None:
+    """Starts a process of the cluster in its own session, logging to logs/<component>.log."""
     if running_pid(cluster, component):
         log(f"{component}: already running")
         return
@@ -288,13 +295,14 @@ def start(cluster: Cluster, component: str, args: list[str]) -> None:
     logfile = cluster.logs / f"{component}.log"
     with open(logfile, "ab") as out:
         proc = subprocess.Popen(
-            [binary(component), *args],
+            command,
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            env={**os.environ, **(env or {})},
         )
-    (cluster.pids / f"{component}.pid").write_text(str(proc.pid))
+    (cluster.pids / f"{component}.pid").write_text(f"{proc.pid} {_start_time(proc.pid)}")
     log(f"{component}: started (pid {proc.pid}), log {logfile}")
 
 
@@ -393,7 +401,7 @@ def start_etcd(cluster: Cluster, durable: bool) -> None:
     ]
     if not durable:
         args.append("--unsafe-no-fsync")  # tests only: a crash of the machine may lose writes
-    start(cluster, "etcd", args)
+    start(cluster, "etcd", [binary("etcd"), *args])
     wait_for("etcd health", lambda: _http_ok(f"http://127.0.0.1:{p.etcd_client}/health"), 60, cluster, "etcd")
 
 
@@ -403,6 +411,7 @@ def start_apiserver(cluster: Cluster) -> None:
         cluster,
         "kube-apiserver",
         [
+            binary("kube-apiserver"),
             f"--etcd-servers=http://127.0.0.1:{p.etcd_client}",
             "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1",
@@ -434,6 +443,7 @@ def start_controller_manager(cluster: Cluster) -> None:
         cluster,
         "kube-controller-manager",
         [
+            binary("kube-controller-manager"),
             f"--kubeconfig={kubeconfig}",
             f"--authentication-kubeconfig={kubeconfig}",
             f"--authorization-kubeconfig={kubeconfig}",
@@ -465,6 +475,7 @@ def start_scheduler(cluster: Cluster) -> None:
         cluster,
         "kube-scheduler",
         [
+            binary("kube-scheduler"),
             f"--kubeconfig={kubeconfig}",
             f"--authentication-kubeconfig={kubeconfig}",
             f"--authorization-kubeconfig={kubeconfig}",
@@ -489,6 +500,7 @@ def start_kwok(cluster: Cluster) -> None:
         cluster,
         "kwok",
         [
+            binary("kwok"),
             f"--kubeconfig={cluster.kubeconfig}",
             f"--config={STAGES}",
             "--manage-all-nodes=false",
@@ -580,7 +592,11 @@ def up(cluster: Cluster, nodes: int, durable: bool = False) -> Cluster:
 
 
 def down(cluster: Cluster, keep_data: bool = False) -> None:
-    for component in reversed(COMPONENTS):
+    """Stops what runs on the cluster (the operator and other extras first), then the cluster."""
+    extras = (
+        sorted(p.stem for p in cluster.pids.glob("*.pid") if p.stem not in COMPONENTS) if cluster.pids.exists() else []
+    )
+    for component in [*extras, *reversed(COMPONENTS)]:
         stop(cluster, component)
     if not keep_data:
         shutil.rmtree(cluster.dir / "etcd", ignore_errors=True)
