@@ -9,6 +9,9 @@ namespace per test, deleted after it.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -36,6 +39,21 @@ class Kube:
     @property
     def core(self) -> client.CoreV1Api:
         return client.CoreV1Api(self.api)
+
+    @property
+    def custom(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self.api)
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        """kubectl as a user runs it: the test bed's own build, else the one on PATH."""
+        built = testbed.BIN / "kubectl"
+        binary = str(built) if built.exists() else shutil.which("kubectl") or "kubectl"
+        result = subprocess.run(
+            [binary, "--kubeconfig", str(self.kubeconfig), *args], input=input, capture_output=True, text=True
+        )
+        if check and result.returncode:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({result.returncode}): {result.stderr}")
+        return result
 
 
 def wait_until(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.2):
@@ -83,6 +101,64 @@ def kube() -> Iterator[Kube]:
         api.close()
         if started_here and not os.environ.get("VIGIL_KEEP_CLUSTER"):
             testbed.down(SUITE_CLUSTER)
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def install_crds(kube: Kube) -> None:
+    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+    kube.kubectl("wait", "--for=condition=Established", "crd/vigiljobs.vigil.dev", "--timeout=60s")
+
+
+class OperatorProcess:
+    """`vigil operator` as a separate process, as it runs for real; killable at any instant."""
+
+    def __init__(self, kube: Kube, namespaces: list[str], log_path: Path, kubeconfig: Path | None = None):
+        self.kube, self.namespaces, self.log_path = kube, namespaces, log_path
+        self.kubeconfig = kubeconfig or kube.kubeconfig  # whose identity the operator acts with
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        vigil = Path(sys.executable).with_name("vigil")
+        args = [str(vigil), "operator", "--log-level", os.environ.get("VIGIL_TEST_OPERATOR_LOG_LEVEL", "info")]
+        for pattern in self.namespaces:
+            args += ["--namespace", pattern]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+            )
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no goodbye, as when a node dies under it."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture(scope="session")
+def vigil(
+    kube: Kube, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[OperatorProcess]:
+    """The CRDs installed and one operator for the session, watching the test namespaces (t-*)."""
+    install_crds(kube)
+    operator = OperatorProcess(kube, ["t-*"], tmp_path_factory.mktemp("operator") / "operator.log")
+    operator.start()
+    try:
+        yield operator
+    finally:
+        operator.stop()
+        if request.session.testsfailed:  # CI keeps no files: show what the operator said
+            tail = operator.log_path.read_text(errors="replace").splitlines()[-120:]
+            print(f"--- last lines of {operator.log_path}", *tail, sep="\n", file=sys.__stderr__)
 
 
 @pytest.fixture

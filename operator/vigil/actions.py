@@ -1,0 +1,88 @@
+"""What the decision core asks the shell to do, as plain data.
+
+The shell executes a decision's actions in order and stops at the first one that fails: the
+first mutating action is always a PatchStatus carrying the resourceVersion the decision was
+based on, so a decision made on a stale view of the job fails there, before it touches a pod.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+
+@dataclass(frozen=True)
+class PatchStatus:
+    """Write the job's status through the status subresource.
+
+    `status` is a JSON merge patch of `.status` naming every field Vigil owns (null clears one).
+    Send it with `metadata.resourceVersion = resource_version`: the API server then refuses it
+    with 409 Conflict if the job changed since the decision read it, which makes the decision
+    void. A patch that changes nothing still checks the version.
+    """
+
+    status: dict[str, Any]
+    resource_version: str | None
+
+
+@dataclass(frozen=True)
+class CreatePod:
+    """Create an attempt's pod. Its name is deterministic: AlreadyExists with a pod owned by the
+    job means done; a pod of that name owned by anyone else is shown to the next decide() (in
+    its `pods`), which reports the conflict instead of adopting it."""
+
+    manifest: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    """Delete a pod, with a UID precondition so a newer pod of the same name is never hit.
+    NotFound and a failed precondition mean done."""
+
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class SetDeadLetterLabel:
+    """Set (True) or remove (False) the job's `vigil.dev/dead-letter: "true"` label."""
+
+    dead_lettered: bool
+
+
+@dataclass(frozen=True)
+class EmitEvent:
+    """Post a Kubernetes Event about the job."""
+
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    """Delete the job (ttlSecondsAfterFinished), with a UID precondition."""
+
+    uid: str
+
+
+@dataclass(frozen=True)
+class RequeueAfter:
+    """Call decide() again after this many seconds, even if nothing is observed to change."""
+
+    seconds: float
+
+
+Action = PatchStatus | CreatePod | DeletePod | SetDeadLetterLabel | EmitEvent | DeleteJob | RequeueAfter
+ActionT = TypeVar("ActionT", bound=Action)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The actions for one look at a job, in the order they must be executed."""
+
+    actions: tuple[Action, ...] = ()
+
+    def of_type(self, kind: type[ActionT]) -> list[ActionT]:
+        """The actions of one kind, in order."""
+        return [action for action in self.actions if isinstance(action, kind)]

@@ -1,0 +1,318 @@
+"""The VigilJob API (group vigil.dev, version v1alpha1) as pydantic models.
+
+These models are the one source of truth for the wire format: `vigil.crd` generates the CRD's
+OpenAPI schema, defaults and CEL rules from them, and the decision core parses jobs with them.
+Field names are snake_case in Python and camelCase on the wire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Annotated, Any, ClassVar, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "vigil.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "VigilJob"
+PLURAL = "vigiljobs"
+
+# Names Vigil puts on objects (see DESIGN.md, "Names on objects").
+LABEL_JOB_UID = "vigil.dev/job-uid"
+LABEL_ATTEMPT = "vigil.dev/attempt"
+LABEL_QUEUE = "vigil.dev/queue"
+LABEL_DEAD_LETTER = "vigil.dev/dead-letter"
+ANNOTATION_REDRIVE = "vigil.dev/redrive"
+ANNOTATION_CHECKPOINT = "vigil.dev/checkpoint"
+
+MAX_CHECKPOINT_BYTES = 2048
+HISTORY_LIMIT = 20
+
+Phase = Literal[
+    "Queued",
+    "Starting",
+    "Running",
+    "Uncertain",
+    "BackingOff",
+    "Succeeded",
+    "DeadLettered",
+    "Suspended",
+]
+TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "DeadLettered"})
+AttemptPhase = Literal["Starting", "Running", "Uncertain"]
+Outcome = Literal["Succeeded", "Failed", "Lost", "DeadlineExceeded", "Disrupted", "Superseded", "Cancelled"]
+Guarantee = Literal["AtLeastOnce", "NoOverlap"]
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One validation rule, stated twice: in CEL for the API server, in Python for the core.
+
+    Both sides carry the same message, so a person sees the same text whichever refuses.
+    """
+
+    cel: str
+    message: str
+    holds: Callable[[Any], bool]
+
+
+class WireModel(BaseModel):
+    """Base of every API model: camelCase on the wire, immutable, validated by `cel_rules`."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+    cel_rules: ClassVar[tuple[Rule, ...]] = ()
+
+    @model_validator(mode="after")
+    def _check_cel_rules(self) -> Self:
+        for rule in self.cel_rules:
+            if not rule.holds(self):
+                raise ValueError(rule.message)
+        return self
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> dict[str, Any]:
+        schema = handler(core_schema)
+        if cls.cel_rules:
+            handler.resolve_ref_schema(schema)["x-kubernetes-validations"] = [
+                {"rule": rule.cel, "message": rule.message} for rule in cls.cel_rules
+            ]
+        return schema
+
+
+def _nested(model: type[WireModel], description: str) -> Any:
+    """A sub-object that may be left out: the API server then fills it in with all its defaults."""
+    # The default is spelled out whole: the API server checks a default against the CEL rules
+    # without first filling in the defaults nested inside it, so `{}` would fail them.
+    default = model().model_dump(by_alias=True, mode="json")
+    return Field(default_factory=model, description=description, json_schema_extra={"default": default})
+
+
+# ---------------------------------------------------------------------------------------- spec
+
+
+class Backoff(WireModel):
+    """Delay before a retry: min(maxSeconds, initialSeconds * factor^(n-1)), then jittered."""
+
+    initial_seconds: int = Field(10, ge=0, description="Delay after the first failed attempt.")
+    factor: float = Field(2.0, description="Growth of the delay per failed attempt (>= 1).")
+    max_seconds: int = Field(600, ge=0, description="Upper bound of the delay.")
+    jitter: float = Field(
+        0.5,
+        description="Share of the delay that is random, in [0, 1]: the delay is drawn from "
+        "[base * (1 - jitter), base].",
+    )
+
+    cel_rules = (
+        Rule(
+            "self.maxSeconds >= self.initialSeconds",
+            "retry.backoff.maxSeconds must be >= retry.backoff.initialSeconds",
+            lambda b: b.max_seconds >= b.initial_seconds,
+        ),
+        Rule(
+            "self.factor >= 1.0",
+            "retry.backoff.factor must be >= 1 (1 keeps the delay constant)",
+            lambda b: b.factor >= 1.0,
+        ),
+        Rule(
+            "self.jitter >= 0.0 && self.jitter <= 1.0",
+            "retry.backoff.jitter must be between 0 (no jitter) and 1 (full jitter)",
+            lambda b: 0.0 <= b.jitter <= 1.0,
+        ),
+    )
+
+
+class Retry(WireModel):
+    """How often a job is tried, and which failures end it at once."""
+
+    max_attempts: int = Field(6, description="Attempts in all per round, the first included.")
+    backoff: Backoff = _nested(Backoff, "Exponential backoff with jitter between attempts.")
+    non_retryable_exit_codes: list[Annotated[int, Field(ge=0, le=255)]] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Exit codes that dead-letter the job at once (poison).",
+        json_schema_extra={"default": []},  # shown by kubectl like every other default
+    )
+    count_disruptions: bool = Field(
+        False,
+        description="Whether evictions, preemptions and node drains use up attempts.",
+    )
+
+    cel_rules = (
+        Rule(
+            "self.maxAttempts >= 1",
+            "retry.maxAttempts must be at least 1 (it counts the first attempt)",
+            lambda r: r.max_attempts >= 1,
+        ),
+    )
+
+
+class Heartbeat(WireModel):
+    """Liveness of an attempt, as beaten by the agent in its pod."""
+
+    interval_seconds: int = Field(10, ge=1, description="How often the agent beats.")
+    timeout_seconds: int = Field(60, ge=1, description="Silence after which an attempt is Lost.")
+    startup_grace_seconds: int = Field(
+        120, ge=0, description="Allowance for the first beat after the container starts."
+    )
+    required: bool = Field(True, description="false: no agent; liveness is the pod phase alone.")
+
+    cel_rules = (
+        Rule(
+            "self.timeoutSeconds > self.intervalSeconds",
+            "heartbeat.timeoutSeconds must be greater than heartbeat.intervalSeconds, "
+            "or every attempt would look lost between two beats",
+            lambda h: h.timeout_seconds > h.interval_seconds,
+        ),
+    )
+
+
+class VigilJobSpec(WireModel):
+    """What to run and how hard to try."""
+
+    queue: str = Field(
+        "default",
+        max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="VigilQueue in the same namespace.",
+    )
+    priority: int = Field(0, description="Higher runs first within a queue.")
+    template: dict[str, Any] = Field(
+        description="A PodTemplateSpec, kept as given except restartPolicy: Never and Vigil's "
+        "labels, owner reference and VIGIL_* environment. Immutable.",
+        json_schema_extra={
+            "x-kubernetes-preserve-unknown-fields": True,
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self == oldSelf",
+                    "message": "spec.template is immutable: create a new VigilJob instead",
+                }
+            ],
+        },
+    )
+    retry: Retry = _nested(Retry, "Attempts, backoff and poison exit codes.")
+    heartbeat: Heartbeat = _nested(Heartbeat, "Liveness of attempts.")
+    guarantee: Guarantee = Field(
+        "AtLeastOnce",
+        description="NoOverlap: attempt N+1 starts only once attempt N's pod is gone.",
+    )
+    attempt_deadline_seconds: int | None = Field(
+        None, ge=1, description="One attempt's time limit; the attempt is then retried."
+    )
+    active_deadline_seconds: int | None = Field(
+        None, ge=1, description="The whole job's time limit; the job is then dead-lettered."
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        None, ge=0, description="Delete the job this long after it finishes."
+    )
+    suspend: bool = Field(False, description="Start no attempts; stop a running one.")
+
+
+# -------------------------------------------------------------------------------------- status
+
+
+class CurrentAttempt(WireModel):
+    """The attempt in flight: reserved in status before its pod is created."""
+
+    number: int = Field(ge=1, description="Attempt number; also its fencing token.")
+    pod_name: str
+    pod_uid: str | None = Field(
+        None,
+        alias="podUID",
+        description="UID of the attempt's pod once seen: a seen pod that vanishes is Lost, "
+        "never created again under the same attempt number.",
+    )
+    phase: AttemptPhase
+    started_at: datetime
+    last_heartbeat_at: datetime | None = None
+    node_name: str | None = None
+
+
+class AttemptRecord(WireModel):
+    """A finished attempt, as kept in status.history."""
+
+    number: int
+    pod_name: str
+    outcome: Outcome
+    reason: str | None = None
+    exit_code: int | None = None
+    node_name: str | None = None
+    started_at: datetime
+    finished_at: datetime
+
+
+class Condition(WireModel):
+    """metav1.Condition."""
+
+    type: str = Field(max_length=316)
+    status: ConditionStatus
+    reason: str = Field(max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    message: str = Field(max_length=32768)
+    last_transition_time: datetime
+    observed_generation: int | None = Field(None, ge=0)
+
+
+class VigilJobStatus(WireModel):
+    """All of Vigil's memory of a job; written only through the status subresource."""
+
+    phase: Phase | None = None
+    reason: str | None = Field(None, description="Why the job is in its phase (CamelCase).")
+    message: str | None = Field(None, description="The same, for a person.")
+    attempts: int = Field(0, description="Attempts started in all rounds: the newest attempt's number.")
+    round_attempts: int = Field(
+        0,
+        description="Attempts of the current round that count against retry.maxAttempts "
+        "(disruptions and cancellations do not, unless retry.countDisruptions).",
+    )
+    current_attempt: CurrentAttempt | None = None
+    next_attempt_at: datetime | None = None
+    started_at: datetime | None = Field(
+        None,
+        description="When the round's first attempt started (reset by redrive and resume); "
+        "activeDeadlineSeconds counts from here.",
+    )
+    finished_at: datetime | None = None
+    redrives: int = 0
+    last_redrive: str | None = Field(None, description="The vigil.dev/redrive annotation value last honoured.")
+    last_checkpoint: str | None = Field(None, description="The newest checkpoint an attempt left.")
+    history: list[AttemptRecord] = Field(default_factory=list, max_length=HISTORY_LIMIT)
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
+    )
+    observed_generation: int | None = None
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.phase in TERMINAL_PHASES
+
+
+# ------------------------------------------------------------------------------- whole object
+
+
+class JobMeta(WireModel):
+    """The part of a job's metadata the core reads."""
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int = 1
+    resource_version: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    deletion_timestamp: datetime | None = None
+
+
+class VigilJob(WireModel):
+    """A VigilJob as read from the API server (not used for the CRD schema)."""
+
+    metadata: JobMeta
+    spec: VigilJobSpec
+    status: VigilJobStatus = Field(default_factory=VigilJobStatus)

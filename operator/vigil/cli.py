@@ -1,0 +1,66 @@
+"""`vigil`: the command line. `vigil operator` runs the operator against the current kubeconfig."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+
+from vigil import __version__
+
+
+def _operator(args: argparse.Namespace) -> int:
+    from vigil.runtime import OperatorRuntime
+
+    runtime = OperatorRuntime(namespaces=args.namespace, workers=args.workers, health_address=args.health_address)
+
+    def stop(signum: int, _frame: object) -> None:
+        logging.getLogger("vigil").info("received %s: stopping", signal.Signals(signum).name)
+        runtime.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    runtime.start()
+    while not runtime.wait(timeout=0.5):
+        pass
+    return 1 if runtime.error else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="vigil", description="Vigil: jobs as pods that stay correct when the network lies."
+    )
+    parser.add_argument("--version", action="version", version=f"vigil {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    operator = commands.add_parser("operator", help="run the operator against the current kubeconfig")
+    operator.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        help="watch only this namespace (repeatable; glob patterns allowed); default: all namespaces",
+    )
+    operator.add_argument("--workers", type=int, default=4, help="jobs reconciled at once (default 4)")
+    operator.add_argument(
+        "--health-address",
+        metavar="HOST:PORT",
+        default=None,
+        help="serve a liveness endpoint at http://HOST:PORT/healthz (default: none)",
+    )
+    operator.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default: info"
+    )
+    operator.set_defaults(run=_operator)
+
+    args = parser.parse_args(argv)
+    level = getattr(logging, args.log_level.upper())
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # kopf logs every handled watch event at INFO: at scale that is the hot path. Quieter by default.
+    logging.getLogger("kopf").setLevel(max(level, logging.WARNING) if level > logging.DEBUG else level)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

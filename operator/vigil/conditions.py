@@ -1,0 +1,38 @@
+"""Upkeep of metav1.Condition lists, as upstream controllers do it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from vigil.api import Condition, ConditionStatus
+
+
+def set_condition(
+    conditions: Sequence[Condition],
+    *,
+    type: str,
+    status: ConditionStatus,
+    reason: str,
+    message: str,
+    now: datetime,
+    generation: int,
+) -> list[Condition]:
+    """`conditions` with the one of `type` set; others are kept in place.
+
+    lastTransitionTime moves only when `status` changes, so it tells how long the condition has
+    held; reason, message and observedGeneration are updated freely.
+    """
+    previous = next((c for c in conditions if c.type == type), None)
+    transitioned = previous is None or previous.status != status
+    updated = Condition(
+        type=type,
+        status=status,
+        reason=reason,
+        message=message,
+        last_transition_time=now if transitioned else previous.last_transition_time,
+        observed_generation=generation,
+    )
+    if previous is None:
+        return [*conditions, updated]
+    return [updated if c.type == type else c for c in conditions]

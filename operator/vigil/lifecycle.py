@@ -1,0 +1,598 @@
+"""The decision core: given a job, its pods and the time, what should happen next.
+
+`decide()` is pure: it reads a snapshot and returns actions, and the shell executes them. It is
+level-triggered and built for doubt: the operator may crash between any two actions, and the
+snapshot it gets may be stale, duplicated or out of order. What keeps it safe:
+
+- Status first. An attempt is reserved in status (`currentAttempt`, `attempts`) in a PatchStatus
+  that precedes its CreatePod, so a pod never exists for an attempt that status does not know.
+- Fencing by resourceVersion. Every decision that mutates anything starts with a PatchStatus
+  carrying the resourceVersion it read; on a stale snapshot that write fails with a conflict and
+  the shell drops the rest of the decision.
+- Deterministic pod names. Creating attempt N's pod twice fails with AlreadyExists; a pod of
+  that name that the job does not own is never adopted.
+- A pod, once seen, is remembered by UID (`currentAttempt.podUID`): if it vanishes, the attempt
+  is Lost and retried under a new number, never re-created under the same one.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from vigil import api, podstate
+from vigil.actions import (
+    Action,
+    CreatePod,
+    Decision,
+    DeleteJob,
+    DeletePod,
+    EmitEvent,
+    PatchStatus,
+    RequeueAfter,
+    SetDeadLetterLabel,
+)
+from vigil.api import AttemptRecord, CurrentAttempt, Outcome, Phase, VigilJob, VigilJobStatus
+from vigil.backoff import retry_delay
+from vigil.conditions import set_condition
+from vigil.pods import attempt_pod_manifest, attempt_pod_name
+
+# How often a job blocked by a pod it does not own looks again: that pod's deletion is not an
+# event Vigil sees, as the pod does not carry the job's label.
+POD_NAME_CONFLICT_RECHECK_SECONDS = 30.0
+
+
+def decide(
+    job: Mapping[str, Any],
+    pods: Iterable[Mapping[str, Any]],
+    now: datetime,
+    *,
+    rng: random.Random,
+    may_start: bool = True,
+) -> Decision:
+    """The actions that move `job` on, given every pod observed for it at time `now`.
+
+    job: the VigilJob as read from the API server (metadata with uid and resourceVersion, spec,
+        status).
+    pods: the job's pods as observed, in any order, duplicates and stale snapshots allowed: those
+        labelled with the job's UID, plus any pod bearing the name of its current attempt (the
+        shell reads it after AlreadyExists), which is reported, never adopted, if not the job's.
+    now: the current time, timezone-aware.
+    rng: the random source of backoff jitter; the same state gives the same decision.
+    may_start: whether the job may start a new attempt now (the queue's say); when False a job
+        that would start one stays Queued. Attempts already reserved go on.
+    """
+    parsed = _parse(job)
+    if parsed.metadata.deletion_timestamp is not None:
+        return Decision()  # the garbage collector removes the pods
+    draft = _Draft(parsed, now)
+    observed = _ObservedPods.of(parsed.metadata.uid, pods)
+
+    _adopt_newer_attempt(draft, observed)
+    _honour_redrive(draft)
+    _follow_current_attempt(draft, observed, rng)
+    _apply_suspend(draft)
+    _enforce_deadlines(draft, rng)
+    _run(draft, observed, may_start)
+    _expire_after_ttl(draft)
+    _stop_stray_pods(draft, observed)
+    return draft.decision()
+
+
+def reject_pod(job: Mapping[str, Any], attempt: int, message: str, now: datetime) -> Decision:
+    """The actions after the API server refused attempt `attempt`'s pod as invalid (422).
+
+    The template is immutable, so no attempt can ever succeed: the job is dead-lettered with
+    reason InvalidPodTemplate and the API server's message, instead of retrying in a loop. Does
+    nothing if that attempt is no longer the current one (the refusal is stale).
+    """
+    parsed = _parse(job)
+    current = parsed.status.current_attempt
+    if current is None or current.number != attempt or parsed.status.is_terminal:
+        return Decision()
+    draft = _Draft(parsed, now)
+    summary = _close_attempt(draft, "Failed", reason="PodRejected", detail=f"could not start: {message}")
+    _dead_letter(
+        draft,
+        "InvalidPodTemplate",
+        f"{summary}. spec.template is immutable: fix it in a new VigilJob",
+    )
+    return draft.decision()
+
+
+def _parse(job: Mapping[str, Any]) -> VigilJob:
+    return VigilJob.model_validate({**job, "status": job.get("status") or {}})  # a new job has none
+
+
+# ----------------------------------------------------------------------------- observations
+
+
+@dataclass(frozen=True)
+class _ObservedPods:
+    """The job's own pods (freshest snapshot of each), and pods of other owners by name."""
+
+    ours: tuple[podstate.Pod, ...]
+    strangers: Mapping[str, podstate.Pod]
+
+    @classmethod
+    def of(cls, job_uid: str, pods: Iterable[podstate.Pod]) -> _ObservedPods:
+        ours, strangers = [], {}
+        for pod in podstate.freshest_by_uid(pods):
+            if not podstate.is_controlled_by(pod, job_uid):
+                strangers[podstate.name_of(pod)] = pod
+            elif podstate.attempt_of(pod) is not None:  # else not a pod Vigil made
+                ours.append(pod)
+        ours.sort(key=lambda pod: (podstate.attempt_of(pod), podstate.uid_of(pod)))  # decisions never depend on order
+        return cls(tuple(ours), strangers)
+
+    def of_attempt(self, attempt: CurrentAttempt) -> podstate.Pod | None:
+        """The attempt's pod: the one seen before if any (by UID), else the one carrying its
+        number."""
+        candidates = [
+            pod
+            for pod in self.ours
+            if podstate.attempt_of(pod) == attempt.number and attempt.pod_uid in (None, podstate.uid_of(pod))
+        ]
+        return min(candidates, key=podstate.uid_of, default=None)
+
+    def newest(self) -> podstate.Pod | None:
+        return max(self.ours, key=lambda pod: podstate.attempt_of(pod) or 0, default=None)
+
+
+# --------------------------------------------------------------------------------- the draft
+
+
+@dataclass
+class _Draft:
+    """The decision being built: the new status and the actions beside it."""
+
+    job: VigilJob
+    now: datetime
+    status: VigilJobStatus = field(init=False)
+    pod_actions: list[CreatePod | DeletePod] = field(default_factory=list)
+    events: list[EmitEvent] = field(default_factory=list)
+    requeue_after: list[float] = field(default_factory=list)
+    delete_job: bool = False
+
+    def __post_init__(self) -> None:
+        self.status = self.job.status
+
+    @property
+    def spec(self) -> api.VigilJobSpec:
+        return self.job.spec
+
+    def update(self, **fields: Any) -> None:
+        self.status = self.status.model_copy(update=fields)
+
+    def update_attempt(self, **fields: Any) -> None:
+        assert self.status.current_attempt is not None
+        self.update(current_attempt=self.status.current_attempt.model_copy(update=fields))
+
+    def set_phase(self, phase: Phase, reason: str, message: str) -> None:
+        self.update(phase=phase, reason=reason, message=message)
+
+    def event(self, reason: str, message: str, *, warning: bool = False) -> None:
+        self.events.append(EmitEvent("Warning" if warning else "Normal", reason, message))
+
+    def requeue_at(self, moment: datetime) -> None:
+        self.requeue_after.append(max(0.0, (moment - self.now).total_seconds()))
+
+    def create_pod(self, attempt: int) -> None:
+        manifest = attempt_pod_manifest(self.job, attempt, self.status.last_checkpoint)
+        self.pod_actions.append(CreatePod(manifest))
+
+    def delete_pod(self, pod: podstate.Pod) -> None:
+        self.pod_actions.append(DeletePod(podstate.name_of(pod), podstate.uid_of(pod)))
+
+    def decision(self) -> Decision:
+        self._refresh_conditions()
+        dead_lettered = self.status.phase == "DeadLettered"
+        label_is_set = self.job.metadata.labels.get(api.LABEL_DEAD_LETTER) == "true"
+        mutations: list[Action] = list(self.pod_actions)
+        if dead_lettered != label_is_set:
+            mutations.append(SetDeadLetterLabel(dead_lettered))
+        if self.delete_job:
+            mutations.append(DeleteJob(self.job.metadata.uid))
+
+        new_status = _wire(self.status)
+        actions: list[Action] = []
+        # The status write also fences the mutations: it fails if the snapshot was stale.
+        if mutations or self.events or new_status != _wire(self.job.status):
+            actions.append(PatchStatus(new_status, self.job.metadata.resource_version))
+        actions += mutations
+        actions += self.events
+        if self.requeue_after and not self.delete_job:
+            actions.append(RequeueAfter(min(self.requeue_after)))
+        return Decision(tuple(actions))
+
+    def _refresh_conditions(self) -> None:
+        status = self.status
+        if status.phase is None:  # a status without phase, written by someone else: nothing to say yet
+            return
+        reason, message = status.reason or status.phase, status.message or ""
+        succeeded: api.ConditionStatus = (
+            "True" if status.phase == "Succeeded" else "False" if status.phase == "DeadLettered" else "Unknown"
+        )
+        conditions = list(status.conditions)
+        for type_, value in (
+            ("Succeeded", succeeded),
+            ("DeadLettered", _bool(status.phase == "DeadLettered")),
+            ("Running", _bool(status.phase == "Running")),
+        ):
+            conditions = set_condition(
+                conditions,
+                type=type_,
+                status=value,
+                reason=reason,
+                message=message,
+                now=self.now,
+                generation=self.job.metadata.generation,
+            )
+        self.update(conditions=conditions, observed_generation=self.job.metadata.generation)
+
+
+def _bool(value: bool) -> Literal["True", "False"]:
+    return "True" if value else "False"
+
+
+def _wire(status: VigilJobStatus) -> dict[str, Any]:
+    # Every field, None included: as a merge patch, null clears what the new status dropped.
+    return status.model_dump(mode="json", by_alias=True)
+
+
+def _stamp(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# ------------------------------------------------------------------------------------ steps
+
+
+def _adopt_newer_attempt(draft: _Draft, observed: _ObservedPods) -> None:
+    """A pod of ours with a number above status.attempts means status was lost (or this
+    snapshot is stale, and the fenced write will fail): take that pod as the current attempt
+    rather than start another under a number already used."""
+    newest = observed.newest()
+    if newest is None or draft.status.is_terminal:
+        return
+    number = podstate.attempt_of(newest) or 0
+    if number <= draft.status.attempts:
+        return
+    draft.update(
+        attempts=number,
+        round_attempts=min(draft.spec.retry.max_attempts, draft.status.round_attempts + 1),
+        current_attempt=CurrentAttempt(
+            number=number,
+            pod_name=podstate.name_of(newest),
+            pod_uid=podstate.uid_of(newest),
+            phase="Starting",
+            started_at=draft.now,
+        ),
+        next_attempt_at=None,
+        started_at=draft.status.started_at or draft.now,
+    )
+    message = f"found pod {podstate.name_of(newest)} of attempt {number}, unknown to status"
+    draft.set_phase("Starting", "AttemptAdopted", message)
+    draft.event("AttemptAdopted", message, warning=True)
+
+
+def _honour_redrive(draft: _Draft) -> None:
+    """A new value of the vigil.dev/redrive annotation starts a new round of attempts for a
+    dead-lettered job; any other job only records the value as seen, so that it cannot fire
+    later by surprise."""
+    value = draft.job.metadata.annotations.get(api.ANNOTATION_REDRIVE)
+    if not value or value == draft.status.last_redrive:
+        return
+    draft.update(last_redrive=value)
+    if draft.status.phase != "DeadLettered":
+        draft.event(
+            "RedriveIgnored",
+            f"{api.ANNOTATION_REDRIVE}={value} ignored: only a dead-lettered job can be "
+            f"redriven, and this one is {draft.status.phase or 'new'}",
+            warning=True,
+        )
+        return
+    redrives = draft.status.redrives + 1
+    draft.update(
+        redrives=redrives,
+        round_attempts=0,
+        next_attempt_at=None,
+        started_at=None,
+        finished_at=None,
+    )
+    message = (
+        f"redrive {redrives} ({api.ANNOTATION_REDRIVE}={value}): a new round of up to "
+        f"{draft.spec.retry.max_attempts} attempts"
+    )
+    draft.set_phase("Queued", "Redriven", message)
+    draft.event("Redriven", message)
+
+
+def _follow_current_attempt(draft: _Draft, observed: _ObservedPods, rng: random.Random) -> None:
+    """Record what the current attempt's pod says: its progress, or how it ended."""
+    current = draft.status.current_attempt
+    if current is None:
+        return
+    pod = observed.of_attempt(current)
+    if pod is None:
+        if current.pod_uid is not None:
+            summary = _close_attempt(draft, "Lost", reason="PodVanished", detail="vanished")
+            _after_failure(draft, rng, summary)
+        return  # not created yet, or not seen yet: _run creates it (idempotently)
+
+    report = podstate.read_pod(pod)
+    if report.checkpoint and len(report.checkpoint.encode()) <= api.MAX_CHECKPOINT_BYTES:
+        draft.update(last_checkpoint=report.checkpoint)
+    if report.state in ("Pending", "Running", "Unknown"):
+        _follow_live_pod(draft, pod, report)
+    elif report.state == "Succeeded":
+        summary = _close_attempt(draft, "Succeeded", reason=report.reason, report=report, detail="succeeded")
+        draft.update(finished_at=draft.now, next_attempt_at=None)
+        draft.set_phase("Succeeded", "AttemptSucceeded", summary)
+    elif report.state == "Disrupted":
+        summary = _close_attempt(
+            draft,
+            "Disrupted",
+            reason=report.reason,
+            report=report,
+            detail=f"was disrupted ({report.reason})",
+        )
+        if draft.spec.retry.count_disruptions:
+            _after_failure(draft, rng, summary)
+        else:  # not the job's fault: the next attempt needs no backoff
+            draft.set_phase(
+                "Queued",
+                "AttemptDisrupted",
+                f"{summary}; disruptions do not count against retry.maxAttempts",
+            )
+    elif report.state == "Failed":
+        summary = _close_attempt(
+            draft,
+            "Failed",
+            reason=report.reason,
+            report=report,
+            detail=f"failed with exit code {report.exit_code} ({report.reason})",
+        )
+        if report.exit_code in draft.spec.retry.non_retryable_exit_codes:
+            _dead_letter(
+                draft,
+                "NonRetryableExitCode",
+                f"{summary}, and {report.exit_code} is in retry.nonRetryableExitCodes",
+            )
+        else:
+            _after_failure(draft, rng, summary)
+    else:  # Deleted: someone else is deleting the pod; it will not finish its work
+        summary = _close_attempt(draft, "Lost", reason=report.reason, report=report, detail="had its pod deleted")
+        _after_failure(draft, rng, summary)
+
+
+def _follow_live_pod(draft: _Draft, pod: podstate.Pod, report: podstate.PodReport) -> None:
+    current = draft.status.current_attempt
+    assert current is not None
+    draft.update_attempt(pod_uid=podstate.uid_of(pod), node_name=report.node_name)
+    if report.state == "Running" and draft.status.phase != "Running":
+        message = f"attempt {current.number} is running in pod {current.pod_name} on node {report.node_name}"
+        draft.update_attempt(phase="Running")
+        draft.set_phase("Running", "AttemptRunning", message)
+        draft.event("AttemptRunning", message)
+    elif report.state == "Pending" and draft.status.reason != "AttemptStarting":
+        # e.g. after a pod name conflict was cleared: say so instead of the stale reason
+        draft.set_phase(
+            "Starting",
+            "AttemptStarting",
+            f"attempt {current.number} is starting in pod {current.pod_name}",
+        )
+
+
+def _apply_suspend(draft: _Draft) -> None:
+    """spec.suspend cancels the current attempt (it does not count; _stop_stray_pods deletes
+    its pod) and starts no other; setting it back to false resumes where the job was."""
+    if draft.status.is_terminal:
+        return
+    current = draft.status.current_attempt
+    if draft.spec.suspend:
+        if current is not None:
+            _close_attempt(draft, "Cancelled", reason="Suspended", detail="was cancelled by suspend")
+        if draft.status.phase != "Suspended":
+            message = "spec.suspend is true: no attempt runs until it is set to false"
+            draft.set_phase("Suspended", "Suspended", message)
+            draft.event("Suspended", message)
+    elif draft.status.phase == "Suspended":
+        # As in batch/v1: the activeDeadlineSeconds clock restarts on resume.
+        draft.update(started_at=None)
+        message = "spec.suspend is false: attempts go on"
+        draft.set_phase("Queued", "Resumed", message)
+        draft.event("Resumed", message)
+
+
+def _enforce_deadlines(draft: _Draft, rng: random.Random) -> None:
+    """activeDeadlineSeconds ends the whole job; attemptDeadlineSeconds ends one attempt. The
+    attempt is closed here; _stop_stray_pods deletes its pod."""
+    status, spec = draft.status, draft.spec
+    if status.is_terminal or status.phase == "Suspended":
+        return
+    if spec.active_deadline_seconds is not None and status.started_at is not None:
+        due = status.started_at + timedelta(seconds=spec.active_deadline_seconds)
+        if draft.now < due:
+            draft.requeue_at(due)
+        else:
+            if status.current_attempt is not None:
+                _close_attempt(
+                    draft,
+                    "DeadlineExceeded",
+                    reason="ActiveDeadlineExceeded",
+                    detail="was stopped by the job's activeDeadlineSeconds",
+                )
+            _dead_letter(
+                draft,
+                "DeadlineExceeded",
+                f"the job ran longer than activeDeadlineSeconds ({spec.active_deadline_seconds}s)",
+            )
+            return
+    current = draft.status.current_attempt
+    if current is not None and spec.attempt_deadline_seconds is not None:
+        due = current.started_at + timedelta(seconds=spec.attempt_deadline_seconds)
+        if draft.now < due:
+            draft.requeue_at(due)
+        else:
+            summary = _close_attempt(
+                draft,
+                "DeadlineExceeded",
+                reason="AttemptDeadlineExceeded",
+                detail=f"ran longer than attemptDeadlineSeconds ({spec.attempt_deadline_seconds}s)",
+            )
+            _after_failure(draft, rng, summary)
+
+
+def _run(draft: _Draft, observed: _ObservedPods, may_start: bool) -> None:
+    """Make sure the current attempt has its pod, or start the next attempt when it is due."""
+    status, retry = draft.status, draft.spec.retry
+    if status.is_terminal or status.phase == "Suspended":
+        return
+    if status.current_attempt is None:
+        if status.round_attempts >= retry.max_attempts:
+            # Reached when retry.maxAttempts is lowered below the attempts already made.
+            _dead_letter(
+                draft,
+                "AttemptsExhausted",
+                f"all {retry.max_attempts} attempts of this round are used",
+            )
+            return
+        if status.next_attempt_at is not None and draft.now < status.next_attempt_at:
+            draft.requeue_at(status.next_attempt_at)
+            return
+        if not may_start:
+            if status.reason != "WaitingForQueue":
+                message = f"attempt {status.attempts + 1} waits for queue {draft.spec.queue} to admit it"
+                draft.set_phase("Queued", "WaitingForQueue", message)
+                draft.event("WaitingForQueue", message)
+            return
+        _reserve_next_attempt(draft)
+
+    current = draft.status.current_attempt
+    assert current is not None
+    if observed.of_attempt(current) is not None:
+        return
+    stranger = observed.strangers.get(current.pod_name)
+    if stranger is None:
+        draft.create_pod(current.number)
+        return
+    draft.requeue_after.append(POD_NAME_CONFLICT_RECHECK_SECONDS)
+    if draft.status.reason != "PodNameConflict":
+        message = (
+            f"pod {current.pod_name} exists but is not owned by this job, so attempt "
+            f"{current.number} cannot use it; Vigil will not adopt it. Delete that pod, or "
+            "recreate this job under another name"
+        )
+        draft.set_phase("Starting", "PodNameConflict", message)
+        draft.event("PodNameConflict", message, warning=True)
+
+
+def _reserve_next_attempt(draft: _Draft) -> None:
+    """Record attempt N+1 in status; _run then creates its pod, in the same decision and after
+    the status write."""
+    number = draft.status.attempts + 1
+    pod_name = attempt_pod_name(draft.job.metadata.name, number)
+    draft.update(
+        attempts=number,
+        round_attempts=draft.status.round_attempts + 1,
+        current_attempt=CurrentAttempt(number=number, pod_name=pod_name, phase="Starting", started_at=draft.now),
+        next_attempt_at=None,
+        started_at=draft.status.started_at or draft.now,
+    )
+    message = f"starting attempt {number} in pod {pod_name} (fencing token {number})"
+    draft.set_phase("Starting", "AttemptStarting", message)
+    draft.event("AttemptStarting", message)
+
+
+def _expire_after_ttl(draft: _Draft) -> None:
+    ttl, status = draft.spec.ttl_seconds_after_finished, draft.status
+    if ttl is None or not status.is_terminal or status.finished_at is None:
+        return
+    due = status.finished_at + timedelta(seconds=ttl)
+    if draft.now >= due:
+        draft.delete_job = True
+    else:
+        draft.requeue_at(due)
+
+
+def _stop_stray_pods(draft: _Draft, observed: _ObservedPods) -> None:
+    """Delete our pods that still run but belong to no current attempt: the pod of an attempt
+    this decision closed (deadline, suspend), or one left by a crash between closing an attempt
+    and deleting its pod, or seen late."""
+    current = draft.status.current_attempt
+    live = observed.of_attempt(current) if current is not None else None
+    for pod in observed.ours:
+        if pod is not live and not podstate.is_finished(pod) and not podstate.is_deleting(pod):
+            draft.delete_pod(pod)
+
+
+# ---------------------------------------------------------------------------- transitions
+
+
+def _close_attempt(
+    draft: _Draft,
+    outcome: Outcome,
+    *,
+    reason: str | None,
+    detail: str,
+    report: podstate.PodReport | None = None,
+) -> str:
+    """Move the current attempt into history with its outcome; returns what happened, for a
+    person: "attempt N (pod P) <detail>"."""
+    current = draft.status.current_attempt
+    assert current is not None
+    record = AttemptRecord(
+        number=current.number,
+        pod_name=current.pod_name,
+        outcome=outcome,
+        reason=reason,
+        exit_code=report.exit_code if report else None,
+        node_name=(report.node_name if report else None) or current.node_name,
+        started_at=current.started_at,
+        finished_at=draft.now,
+    )
+    # An attempt counts against maxAttempts from its start; these outcomes give it back.
+    refund = outcome == "Cancelled" or (outcome == "Disrupted" and not draft.spec.retry.count_disruptions)
+    draft.update(
+        current_attempt=None,
+        history=[*draft.status.history, record][-api.HISTORY_LIMIT :],
+        round_attempts=draft.status.round_attempts - (1 if refund else 0),
+    )
+    summary = f"attempt {current.number} (pod {current.pod_name}) {detail}"
+    draft.event(f"Attempt{outcome}", summary, warning=outcome not in ("Succeeded", "Cancelled"))
+    return summary
+
+
+def _after_failure(draft: _Draft, rng: random.Random, summary: str) -> None:
+    """After a counted failure: back off before the next attempt, or dead-letter the job if
+    the round has no attempts left."""
+    last = draft.status.history[-1]
+    retry = draft.spec.retry
+    if draft.status.round_attempts >= retry.max_attempts:
+        _dead_letter(
+            draft,
+            "AttemptsExhausted",
+            f"{summary}, and all {retry.max_attempts} attempts of this round are used",
+        )
+        return
+    delay = retry_delay(max(1, draft.status.round_attempts), retry.backoff, rng)
+    next_attempt_at = draft.now + timedelta(seconds=delay)
+    draft.update(next_attempt_at=next_attempt_at)
+    message = f"{summary}; attempt {draft.status.attempts + 1} starts in {delay:.1f}s, at {_stamp(next_attempt_at)}"
+    draft.set_phase("BackingOff", f"Attempt{last.outcome}", message)
+    draft.event("BackingOff", message)
+    draft.requeue_at(next_attempt_at)
+
+
+def _dead_letter(draft: _Draft, reason: str, why: str) -> None:
+    name = draft.job.metadata.name
+    message = (
+        f"dead-lettered: {why}. To run it again: kubectl annotate vj/{name} "
+        f"{api.ANNOTATION_REDRIVE}=$(date +%s) --overwrite"
+    )
+    draft.update(finished_at=draft.now, next_attempt_at=None)
+    draft.set_phase("DeadLettered", reason, message)
+    draft.event("DeadLettered", message, warning=True)

@@ -1,0 +1,75 @@
+"""The pod of an attempt: its name and its manifest, built from the job's template."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from typing import Any
+
+from vigil import api
+
+MAX_POD_NAME = 63  # a DNS label, so the name also works as the pod's hostname and in labels
+_HASH_LENGTH = 8
+
+
+def attempt_pod_name(job_name: str, attempt: int) -> str:
+    """`<job>-<attempt>`, or where that is too long, the job name cut short and a hash of it:
+    `<job prefix>-<hash>-<attempt>`. The same job name and attempt always give the same name."""
+    name = f"{job_name}-{attempt}"
+    if len(name) <= MAX_POD_NAME:
+        return name
+    digest = hashlib.sha256(job_name.encode()).hexdigest()[:_HASH_LENGTH]
+    suffix = f"-{digest}-{attempt}"
+    prefix = job_name[: MAX_POD_NAME - len(suffix)].rstrip("-.")
+    return prefix + suffix
+
+
+def attempt_pod_manifest(job: api.VigilJob, attempt: int, checkpoint: str | None) -> dict[str, Any]:
+    """The pod of `attempt`: the job's template as given, plus restartPolicy Never, Vigil's
+    labels, the job as controlling owner, and the VIGIL_* environment in every container."""
+    meta, spec = job.metadata, job.spec
+    template = copy.deepcopy(spec.template)
+    pod_meta = template.get("metadata") or {}
+    pod_meta.pop("generateName", None)
+    pod_spec = template.get("spec") or {}
+
+    name = attempt_pod_name(meta.name, attempt)
+    pod_meta["name"] = name
+    pod_meta["namespace"] = meta.namespace
+    pod_meta["labels"] = {
+        **(pod_meta.get("labels") or {}),
+        api.LABEL_JOB_UID: meta.uid,
+        api.LABEL_ATTEMPT: str(attempt),
+        api.LABEL_QUEUE: spec.queue,
+    }
+    pod_meta["ownerReferences"] = [
+        {
+            "apiVersion": api.API_VERSION,
+            "kind": api.KIND,
+            "name": meta.name,
+            "uid": meta.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    pod_spec["restartPolicy"] = "Never"
+
+    vigil_env = [
+        {"name": "VIGIL_JOB", "value": meta.name},
+        {"name": "VIGIL_JOB_UID", "value": meta.uid},
+        {"name": "VIGIL_ATTEMPT", "value": str(attempt)},
+        # Attempt numbers only grow, across redrives too, so the number is the fencing token.
+        {"name": "VIGIL_FENCING_TOKEN", "value": str(attempt)},
+        {"name": "VIGIL_HEARTBEAT_INTERVAL", "value": str(spec.heartbeat.interval_seconds)},
+        {"name": "VIGIL_CHECKPOINT", "value": checkpoint or ""},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    ]
+    ours = {entry["name"] for entry in vigil_env}
+    for key in ("initContainers", "containers"):
+        for container in pod_spec.get(key) or []:
+            # Vigil's values replace the user's of the same name: a wrong token would be unsafe.
+            theirs = [e for e in container.get("env") or [] if e.get("name") not in ours]
+            container["env"] = theirs + copy.deepcopy(vigil_env)
+
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": pod_meta, "spec": pod_spec}

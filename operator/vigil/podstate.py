@@ -1,0 +1,131 @@
+"""What an observed pod says about its attempt.
+
+Observations may be stale, duplicated or out of order; these functions read one snapshot, and
+`freshest_by_uid` picks, among snapshots of the same pod, the one furthest along in its life.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from vigil import api
+
+Pod = Mapping[str, Any]
+PodState = Literal["Pending", "Running", "Succeeded", "Failed", "Disrupted", "Deleted", "Unknown"]
+
+# pod.status.reason values that mean "taken away", not "failed": API-initiated or kubelet
+# eviction, scheduler preemption, graceful node shutdown (Terminated in current kubelets,
+# Shutdown in older ones, NodeShutdown for pods refused while the node shuts down).
+DISRUPTION_REASONS = frozenset({"Evicted", "Preempted", "Terminated", "Shutdown", "NodeShutdown"})
+
+# A pod's phase only moves forward; Unknown (node unreachable) ranks with Running.
+_PHASE_RANK = {"Pending": 0, "Running": 1, "Unknown": 1, "Succeeded": 2, "Failed": 2}
+
+
+@dataclass(frozen=True)
+class PodReport:
+    """One pod snapshot, read as an attempt's progress."""
+
+    state: PodState
+    exit_code: int | None = None
+    reason: str | None = None
+    node_name: str | None = None
+    checkpoint: str | None = None
+
+
+def uid_of(pod: Pod) -> str:
+    return pod["metadata"]["uid"]
+
+
+def name_of(pod: Pod) -> str:
+    return pod["metadata"]["name"]
+
+
+def is_controlled_by(pod: Pod, owner_uid: str) -> bool:
+    return any(
+        ref.get("uid") == owner_uid and ref.get("controller") for ref in pod["metadata"].get("ownerReferences") or []
+    )
+
+
+def attempt_of(pod: Pod) -> int | None:
+    """The attempt number in the pod's `vigil.dev/attempt` label, if it has a valid one."""
+    value = (pod["metadata"].get("labels") or {}).get(api.LABEL_ATTEMPT, "")
+    return int(value) if value.isdigit() else None
+
+
+def is_finished(pod: Pod) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+def is_deleting(pod: Pod) -> bool:
+    return pod["metadata"].get("deletionTimestamp") is not None
+
+
+def freshest_by_uid(pods: Iterable[Pod]) -> list[Pod]:
+    """One snapshot per pod UID: the one furthest along (phase, then deletion, then version)."""
+    best: dict[str, Pod] = {}
+    for pod in pods:
+        uid = uid_of(pod)
+        if uid not in best or _progress(pod) > _progress(best[uid]):
+            best[uid] = pod
+    return list(best.values())
+
+
+def _progress(pod: Pod) -> tuple[int, bool, bool, int]:
+    version = pod["metadata"].get("resourceVersion", "")
+    return (
+        _PHASE_RANK.get((pod.get("status") or {}).get("phase", "Pending"), 0),
+        _is_disrupted(pod),
+        is_deleting(pod),
+        int(version) if version.isdigit() else 0,
+    )
+
+
+def read_pod(pod: Pod) -> PodReport:
+    """What this snapshot says about the attempt. A success wins over everything; a disruption
+    wins over a failure (an evicted pod's containers fail too)."""
+    status = pod.get("status") or {}
+    phase = status.get("phase", "Pending")
+    node_name = pod.get("spec", {}).get("nodeName")
+    checkpoint = (pod["metadata"].get("annotations") or {}).get(api.ANNOTATION_CHECKPOINT)
+    exit_code, container_reason = _exit(status)
+
+    def report(state: PodState, reason: str | None) -> PodReport:
+        return PodReport(state, exit_code, reason, node_name, checkpoint)
+
+    if phase == "Succeeded":
+        return report("Succeeded", container_reason or status.get("reason"))
+    if _is_disrupted(pod):
+        return report("Disrupted", status.get("reason") or "DisruptionTarget")
+    if phase == "Failed":
+        return report("Failed", container_reason or status.get("reason"))
+    if is_deleting(pod):
+        return report("Deleted", "PodDeleted")
+    if phase in ("Running", "Unknown"):
+        return report(phase, None)
+    return report("Pending", None)
+
+
+def _is_disrupted(pod: Pod) -> bool:
+    status = pod.get("status") or {}
+    return status.get("reason") in DISRUPTION_REASONS or any(
+        c.get("type") == "DisruptionTarget" and c.get("status") == "True" for c in status.get("conditions") or []
+    )
+
+
+def _exit(status: Mapping[str, Any]) -> tuple[int | None, str | None]:
+    """Exit code and reason of the container that decided the pod's fate: the first one (init
+    containers first) that exited non-zero, else the first that exited at all."""
+    terminated = [
+        container["state"]["terminated"]
+        for key in ("initContainerStatuses", "containerStatuses")
+        for container in status.get(key) or []
+        if (container.get("state") or {}).get("terminated")
+    ]
+    failed = [t for t in terminated if t.get("exitCode") != 0]
+    decisive = (failed or terminated or [None])[0]
+    if decisive is None:
+        return None, None
+    return decisive.get("exitCode"), decisive.get("reason")

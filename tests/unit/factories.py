@@ -1,0 +1,140 @@
+"""Builders of VigilJob and Pod objects as the API server returns them, for the unit tests."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from vigil import api
+from vigil.actions import Decision, PatchStatus, SetDeadLetterLabel
+from vigil.pods import attempt_pod_name
+
+T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
+JOB_UID = "0b5c1d2e-job"
+TEMPLATE = {"spec": {"containers": [{"name": "main", "image": "registry.example/ledger:1"}]}}
+
+
+def at(seconds: float) -> datetime:
+    """T0 plus `seconds`."""
+    return T0 + timedelta(seconds=seconds)
+
+
+def make_job(
+    *,
+    name: str = "ledger",
+    uid: str = JOB_UID,
+    spec: dict[str, Any] | None = None,
+    status: dict[str, Any] | None = None,
+    annotations: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    generation: int = 1,
+    resource_version: str = "100",
+) -> dict[str, Any]:
+    """A VigilJob body; `spec` entries are merged over a template-only spec."""
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "metadata": {
+            "name": name,
+            "namespace": "work",
+            "uid": uid,
+            "generation": generation,
+            "resourceVersion": resource_version,
+            "creationTimestamp": "2025-03-01T11:59:00Z",
+            "labels": dict(labels or {}),
+            "annotations": dict(annotations or {}),
+        },
+        "spec": {"template": copy.deepcopy(TEMPLATE), **(spec or {})},
+        "status": copy.deepcopy(status) if status else {},
+    }
+
+
+def make_pod(
+    attempt: int,
+    *,
+    job_name: str = "ledger",
+    job_uid: str = JOB_UID,
+    owner_uid: str | None = JOB_UID,
+    uid: str | None = None,
+    phase: str = "Pending",
+    exit_code: int | None = None,
+    container_reason: str | None = None,
+    reason: str | None = None,
+    conditions: list[dict[str, str]] | None = None,
+    node: str | None = "node-a",
+    deleting: bool = False,
+    resource_version: str = "1",
+    checkpoint: str | None = None,
+) -> dict[str, Any]:
+    """A pod of `attempt` as the API server shows it; `exit_code` terminates its container."""
+    metadata: dict[str, Any] = {
+        "name": attempt_pod_name(job_name, attempt),
+        "namespace": "work",
+        "uid": uid or f"pod-{attempt}",
+        "resourceVersion": resource_version,
+        "labels": {api.LABEL_JOB_UID: job_uid, api.LABEL_ATTEMPT: str(attempt)},
+        "annotations": {api.ANNOTATION_CHECKPOINT: checkpoint} if checkpoint else {},
+    }
+    if owner_uid is not None:
+        metadata["ownerReferences"] = [
+            {
+                "apiVersion": api.API_VERSION,
+                "kind": api.KIND,
+                "name": job_name,
+                "uid": owner_uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    if deleting:
+        metadata["deletionTimestamp"] = "2025-03-01T12:00:00Z"
+    status: dict[str, Any] = {"phase": phase, "conditions": list(conditions or [])}
+    if reason:
+        status["reason"] = reason
+    if exit_code is not None:
+        terminated = {"exitCode": exit_code, "reason": container_reason or ("Completed" if exit_code == 0 else "Error")}
+        status["containerStatuses"] = [{"name": "main", "state": {"terminated": terminated}}]
+    elif phase == "Running":
+        status["containerStatuses"] = [{"name": "main", "state": {"running": {"startedAt": "2025-03-01T12:00:00Z"}}}]
+    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "registry.example/ledger:1"}]}
+    if node:
+        spec["nodeName"] = node
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec, "status": status}
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch, as the API server applies it."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def apply_to_job(job: dict[str, Any], decision: Decision) -> dict[str, Any]:
+    """The job after the decision's status patch and label change, with a new resourceVersion."""
+    job = copy.deepcopy(job)
+    for patch in decision.of_type(PatchStatus):
+        job["status"] = merge_patch(job.get("status") or {}, patch.status)
+    for label in decision.of_type(SetDeadLetterLabel):
+        if label.dead_lettered:
+            job["metadata"]["labels"][api.LABEL_DEAD_LETTER] = "true"
+        else:
+            job["metadata"]["labels"].pop(api.LABEL_DEAD_LETTER, None)
+    job["metadata"]["resourceVersion"] = str(int(job["metadata"]["resourceVersion"]) + 1)
+    return job
+
+
+def status_of(decision: Decision) -> dict[str, Any]:
+    """The status written by the decision (its only PatchStatus)."""
+    (patch,) = decision.of_type(PatchStatus)
+    return patch.status
+
+
+def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == type_)

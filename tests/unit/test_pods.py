@@ -1,0 +1,135 @@
+"""The attempt pod: its deterministic name, and its manifest built from the job's template."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.unit.factories import JOB_UID, make_job
+from vigil import api
+from vigil.pods import MAX_POD_NAME, attempt_pod_manifest, attempt_pod_name
+
+pytestmark = pytest.mark.unit
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def test_a_short_name_is_job_dash_attempt() -> None:
+    assert attempt_pod_name("reconcile-ledger", 3) == "reconcile-ledger-3"
+
+
+def test_a_long_name_is_cut_and_hashed_to_63_characters() -> None:
+    name = "a" * 70
+    pod_name = attempt_pod_name(name, 12)
+    assert len(pod_name) == MAX_POD_NAME
+    assert pod_name.endswith("-12")
+    assert pod_name == attempt_pod_name(name, 12)  # deterministic
+    assert attempt_pod_name("a" * 69 + "b", 12) != pod_name  # same prefix, other job
+
+
+def test_the_boundary_length_is_kept_as_is() -> None:
+    name = "j" * (MAX_POD_NAME - 2)
+    assert attempt_pod_name(name, 7) == f"{name}-7"
+    assert attempt_pod_name(name, 10) != f"{name}-10"
+
+
+@given(
+    job_name=st.from_regex(r"[a-z0-9]([-a-z0-9]{0,120}[a-z0-9])?", fullmatch=True),
+    attempt=st.integers(1, 10**6),
+)
+def test_every_pod_name_is_a_dns_label_unique_per_attempt(job_name: str, attempt: int) -> None:
+    name = attempt_pod_name(job_name, attempt)
+    assert len(name) <= MAX_POD_NAME
+    assert DNS_LABEL.match(name)
+    assert name != attempt_pod_name(job_name, attempt + 1)
+
+
+def manifest(template: dict | None = None, **job_kwargs: object) -> dict:
+    job = make_job(**job_kwargs)
+    if template is not None:
+        job["spec"]["template"] = template
+    return attempt_pod_manifest(api.VigilJob.model_validate(job), 4, '{"offset": 9}')
+
+
+def env_of(container: dict) -> dict[str, object]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_the_pod_is_named_labelled_and_owned_by_its_job() -> None:
+    pod = manifest(spec={"queue": "batch"})
+    meta = pod["metadata"]
+    assert (pod["apiVersion"], pod["kind"]) == ("v1", "Pod")
+    assert meta["name"] == "ledger-4"
+    assert meta["namespace"] == "work"
+    assert meta["labels"] == {api.LABEL_JOB_UID: JOB_UID, api.LABEL_ATTEMPT: "4", api.LABEL_QUEUE: "batch"}
+    assert meta["ownerReferences"] == [
+        {
+            "apiVersion": "vigil.dev/v1alpha1",
+            "kind": "VigilJob",
+            "name": "ledger",
+            "uid": JOB_UID,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    assert pod["spec"]["restartPolicy"] == "Never"
+
+
+def test_every_container_gets_the_vigil_environment() -> None:
+    pod = manifest(spec={"heartbeat": {"intervalSeconds": 7, "timeoutSeconds": 30}})
+    (container,) = pod["spec"]["containers"]
+    assert env_of(container) == {
+        "VIGIL_JOB": "ledger",
+        "VIGIL_JOB_UID": JOB_UID,
+        "VIGIL_ATTEMPT": "4",
+        "VIGIL_FENCING_TOKEN": "4",
+        "VIGIL_HEARTBEAT_INTERVAL": "7",
+        "VIGIL_CHECKPOINT": '{"offset": 9}',
+        "POD_NAME": {"fieldRef": {"fieldPath": "metadata.name"}},
+        "POD_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+    }
+
+
+def test_the_template_is_kept_as_given_apart_from_vigils_additions() -> None:
+    template = {
+        "metadata": {"labels": {"team": "ledger"}, "annotations": {"note": "x"}, "generateName": "nope-"},
+        "spec": {
+            "restartPolicy": "OnFailure",
+            "nodeSelector": {"disk": "ssd"},
+            "initContainers": [{"name": "init", "image": "busybox"}],
+            "containers": [
+                {"name": "main", "image": "app", "env": [{"name": "MODE", "value": "full"}]},
+                {"name": "agent", "image": "vigil-agent", "env": [{"name": "VIGIL_ATTEMPT", "value": "99"}]},
+            ],
+        },
+    }
+    original = copy.deepcopy(template)
+    pod = manifest(template)
+
+    assert template == original  # the job's template is not mutated
+    assert pod["metadata"]["labels"]["team"] == "ledger"
+    assert pod["metadata"]["annotations"] == {"note": "x"}
+    assert "generateName" not in pod["metadata"]
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert pod["spec"]["nodeSelector"] == {"disk": "ssd"}
+    main, agent = pod["spec"]["containers"]
+    assert main["env"][0] == {"name": "MODE", "value": "full"}
+    assert env_of(agent)["VIGIL_ATTEMPT"] == "4"  # Vigil's value wins over the template's
+    assert [e["name"] for e in agent["env"]].count("VIGIL_ATTEMPT") == 1
+    assert env_of(pod["spec"]["initContainers"][0])["VIGIL_FENCING_TOKEN"] == "4"
+    assert main["env"][1] is not agent["env"][0]  # no shared objects between containers
+
+
+def test_vigils_labels_win_over_the_templates() -> None:
+    pod = manifest({"metadata": {"labels": {api.LABEL_ATTEMPT: "1"}}, "spec": {"containers": []}})
+    assert pod["metadata"]["labels"][api.LABEL_ATTEMPT] == "4"
+
+
+def test_no_checkpoint_is_an_empty_value() -> None:
+    job = api.VigilJob.model_validate(make_job())
+    pod = attempt_pod_manifest(job, 1, None)
+    assert env_of(pod["spec"]["containers"][0])["VIGIL_CHECKPOINT"] == ""
