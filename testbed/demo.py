@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     except testbed.ClusterError as err:
         testbed.log(f"ERROR: {err}")
         return 1
-    print(f"export KUBECONFIG={cluster.kubeconfig}")
+    print(f"export KUBECONFIG={cluster.kubeconfig} PATH={testbed.BIN}:$PATH")
     print("kubectl get vj -l vigil.dev/dead-letter=true     # the dead-letter queue")
     print("kubectl describe vj flaky                         # attempts, backoff, events")
     print(f"operator log: {cluster.logs / 'vigil-operator.log'}; stop everything with: make down")
