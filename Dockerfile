@@ -1,4 +1,4 @@
-# The Vigil image: `vigil operator` (the chart's default command).
+# The Vigil image: `vigil operator` (the chart's default command) and `vigil-agent`.
 #   docker build -t vigil:dev . && kind load docker-image vigil:dev --name vigil
 #   helm install vigil charts/vigil -n vigil-system --create-namespace \
 #     --set image.repository=vigil --set image.tag=dev

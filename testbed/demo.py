@@ -53,8 +53,9 @@ def run_examples(cluster: testbed.Cluster, timeout: float) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m testbed.demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m testbed.demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=180)
     args = parser.parse_args(argv)

@@ -44,6 +44,20 @@ class DeletePod:
 
 
 @dataclass(frozen=True)
+class AnnotatePod:
+    """Merge `annotations` into a pod's annotations (None removes one), with a UID precondition
+    like DeletePod; NotFound and a failed precondition mean done (the pod is gone).
+
+    Used to mark a replaced attempt's pod `vigil.dev/superseded` before deleting it, so that its
+    agent stops (and exits non-zero) even if the deletion itself is slow to reach the kubelet.
+    """
+
+    name: str
+    uid: str
+    annotations: dict[str, str | None]
+
+
+@dataclass(frozen=True)
 class SetDeadLetterLabel:
     """Set (True) or remove (False) the job's `vigil.dev/dead-letter: "true"` label."""
 
@@ -73,7 +87,7 @@ class RequeueAfter:
     seconds: float
 
 
-Action = PatchStatus | CreatePod | DeletePod | SetDeadLetterLabel | EmitEvent | DeleteJob | RequeueAfter
+Action = PatchStatus | CreatePod | DeletePod | AnnotatePod | SetDeadLetterLabel | EmitEvent | DeleteJob | RequeueAfter
 ActionT = TypeVar("ActionT", bound=Action)
 
 

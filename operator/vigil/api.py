@@ -28,6 +28,8 @@ LABEL_QUEUE = "vigil.dev/queue"
 LABEL_DEAD_LETTER = "vigil.dev/dead-letter"
 ANNOTATION_REDRIVE = "vigil.dev/redrive"
 ANNOTATION_CHECKPOINT = "vigil.dev/checkpoint"
+ANNOTATION_HEARTBEAT = "vigil.dev/heartbeat"  # written by the agent; a new value is a beat
+ANNOTATION_SUPERSEDED = "vigil.dev/superseded"  # written by Vigil on a replaced attempt's pod: stop
 
 MAX_CHECKPOINT_BYTES = 2048
 HISTORY_LIMIT = 20

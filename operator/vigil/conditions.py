@@ -36,3 +36,13 @@ def set_condition(
     if previous is None:
         return [*conditions, updated]
     return [updated if c.type == type else c for c in conditions]
+
+
+def find_condition(conditions: Sequence[Condition], type: str) -> Condition | None:
+    """The condition of `type`, if there is one."""
+    return next((c for c in conditions if c.type == type), None)
+
+
+def remove_condition(conditions: Sequence[Condition], type: str) -> list[Condition]:
+    """`conditions` without the one of `type` (for a condition that no longer applies)."""
+    return [c for c in conditions if c.type != type]

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import logging
 import random
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from vigil import actions, api, lifecycle, podstate
 from vigil.kube import Conflict, Kube, Refused
+from vigil.liveness import HeartbeatTracker, beat_stamp_due
 from vigil.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -25,11 +28,33 @@ Key = tuple[str, str]  # (namespace, name)
 PodSource = Callable[[str], Iterable[Mapping[str, Any]]]  # job uid -> its pods
 
 CONFLICT_RETRY_SECONDS = 0.2
+CREATED_GRACE_SECONDS = 30.0
 ERROR_RETRY_SECONDS = (1, 2, 5, 10, 30)
 
 
 def key_of(body: Mapping[str, Any]) -> Key:
     return body["metadata"]["namespace"], body["metadata"]["name"]
+
+
+def _owner_key(pod: Mapping[str, Any]) -> Key | None:
+    for ref in pod["metadata"].get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == api.KIND:
+            return pod["metadata"]["namespace"], ref["name"]
+    return None
+
+
+def _fingerprint(pod: Mapping[str, Any]) -> int:
+    """A hash of what the decision core reads of a pod, the heartbeat annotation left out."""
+    metadata = pod["metadata"]
+    annotations = {k: v for k, v in (metadata.get("annotations") or {}).items() if k != api.ANNOTATION_HEARTBEAT}
+    seen = (
+        metadata.get("deletionTimestamp"),
+        metadata.get("labels"),
+        annotations,
+        pod.get("spec", {}).get("nodeName"),
+        pod.get("status"),
+    )
+    return hash(json.dumps(seen, sort_keys=True, default=str))
 
 
 def _newer(candidate: Mapping[str, Any], current: Mapping[str, Any] | None) -> bool:
@@ -57,17 +82,24 @@ class Controller:
         *,
         workers: int = 4,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        monotonic: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
     ) -> None:
         self.kube = kube
         self.pods_of = pods_of
         self.workers = workers
         self.clock = clock
+        self.monotonic = monotonic
         self.rng = rng or random.Random()
+        self.tracker = HeartbeatTracker()
+        self._fingerprints: dict[str, int] = {}  # pod UID -> what of it, beats aside, decide() reads
         self.jobs: dict[Key, Mapping[str, Any]] = {}
         self.queue: WorkQueue[Key] = WorkQueue()
         self._failures: dict[Key, int] = {}
         self._strangers: dict[Key, Mapping[str, Any]] = {}  # pods bearing an attempt's name, not ours
+        # Pods this operator created that the watch has not shown yet, by job UID then pod UID:
+        # a decision must never miss a pod that exists (NoOverlap counts on it).
+        self._created: dict[str, dict[str, tuple[Mapping[str, Any], float]]] = {}
         self._tasks: list[asyncio.Task] = []
 
     # --- what the watches report --------------------------------------------------------
@@ -83,15 +115,46 @@ class Controller:
         current = self.jobs.get(key)
         if current is not None and current["metadata"]["uid"] == body["metadata"]["uid"]:
             del self.jobs[key]
+            self._created.pop(current["metadata"]["uid"], None)
             self.queue.forget(key)
             self._failures.pop(key, None)
             self._strangers.pop(key, None)
 
-    def pod_changed(self, pod: Mapping[str, Any]) -> None:
-        """A pod of some job changed: look at that job again."""
-        for ref in pod["metadata"].get("ownerReferences") or []:
-            if ref.get("controller") and ref.get("kind") == "VigilJob":
-                self.queue.add((pod["metadata"]["namespace"], ref["name"]))
+    def pod_changed(self, pod: Mapping[str, Any], deleted: bool = False) -> None:
+        """A pod of some job changed. The hot path: most events are heartbeats, which cost a few
+        dictionary operations here and no reconcile; the detector's deadline wakes the job
+        when its silence crosses a threshold."""
+        key = _owner_key(pod)
+        uid = pod["metadata"]["uid"]
+        job_uid = (pod["metadata"].get("labels") or {}).get(api.LABEL_JOB_UID, "")
+        if uid in self._created.get(job_uid, {}):  # the watch has caught up with our create
+            del self._created[job_uid][uid]
+        if deleted:
+            self.tracker.forget(uid)
+            self._fingerprints.pop(uid, None)
+        else:
+            beat = self.tracker.observe(pod, self.monotonic(), self.clock())
+            fingerprint = _fingerprint(pod)
+            only_a_beat = self._fingerprints.get(uid) == fingerprint
+            # A beat alone makes the job worth a look only if the job is in doubt (resume it now,
+            # not at the next deadline) or its LAST-BEAT stamp is due.
+            if only_a_beat and not (beat and key is not None and self._beat_matters(key, uid)):
+                return
+            self._fingerprints[uid] = fingerprint
+        if key is not None:
+            self.queue.add(key)
+
+    def _beat_matters(self, key: Key, uid: str) -> bool:
+        job = self.jobs.get(key)
+        if job is None:
+            return False
+        status = job.get("status") or {}
+        if status.get("phase") == "Uncertain":
+            return True
+        heartbeat = api.Heartbeat.model_validate((job.get("spec") or {}).get("heartbeat") or {})
+        stored = (status.get("currentAttempt") or {}).get("lastHeartbeatAt")
+        verdict = self.tracker.verdict(uid, heartbeat, self.monotonic())
+        return beat_stamp_due(dt.datetime.fromisoformat(stored) if stored else None, verdict.last_beat_at, heartbeat)
 
     # --- workers ------------------------------------------------------------------------
 
@@ -128,13 +191,33 @@ class Controller:
         job = self.jobs.get(key)
         if job is None:
             return
-        pods = list(self.pods_of(job["metadata"]["uid"]))
+        pods = self._pods_of(job["metadata"]["uid"])
         stranger = await self._recheck_stranger(key)
         if stranger is not None:
             pods.append(stranger)
-        decision = lifecycle.decide(job, pods, self.clock(), may_start=True, rng=self.rng)
+        heartbeat = api.Heartbeat.model_validate((job.get("spec") or {}).get("heartbeat") or {})
+        now = self.monotonic()
+        uids = [pod["metadata"]["uid"] for pod in pods]
+        liveness = {uid: self.tracker.verdict(uid, heartbeat, now) for uid in uids}
+        decision = lifecycle.decide(job, pods, self.clock(), may_start=True, rng=self.rng, liveness=liveness)
         for action in decision.actions:
             job = await self._execute(job, action)
+        # Wake when some attempt's silence crosses its next threshold (one timer per job).
+        deadlines = [d for uid in uids if (d := self.tracker.deadline(uid, heartbeat, now)) is not None]
+        if deadlines:
+            self.queue.add_after(key, min(deadlines) - now)
+
+    def _pods_of(self, job_uid: str) -> list[Mapping[str, Any]]:
+        """The job's pods as watched, plus those created here that the watch has not shown yet
+        (for at most CREATED_GRACE_SECONDS: a pod made and deleted while a watch was being
+        re-established never shows, and must not be believed in for ever)."""
+        watched = list(self.pods_of(job_uid))
+        created = self._created.get(job_uid, {})
+        horizon = self.monotonic() - CREATED_GRACE_SECONDS
+        for uid in [uid for uid, (_, at) in created.items() if at < horizon]:
+            del created[uid]
+        seen = {pod["metadata"]["uid"] for pod in watched}
+        return watched + [pod for uid, (pod, _) in created.items() if uid not in seen]
 
     async def _execute(self, job: Mapping[str, Any], action: actions.Action) -> Mapping[str, Any]:
         """Runs one action; returns the job as it is afterwards (a status patch changes it)."""
@@ -148,6 +231,8 @@ class Controller:
                 await self._create_pod(job, manifest)
             case actions.DeletePod(name=pod_name, uid=uid):
                 await self.kube.delete_pod(namespace, pod_name, uid)
+            case actions.AnnotatePod(name=pod_name, uid=uid, annotations=annotations):
+                await self.kube.annotate_pod(namespace, pod_name, uid, annotations)
             case actions.SetDeadLetterLabel(dead_lettered=flag):
                 await self.kube.patch_job_labels(namespace, name, {api.LABEL_DEAD_LETTER: "true" if flag else None})
             case actions.EmitEvent(type=type_, reason=reason, message=message):
@@ -170,14 +255,19 @@ class Controller:
             for action in lifecycle.reject_pod(job, attempt, err.message, self.clock()).actions:
                 job = await self._execute(job, action)
             return
-        if created is None:
-            # AlreadyExists: ours (the watch will show it) or a stranger's (say, a leftover of a
-            # deleted job of the same name), which the core must see to refuse it; no watch of
-            # this job's pods brings it, as it does not carry this job's UID.
-            existing = await self.kube.read_pod(namespace, pod_name)
-            if existing is not None and not podstate.is_controlled_by(existing, job["metadata"]["uid"]):
-                self._strangers[key_of(job)] = existing
-                self.queue.add(key_of(job))
+        if created is not None:
+            self._created.setdefault(job["metadata"]["uid"], {})[created["metadata"]["uid"]] = (
+                created,
+                self.monotonic(),
+            )
+            return
+        # AlreadyExists: ours (the watch will show it) or a stranger's (say, a leftover of a
+        # deleted job of the same name), which the core must see to refuse it; no watch of
+        # this job's pods brings it, as it does not carry this job's UID.
+        existing = await self.kube.read_pod(namespace, pod_name)
+        if existing is not None and not podstate.is_controlled_by(existing, job["metadata"]["uid"]):
+            self._strangers[key_of(job)] = existing
+            self.queue.add(key_of(job))
 
     async def _recheck_stranger(self, key: Key) -> Mapping[str, Any] | None:
         stranger = self._strangers.get(key)

@@ -86,13 +86,13 @@ class Kube:
                 return
             raise
 
-    async def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None:
+    async def annotate_pod(self, namespace: str, name: str, uid: str, annotations: dict[str, str | None]) -> None:
+        """Merges annotations into the pod of that uid; a pod gone or replaced is left alone."""
+        patch = {"metadata": {"uid": uid, "annotations": annotations}}  # the uid acts as a precondition
         try:
-            await asyncio.to_thread(
-                self.core.patch_namespaced_pod, name, namespace, {"metadata": {"annotations": annotations}}
-            )
+            await asyncio.to_thread(self.core.patch_namespaced_pod, name, namespace, patch)
         except ApiException as err:
-            if err.status == 404:
+            if err.status in (404, 409):
                 return
             raise
 

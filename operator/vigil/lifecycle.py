@@ -13,6 +13,32 @@ snapshot it gets may be stale, duplicated or out of order. What keeps it safe:
   that name that the job does not own is never adopted.
 - A pod, once seen, is remembered by UID (`currentAttempt.podUID`): if it vanishes, the attempt
   is Lost and retried under a new number, never re-created under the same one.
+
+Heartbeats (see `vigil.liveness` for how silence is measured) come in as verdicts per pod UID:
+
+- Running + Uncertain -> phase Uncertain (a state, not a verdict: nothing is replaced);
+  Uncertain + Healthy -> Running again, with a HeartbeatResumed event. No verdict at all counts as
+  Healthy, and never as Lost: a shell that lost its memory must not replace anything.
+- Lost -> the attempt's outcome is Lost (a failure: backoff, maxAttempts, dead letter), its pod is
+  marked `vigil.dev/superseded` and deleted. The marking is redone with the deletion by
+  _stop_stray_pods, so a crash in between loses neither.
+- Condition HeartbeatHealthy (only when heartbeat.required): True while the running attempt is
+  Healthy, Unknown while Uncertain, False once an attempt was Lost; it keeps its value between
+  attempts, so it tells the last thing known.
+- status.currentAttempt.lastHeartbeatAt (the operator's wall clock at the last beat, for people
+  only) is written along with any other status write, and on its own only when the stored value
+  is `liveness.stamp_period` (max(30s, timeout / 2)) off: never one API write per beat.
+
+NoOverlap: attempt N+1 is reserved only when no pod of an earlier attempt exists any more, a
+terminating one included; finished pods (kept for their logs otherwise) are then deleted. This
+relies on the pods given to decide() including every pod earlier decisions created: the shell
+writes the pods it creates through into its cache, as it does with the job's status.
+
+A late success wins: a pod of an attempt recorded as Lost (or Superseded) that reports Succeeded
+makes a job that is not yet terminal Succeeded (reason LateSuccess). Its history record becomes
+Succeeded; the current attempt, if any, is closed as Cancelled and its pod deleted. Other
+outcomes (Cancelled, DeadlineExceeded, Disrupted) are deliberate stops: a pod that exits 0 on
+the SIGTERM Vigil sent it has not necessarily done its work, so those do not count.
 """
 
 from __future__ import annotations
@@ -26,6 +52,7 @@ from typing import Any, Literal
 from vigil import api, podstate
 from vigil.actions import (
     Action,
+    AnnotatePod,
     CreatePod,
     Decision,
     DeleteJob,
@@ -37,12 +64,25 @@ from vigil.actions import (
 )
 from vigil.api import AttemptRecord, CurrentAttempt, Outcome, Phase, VigilJob, VigilJobStatus
 from vigil.backoff import retry_delay
-from vigil.conditions import set_condition
+from vigil.conditions import find_condition, remove_condition, set_condition
+from vigil.liveness import Verdict, beat_stamp_due
 from vigil.pods import attempt_pod_manifest, attempt_pod_name
 
 # How often a job blocked by a pod it does not own looks again: that pod's deletion is not an
 # event Vigil sees, as the pod does not carry the job's label.
 POD_NAME_CONFLICT_RECHECK_SECONDS = 30.0
+
+CONDITION_HEARTBEAT = "HeartbeatHealthy"
+# Present once a checkpoint was refused; its message is the memory that makes the warning event
+# about a bad checkpoint fire once per distinct value, not on every look.
+CONDITION_CHECKPOINT = "CheckpointAccepted"
+_KEPT_CONDITIONS = (CONDITION_HEARTBEAT, CONDITION_CHECKPOINT)  # kept between decisions as they are
+
+# Outcomes of attempts Vigil replaced while they might still run: their late success counts.
+LATE_SUCCESS_OUTCOMES = frozenset({"Lost", "Superseded"})
+
+_NOT_REQUIRED = Verdict("Healthy", 0.0, "heartbeat not required: liveness is the pod phase alone")
+_NO_VERDICT = Verdict("Healthy", 0.0, "no heartbeat verdict yet; silence counts from the operator's first look")
 
 
 def decide(
@@ -52,6 +92,7 @@ def decide(
     *,
     rng: random.Random,
     may_start: bool = True,
+    liveness: Mapping[str, Verdict] | None = None,
 ) -> Decision:
     """The actions that move `job` on, given every pod observed for it at time `now`.
 
@@ -64,15 +105,18 @@ def decide(
     rng: the random source of backoff jitter; the same state gives the same decision.
     may_start: whether the job may start a new attempt now (the queue's say); when False a job
         that would start one stays Queued. Attempts already reserved go on.
+    liveness: the failure detector's verdicts by pod UID (only the current attempt's is read).
+        None, or a UID missing, means no information: Healthy, never Lost.
     """
     parsed = _parse(job)
     if parsed.metadata.deletion_timestamp is not None:
         return Decision()  # the garbage collector removes the pods
-    draft = _Draft(parsed, now)
+    draft = _Draft(parsed, now, liveness=liveness or {})
     observed = _ObservedPods.of(parsed.metadata.uid, pods)
 
     _adopt_newer_attempt(draft, observed)
     _honour_redrive(draft)
+    _accept_late_success(draft, observed)
     _follow_current_attempt(draft, observed, rng)
     _apply_suspend(draft)
     _enforce_deadlines(draft, rng)
@@ -151,11 +195,15 @@ class _Draft:
 
     job: VigilJob
     now: datetime
+    liveness: Mapping[str, Verdict] = field(default_factory=dict)
     status: VigilJobStatus = field(init=False)
-    pod_actions: list[CreatePod | DeletePod] = field(default_factory=list)
+    pod_actions: list[CreatePod | DeletePod | AnnotatePod] = field(default_factory=list)
     events: list[EmitEvent] = field(default_factory=list)
     requeue_after: list[float] = field(default_factory=list)
     delete_job: bool = False
+    # conditions beyond the three derived from the phase: type -> (status, reason, message)
+    conditions_to_set: dict[str, tuple[api.ConditionStatus, str, str]] = field(default_factory=dict)
+    beat: tuple[str, datetime] | None = None  # (pod UID, wall time of its last beat) of the current attempt
 
     def __post_init__(self) -> None:
         self.status = self.job.status
@@ -187,15 +235,29 @@ class _Draft:
     def delete_pod(self, pod: podstate.Pod) -> None:
         self.pod_actions.append(DeletePod(podstate.name_of(pod), podstate.uid_of(pod)))
 
+    def annotate_pod(self, pod: podstate.Pod, annotations: dict[str, str | None]) -> None:
+        self.pod_actions.append(AnnotatePod(podstate.name_of(pod), podstate.uid_of(pod), annotations))
+
+    def set_condition_later(self, type_: str, status: api.ConditionStatus, reason: str, message: str) -> None:
+        self.conditions_to_set[type_] = (status, reason, message)
+
+    def verdict_for(self, pod: podstate.Pod) -> Verdict:
+        if not self.spec.heartbeat.required:
+            return _NOT_REQUIRED
+        return self.liveness.get(podstate.uid_of(pod)) or _NO_VERDICT
+
     def decision(self) -> Decision:
         self._refresh_conditions()
         dead_lettered = self.status.phase == "DeadLettered"
         label_is_set = self.job.metadata.labels.get(api.LABEL_DEAD_LETTER) == "true"
-        mutations: list[Action] = list(self.pod_actions)
+        # Old pods are stopped before a new one starts (sorted() is stable: an annotation stays
+        # before the deletion of its pod).
+        mutations: list[Action] = sorted(self.pod_actions, key=lambda action: isinstance(action, CreatePod))
         if dead_lettered != label_is_set:
             mutations.append(SetDeadLetterLabel(dead_lettered))
         if self.delete_job:
             mutations.append(DeleteJob(self.job.metadata.uid))
+        self._stamp_last_beat(written_anyway=bool(mutations or self.events) or self._status_changed())
 
         new_status = _wire(self.status)
         actions: list[Action] = []
@@ -207,6 +269,21 @@ class _Draft:
         if self.requeue_after and not self.delete_job:
             actions.append(RequeueAfter(min(self.requeue_after)))
         return Decision(tuple(actions))
+
+    def _status_changed(self) -> bool:
+        return _wire(self.status) != _wire(self.job.status)
+
+    def _stamp_last_beat(self, *, written_anyway: bool) -> None:
+        """lastHeartbeatAt rides along with other writes, and is written alone only when stale
+        by liveness.stamp_period: a beat must not cost an API write."""
+        current = self.status.current_attempt
+        if self.beat is None or current is None or current.pod_uid != self.beat[0]:
+            return
+        beat_at = self.beat[1].replace(microsecond=0)
+        if beat_at == current.last_heartbeat_at:
+            return
+        if written_anyway or beat_stamp_due(current.last_heartbeat_at, beat_at, self.spec.heartbeat):
+            self.update_attempt(last_heartbeat_at=beat_at)
 
     def _refresh_conditions(self) -> None:
         status = self.status
@@ -228,6 +305,25 @@ class _Draft:
                 status=value,
                 reason=reason,
                 message=message,
+                now=self.now,
+                generation=self.job.metadata.generation,
+            )
+        if not self.spec.heartbeat.required:  # liveness is the pod phase alone: nothing to say
+            conditions = remove_condition(conditions, CONDITION_HEARTBEAT)
+            self.conditions_to_set.pop(CONDITION_HEARTBEAT, None)
+        elif CONDITION_HEARTBEAT not in self.conditions_to_set and not find_condition(conditions, CONDITION_HEARTBEAT):
+            self.set_condition_later(CONDITION_HEARTBEAT, "Unknown", "NoAttemptRunning", "no attempt has run yet")
+        for type_ in _KEPT_CONDITIONS:  # the rest keep their values, with observedGeneration moved on
+            kept = find_condition(conditions, type_)
+            if kept is not None and type_ not in self.conditions_to_set:
+                self.set_condition_later(type_, kept.status, kept.reason, kept.message)
+        for type_, (value, reason_, message_) in self.conditions_to_set.items():
+            conditions = set_condition(
+                conditions,
+                type=type_,
+                status=value,
+                reason=reason_,
+                message=message_,
                 now=self.now,
                 generation=self.job.metadata.generation,
             )
@@ -310,6 +406,60 @@ def _honour_redrive(draft: _Draft) -> None:
     draft.event("Redriven", message)
 
 
+def _accept_late_success(draft: _Draft, observed: _ObservedPods) -> None:
+    """A pod of an attempt replaced as Lost that reports Succeeded after all makes the job
+    Succeeded: its record's outcome becomes Succeeded, and the current attempt (its replacement,
+    or a later one) is cancelled; _stop_stray_pods deletes that one's pod. Attempt numbers, and
+    so fencing tokens, are untouched: they only ever grow."""
+    status = draft.status
+    if status.is_terminal:  # a dead-lettered job stays so until redriven; then this applies again
+        return
+    current = status.current_attempt
+    records = {record.number: record for record in status.history}
+    for pod in observed.ours:  # by attempt number: the earliest late success is the one recorded
+        number = podstate.attempt_of(pod)
+        record = records.get(number) if current is None or number != current.number else None
+        if record is None or record.outcome not in LATE_SUCCESS_OUTCOMES:
+            continue
+        report = podstate.read_pod(pod)
+        if report.state == "Succeeded":
+            break
+    else:
+        return
+
+    cancelled = ""
+    if current is not None:
+        own = observed.of_attempt(current)
+        own_report = podstate.read_pod(own) if own is not None else None
+        if own_report is not None and own_report.state == "Succeeded":
+            return  # the current attempt succeeded too: the ordinary path records that
+        _close_attempt(
+            draft,
+            "Cancelled",
+            reason="LateSuccess",
+            report=own_report,
+            detail=f"was cancelled: attempt {record.number} succeeded after all",
+        )
+        cancelled = f"; attempt {current.number} is cancelled"
+    late = record.model_copy(
+        update={
+            "outcome": "Succeeded",
+            "reason": "LateSuccess",
+            "exit_code": report.exit_code,
+            "node_name": report.node_name or record.node_name,
+            "finished_at": draft.now,
+        }
+    )
+    history = sorted([r for r in draft.status.history if r.number != record.number] + [late], key=lambda r: r.number)
+    draft.update(history=history[-api.HISTORY_LIMIT :], finished_at=draft.now, next_attempt_at=None)
+    message = (
+        f"attempt {record.number} (pod {record.pod_name}), replaced as {record.outcome} "
+        f"({record.reason}), succeeded after all: a late success wins{cancelled}"
+    )
+    draft.set_phase("Succeeded", "LateSuccess", message)
+    draft.event("LateSuccess", message)
+
+
 def _follow_current_attempt(draft: _Draft, observed: _ObservedPods, rng: random.Random) -> None:
     """Record what the current attempt's pod says: its progress, or how it ended."""
     current = draft.status.current_attempt
@@ -323,10 +473,10 @@ def _follow_current_attempt(draft: _Draft, observed: _ObservedPods, rng: random.
         return  # not created yet, or not seen yet: _run creates it (idempotently)
 
     report = podstate.read_pod(pod)
-    if report.checkpoint and len(report.checkpoint.encode()) <= api.MAX_CHECKPOINT_BYTES:
-        draft.update(last_checkpoint=report.checkpoint)
+    if report.checkpoint:
+        _take_checkpoint(draft, current, report.checkpoint)
     if report.state in ("Pending", "Running", "Unknown"):
-        _follow_live_pod(draft, pod, report)
+        _follow_live_pod(draft, pod, report, rng)
     elif report.state == "Succeeded":
         summary = _close_attempt(draft, "Succeeded", reason=report.reason, report=report, detail="succeeded")
         draft.update(finished_at=draft.now, next_attempt_at=None)
@@ -368,11 +518,42 @@ def _follow_current_attempt(draft: _Draft, observed: _ObservedPods, rng: random.
         _after_failure(draft, rng, summary)
 
 
-def _follow_live_pod(draft: _Draft, pod: podstate.Pod, report: podstate.PodReport) -> None:
+def _take_checkpoint(draft: _Draft, current: CurrentAttempt, value: str) -> None:
+    """Copy the attempt's checkpoint to status.lastCheckpoint (a write only when it changed); a
+    bad one is ignored, with one warning per distinct value: the CheckpointAccepted condition's
+    message names the value refused last, and the event fires only when that message changes."""
+    problem = podstate.checkpoint_problem(value)
+    previous = find_condition(draft.status.conditions, CONDITION_CHECKPOINT)
+    if problem is None:
+        draft.update(last_checkpoint=value)
+        if previous is not None:  # say that the trouble is over
+            message = f"the checkpoint of attempt {current.number} is in status.lastCheckpoint"
+            draft.set_condition_later(CONDITION_CHECKPOINT, "True", "CheckpointAccepted", message)
+        return
+    message = (
+        f"checkpoint {podstate.fingerprint(value)} (sha256) of attempt {current.number} (pod "
+        f"{current.pod_name}) is ignored: {problem}; status.lastCheckpoint keeps the last good one"
+    )
+    if previous is None or previous.status != "False" or previous.message != message:
+        draft.event("CheckpointRejected", message, warning=True)
+    draft.set_condition_later(CONDITION_CHECKPOINT, "False", "CheckpointRejected", message)
+
+
+def _follow_live_pod(draft: _Draft, pod: podstate.Pod, report: podstate.PodReport, rng: random.Random) -> None:
     current = draft.status.current_attempt
     assert current is not None
     draft.update_attempt(pod_uid=podstate.uid_of(pod), node_name=report.node_name)
-    if report.state == "Running" and draft.status.phase != "Running":
+    verdict = draft.verdict_for(pod)
+    who = f"attempt {current.number} (pod {current.pod_name})"
+    if verdict.state == "Lost":
+        # Only Lost replaces an attempt; _stop_stray_pods marks the pod superseded and deletes it.
+        summary = _close_attempt(
+            draft, "Lost", reason="HeartbeatLost", report=report, detail=f"is lost: {verdict.detail}"
+        )
+        draft.set_condition_later(CONDITION_HEARTBEAT, "False", "HeartbeatLost", summary)
+        _after_failure(draft, rng, summary)
+        return
+    if report.state == "Running" and draft.status.phase not in ("Running", "Uncertain"):
         message = f"attempt {current.number} is running in pod {current.pod_name} on node {report.node_name}"
         draft.update_attempt(phase="Running")
         draft.set_phase("Running", "AttemptRunning", message)
@@ -384,6 +565,24 @@ def _follow_live_pod(draft: _Draft, pod: podstate.Pod, report: podstate.PodRepor
             "AttemptStarting",
             f"attempt {current.number} is starting in pod {current.pod_name}",
         )
+
+    if draft.status.phase == "Running" and verdict.state == "Uncertain":
+        message = f"{who} is uncertain: {verdict.detail}"
+        draft.update_attempt(phase="Uncertain")
+        draft.set_phase("Uncertain", "HeartbeatUncertain", message)
+        draft.event("HeartbeatUncertain", f"{message} (silent for {verdict.silence_seconds:.0f}s)", warning=True)
+    elif draft.status.phase == "Uncertain" and verdict.state == "Healthy":
+        message = f"{who} is running again: {verdict.detail}"
+        draft.update_attempt(phase="Running")
+        draft.set_phase("Running", "HeartbeatResumed", message)
+        draft.event("HeartbeatResumed", message)
+    if draft.spec.heartbeat.required and draft.status.phase in ("Running", "Uncertain"):
+        if draft.status.phase == "Running":
+            draft.set_condition_later(CONDITION_HEARTBEAT, "True", "HeartbeatHealthy", f"{who}: {verdict.detail}")
+        else:
+            draft.set_condition_later(CONDITION_HEARTBEAT, "Unknown", "HeartbeatUncertain", f"{who}: {verdict.detail}")
+        if verdict.last_beat_at is not None:
+            draft.beat = (podstate.uid_of(pod), verdict.last_beat_at)
 
 
 def _apply_suspend(draft: _Draft) -> None:
@@ -463,6 +662,8 @@ def _run(draft: _Draft, observed: _ObservedPods, may_start: bool) -> None:
         if status.next_attempt_at is not None and draft.now < status.next_attempt_at:
             draft.requeue_at(status.next_attempt_at)
             return
+        if draft.spec.guarantee == "NoOverlap" and _previous_pod_remains(draft, observed):
+            return
         if not may_start:
             if status.reason != "WaitingForQueue":
                 message = f"attempt {status.attempts + 1} waits for queue {draft.spec.queue} to admit it"
@@ -488,6 +689,29 @@ def _run(draft: _Draft, observed: _ObservedPods, may_start: bool) -> None:
         )
         draft.set_phase("Starting", "PodNameConflict", message)
         draft.event("PodNameConflict", message, warning=True)
+
+
+def _previous_pod_remains(draft: _Draft, observed: _ObservedPods) -> bool:
+    """Under NoOverlap, whether a pod of an earlier attempt still exists, and if so say so. A
+    terminating pod counts: on a partitioned node it may run on for as long as the partition
+    lasts, and the job stalls rather than risk two copies (consistency over availability)."""
+    # There is no current attempt: every pod of ours is an earlier one. A finished pod can run
+    # nothing any more (and is kept for its logs); any other may, even while terminating.
+    remaining = [pod for pod in observed.ours if not podstate.is_finished(pod)]
+    if not remaining:
+        return False
+    blocker = remaining[0]
+    others = f" (and {len(remaining) - 1} more)" if len(remaining) > 1 else ""
+    message = (
+        f"attempt {draft.status.attempts + 1} waits until pod {podstate.name_of(blocker)} of attempt "
+        f"{podstate.attempt_of(blocker)}{others} is gone: spec.guarantee is NoOverlap, and that pod is "
+        f"{'terminating' if podstate.is_deleting(blocker) else 'being deleted'}"
+    )
+    if draft.status.reason != "WaitingForPreviousPod":
+        draft.event("WaitingForPreviousPod", message)
+    phase: Phase = draft.status.phase if draft.status.phase in ("BackingOff", "Queued") else "Queued"
+    draft.set_phase(phase, "WaitingForPreviousPod", message)
+    return True
 
 
 def _reserve_next_attempt(draft: _Draft) -> None:
@@ -520,13 +744,23 @@ def _expire_after_ttl(draft: _Draft) -> None:
 
 def _stop_stray_pods(draft: _Draft, observed: _ObservedPods) -> None:
     """Delete our pods that still run but belong to no current attempt: the pod of an attempt
-    this decision closed (deadline, suspend), or one left by a crash between closing an attempt
-    and deleting its pod, or seen late."""
+    this decision closed (deadline, suspend, Lost, a late success), or one left by a crash between
+    closing an attempt and deleting its pod, or seen late. The pod of a Lost attempt is first
+    marked superseded: its agent stops at that even if the deletion is slow to reach it."""
     current = draft.status.current_attempt
     live = observed.of_attempt(current) if current is not None else None
+    records = {record.number: record for record in draft.status.history}
     for pod in observed.ours:
-        if pod is not live and not podstate.is_finished(pod) and not podstate.is_deleting(pod):
-            draft.delete_pod(pod)
+        if pod is live or podstate.is_finished(pod) or podstate.is_deleting(pod):
+            continue
+        record = records.get(podstate.attempt_of(pod))
+        if (
+            record is not None
+            and record.outcome == "Lost"
+            and podstate.annotation_of(pod, api.ANNOTATION_SUPERSEDED) is None
+        ):
+            draft.annotate_pod(pod, {api.ANNOTATION_SUPERSEDED: record.reason or "Lost"})
+        draft.delete_pod(pod)
 
 
 # ---------------------------------------------------------------------------- transitions

@@ -61,6 +61,10 @@ def attempt_pod_manifest(job: api.VigilJob, attempt: int, checkpoint: str | None
         # Attempt numbers only grow, across redrives too, so the number is the fencing token.
         {"name": "VIGIL_FENCING_TOKEN", "value": str(attempt)},
         {"name": "VIGIL_HEARTBEAT_INTERVAL", "value": str(spec.heartbeat.interval_seconds)},
+        # For self-fencing: an agent that cannot renew for this long must assume it was replaced,
+        # and under NoOverlap stop its child.
+        {"name": "VIGIL_HEARTBEAT_TIMEOUT", "value": str(spec.heartbeat.timeout_seconds)},
+        {"name": "VIGIL_GUARANTEE", "value": spec.guarantee},
         {"name": "VIGIL_CHECKPOINT", "value": checkpoint or ""},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},

@@ -6,6 +6,8 @@ Observations may be stale, duplicated or out of order; these functions read one 
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -63,6 +65,28 @@ def is_deleting(pod: Pod) -> bool:
     return pod["metadata"].get("deletionTimestamp") is not None
 
 
+def annotation_of(pod: Pod, key: str) -> str | None:
+    return (pod["metadata"].get("annotations") or {}).get(key)
+
+
+def checkpoint_problem(value: str) -> str | None:
+    """Why a `vigil.dev/checkpoint` value cannot be used, or None if it can: it must be JSON of at
+    most MAX_CHECKPOINT_BYTES bytes (UTF-8). Never raises, whatever the pod wrote."""
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > api.MAX_CHECKPOINT_BYTES:
+        return f"it is {size} bytes, over the limit of {api.MAX_CHECKPOINT_BYTES}"
+    try:
+        json.loads(value)
+    except (ValueError, RecursionError) as err:  # deep nesting overflows the parser's stack
+        return f"it is not JSON ({type(err).__name__}: {str(err)[:80]})"
+    return None
+
+
+def fingerprint(value: str) -> str:
+    """A short, stable name for a value, to tell distinct bad checkpoints apart in messages."""
+    return hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+
+
 def freshest_by_uid(pods: Iterable[Pod]) -> list[Pod]:
     """One snapshot per pod UID: the one furthest along (phase, then deletion, then version)."""
     best: dict[str, Pod] = {}
@@ -89,7 +113,7 @@ def read_pod(pod: Pod) -> PodReport:
     status = pod.get("status") or {}
     phase = status.get("phase", "Pending")
     node_name = pod.get("spec", {}).get("nodeName")
-    checkpoint = (pod["metadata"].get("annotations") or {}).get(api.ANNOTATION_CHECKPOINT)
+    checkpoint = annotation_of(pod, api.ANNOTATION_CHECKPOINT)
     exit_code, container_reason = _exit(status)
 
     def report(state: PodState, reason: str | None) -> PodReport:

@@ -57,9 +57,9 @@ def build_registry(controller: Controller, pods: PodIndex) -> kopf.OperatorRegis
 
     # Handlers are async so they run in the operator's loop, where the work queue lives.
     @kopf.on.event("pods", id="pod_event", labels={api.LABEL_JOB_UID: kopf.PRESENT}, registry=registry)
-    async def pod_event(body: kopf.Body, vigil_pods: Any, **_: Any) -> None:
+    async def pod_event(type: str | None, body: kopf.Body, vigil_pods: Any, **_: Any) -> None:
         ready(vigil_pods)
-        controller.pod_changed(body)
+        controller.pod_changed(body, deleted=type == "DELETED")
 
     @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL, id="job_event", registry=registry)
     async def job_event(type: str | None, body: kopf.Body, vigil_pods: Any, **_: Any) -> None:

@@ -66,6 +66,8 @@ def make_pod(
     deleting: bool = False,
     resource_version: str = "1",
     checkpoint: str | None = None,
+    heartbeat: str | None = None,
+    annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """A pod of `attempt` as the API server shows it; `exit_code` terminates its container."""
     metadata: dict[str, Any] = {
@@ -74,7 +76,11 @@ def make_pod(
         "uid": uid or f"pod-{attempt}",
         "resourceVersion": resource_version,
         "labels": {api.LABEL_JOB_UID: job_uid, api.LABEL_ATTEMPT: str(attempt)},
-        "annotations": {api.ANNOTATION_CHECKPOINT: checkpoint} if checkpoint else {},
+        "annotations": {
+            **({api.ANNOTATION_CHECKPOINT: checkpoint} if checkpoint else {}),
+            **({api.ANNOTATION_HEARTBEAT: heartbeat} if heartbeat is not None else {}),
+            **(annotations or {}),
+        },
     }
     if owner_uid is not None:
         metadata["ownerReferences"] = [

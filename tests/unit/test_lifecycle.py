@@ -91,10 +91,11 @@ def test_a_new_job_reserves_attempt_1_in_status_before_creating_its_pod() -> Non
 def test_a_new_job_gets_conditions_in_metav1_shape() -> None:
     status = status_of(run(make_job(generation=3)))
 
-    assert {c["type"] for c in status["conditions"]} == {"Succeeded", "DeadLettered", "Running"}
+    assert {c["type"] for c in status["conditions"]} == {"Succeeded", "DeadLettered", "Running", "HeartbeatHealthy"}
     assert condition(status, "Succeeded")["status"] == "Unknown"
     assert condition(status, "DeadLettered")["status"] == "False"
     assert condition(status, "Running")["status"] == "False"
+    assert condition(status, "HeartbeatHealthy")["status"] == "Unknown"
     for cond in status["conditions"]:
         assert set(cond) == {"type", "status", "reason", "message", "lastTransitionTime", "observedGeneration"}
         assert cond["observedGeneration"] == 3

@@ -88,6 +88,8 @@ def test_every_container_gets_the_vigil_environment() -> None:
         "VIGIL_ATTEMPT": "4",
         "VIGIL_FENCING_TOKEN": "4",
         "VIGIL_HEARTBEAT_INTERVAL": "7",
+        "VIGIL_HEARTBEAT_TIMEOUT": "30",
+        "VIGIL_GUARANTEE": "AtLeastOnce",
         "VIGIL_CHECKPOINT": '{"offset": 9}',
         "POD_NAME": {"fieldRef": {"fieldPath": "metadata.name"}},
         "POD_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}},
@@ -133,3 +135,9 @@ def test_no_checkpoint_is_an_empty_value() -> None:
     job = api.VigilJob.model_validate(make_job())
     pod = attempt_pod_manifest(job, 1, None)
     assert env_of(pod["spec"]["containers"][0])["VIGIL_CHECKPOINT"] == ""
+
+
+def test_the_agent_learns_the_guarantee_and_timeout_it_fences_by() -> None:
+    pod = manifest(spec={"guarantee": "NoOverlap", "heartbeat": {"intervalSeconds": 5, "timeoutSeconds": 45}})
+    env = env_of(pod["spec"]["containers"][0])
+    assert (env["VIGIL_GUARANTEE"], env["VIGIL_HEARTBEAT_TIMEOUT"]) == ("NoOverlap", "45")

@@ -1,0 +1,162 @@
+"""The agent's decisions, pure: when to beat again, and whether its child may keep running.
+
+No I/O and no clock of its own: every time is a value of a monotonic clock handed in by the
+caller, so a wall clock that jumps (NTP, a VM restored from a snapshot) changes nothing, and
+tests drive time by hand.
+
+Self-fencing (DESIGN.md, Semantics): the agent always stops its child when its pod is marked
+superseded, is being deleted, or is gone. When it cannot renew its heartbeat for
+`timeoutSeconds`, the operator may have declared the attempt Lost and started another: under
+NoOverlap the agent stops its child; under AtLeastOnce it keeps the child and keeps trying.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from vigil.api import Guarantee
+
+# Exit code of an agent that stopped its child itself (EX_TEMPFAIL from sysexits.h: the
+# attempt did not fail, it was replaced or fenced off; another attempt carries on).
+EXIT_FENCED = 75
+
+RETRY_INITIAL_SECONDS = 0.5  # first retry after an API error
+RETRIES_PER_TIMEOUT = 4  # retry at least this often within one heartbeat timeout
+JITTER = 0.1  # +-10% on every delay, so that agents started together do not beat together
+
+
+class Observed(enum.Enum):
+    """What the last renewal attempt (a PATCH of the pod's heartbeat annotation) found."""
+
+    RENEWED = "renewed"
+    SUPERSEDED = "superseded"  # the pod carries vigil.dev/superseded
+    DELETING = "deleting"  # the pod has a deletionTimestamp
+    GONE = "gone"  # 404: the pod no longer exists
+    UNAUTHORIZED = "unauthorized"  # 401: the credentials are refused
+    API_ERROR = "api-error"  # anything else: timeouts, refused connections, 5xx, 403, 429
+
+
+class Reason(enum.Enum):
+    """Why the agent stops its child. Every one exits with EXIT_FENCED."""
+
+    SUPERSEDED = "superseded"
+    DELETED = "deleted"
+    GONE = "gone"
+    FENCED = "fenced"
+
+
+@dataclass(frozen=True)
+class Decision:
+    stop: Reason | None = None  # None: let the child run
+    overdue: bool = False  # no renewal for the whole timeout (under AtLeastOnce: kept running)
+    message: str = ""
+
+
+KEEP_GOING = Decision()
+
+
+@dataclass
+class Fencer:
+    """The renewal history that decisions need; fed observations, asked for decisions.
+
+    `started_at` counts as the last renewal: the timeout runs from the agent's start until
+    the first beat gets through.
+    """
+
+    timeout: float
+    guarantee: Guarantee
+    started_at: float
+    last_renewed_at: float = float("nan")
+    ever_renewed: bool = False
+    failures: int = 0  # consecutive failed attempts
+    last: Observed | None = None
+
+    def __post_init__(self) -> None:
+        if self.last_renewed_at != self.last_renewed_at:  # NaN: not given
+            self.last_renewed_at = self.started_at
+
+    def observe(self, observed: Observed, sent_at: float) -> None:
+        """Records the outcome of an attempt sent at `sent_at`. A renewal counts from when
+        its request was sent, not answered: the API server stored it no earlier than that, so
+        the agent's silence never looks shorter than the operator's."""
+        self.last = observed
+        if observed is Observed.RENEWED:
+            self.last_renewed_at = max(self.last_renewed_at, sent_at)
+            self.ever_renewed = True
+            self.failures = 0
+        elif observed in (Observed.API_ERROR, Observed.UNAUTHORIZED):
+            self.failures += 1
+
+    def decide(self, now: float) -> Decision:
+        return decide(self.last, self.last_renewed_at, self.ever_renewed, now, self.timeout, self.guarantee)
+
+    def deadline(self) -> float:
+        """When silence reaches the timeout: the caller must ask decide() again by then."""
+        return self.last_renewed_at + self.timeout
+
+
+def decide(
+    last: Observed | None,
+    last_renewed_at: float,
+    ever_renewed: bool,
+    now: float,
+    timeout: float,
+    guarantee: Guarantee,
+) -> Decision:
+    """Whether the child may keep running, given the last observation and the silence so far."""
+    if last is Observed.SUPERSEDED:
+        return Decision(
+            Reason.SUPERSEDED, message="the pod is marked vigil.dev/superseded: another attempt replaced it"
+        )
+    if last is Observed.DELETING:
+        return Decision(Reason.DELETED, message="the pod is being deleted")
+    if last is Observed.GONE:
+        return Decision(Reason.GONE, message="the pod no longer exists (404)")
+    if last is Observed.UNAUTHORIZED and ever_renewed:
+        # The same credentials worked before. A pod-bound token stops working when its pod is
+        # deleted, so this is the pod gone; a token that never worked is a setup error instead,
+        # retried like any API error (and fenced by the timeout under NoOverlap).
+        return Decision(
+            Reason.GONE, message="the API server no longer accepts the pod's token (401): the pod was deleted"
+        )
+    silence = max(0.0, now - last_renewed_at)  # a monotonic clock never goes back; be safe anyway
+    if silence < timeout:
+        return KEEP_GOING
+    if guarantee == "NoOverlap":
+        return Decision(
+            Reason.FENCED,
+            overdue=True,
+            message=f"no heartbeat renewed for {silence:.0f}s (timeout {timeout:g}s): under NoOverlap the "
+            "attempt must assume it was replaced",
+        )
+    return Decision(
+        overdue=True,
+        message=f"no heartbeat renewed for {silence:.0f}s (timeout {timeout:g}s): the attempt may be replaced; "
+        "under AtLeastOnce the job keeps running and the agent keeps trying",
+    )
+
+
+def jittered(delay: float, rand: float) -> float:
+    """`delay` moved by up to +-JITTER; `rand` is uniform in [0, 1)."""
+    return delay * (1 - JITTER + 2 * JITTER * rand)
+
+
+def next_beat_delay(interval: float, rand: float) -> float:
+    """Delay before the next beat after a successful one."""
+    return jittered(interval, rand)
+
+
+def retry_delay(failures: int, interval: float, timeout: float, rand: float) -> float:
+    """Delay before retrying after `failures` consecutive failed attempts: exponential from
+    RETRY_INITIAL_SECONDS, but never longer than the interval nor than a quarter of the
+    timeout, so a partition that heals is noticed soon and the agent tries several times
+    before it would fence itself."""
+    base = RETRY_INITIAL_SECONDS * 2 ** max(0, min(failures - 1, 30))
+    return jittered(min(base, interval, timeout / RETRIES_PER_TIMEOUT), rand)
+
+
+def request_timeout(timeout: float) -> float:
+    """Limit of one API request: a hung API server costs at most this before the next try,
+    a quarter of the timeout (1 to 10 s)."""
+    return max(1.0, min(10.0, timeout / RETRIES_PER_TIMEOUT))

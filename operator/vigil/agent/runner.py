@@ -1,0 +1,419 @@
+"""`vigil-agent [--] CMD ARGS...`: runs a job's command and keeps its pod's heartbeat.
+
+The agent starts CMD as its child (same stdin, stdout and stderr), and every
+VIGIL_HEARTBEAT_INTERVAL seconds (with +-10% jitter) patches its own pod (POD_NAME,
+POD_NAMESPACE) with a JSON merge patch: `vigil.dev/heartbeat` set to a value that changes on
+every beat, and `vigil.dev/checkpoint` when the child recorded a new one. The answer to that
+patch is also how the agent learns it must stop (see vigil.agent.fencing).
+
+Environment:
+  POD_NAME, POD_NAMESPACE          the pod the agent runs in (required)
+  VIGIL_HEARTBEAT_INTERVAL         seconds between beats (default 10)
+  VIGIL_HEARTBEAT_TIMEOUT          seconds without a renewal after which the attempt may have
+                                   been replaced (default 60)
+  VIGIL_GUARANTEE                  AtLeastOnce (default) or NoOverlap
+  VIGIL_STOP_GRACE_SECONDS         SIGTERM -> SIGKILL grace when the agent stops its child (default 10)
+  KUBECONFIG                       used when not in a cluster (else the pod's service account)
+Given to the child: VIGIL_CHECKPOINT_FILE, where `vigil.agent.checkpoint()` writes.
+
+Exit status: the child's (128+N when signal N killed it, as shells report it); 75 when the
+agent stopped the child itself (pod superseded, deleted or gone, or fenced under NoOverlap);
+2 for a usage or configuration error; 126/127 when CMD cannot be run / is not found.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import queue
+import random
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vigil.agent import ENV_CHECKPOINT_FILE, CheckpointTooLarge, InvalidCheckpoint, validate_checkpoint
+from vigil.agent.fencing import (
+    EXIT_FENCED,
+    Fencer,
+    Observed,
+    next_beat_delay,
+    request_timeout,
+    retry_delay,
+)
+from vigil.api import ANNOTATION_CHECKPOINT, Guarantee
+
+ANNOTATION_HEARTBEAT = "vigil.dev/heartbeat"
+ANNOTATION_SUPERSEDED = "vigil.dev/superseded"
+
+EXIT_USAGE = 2
+EXIT_CANNOT_RUN = 126
+EXIT_NOT_FOUND = 127
+
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+CLOCK: Callable[[], float] = time.monotonic  # never the wall clock: it jumps
+USAGE = "usage: vigil-agent [--] CMD [ARGS...]  (see `pydoc vigil.agent.runner` for the environment)"
+
+
+def log(message: str) -> None:
+    print(f"vigil-agent: {message}", file=sys.stderr, flush=True)
+
+
+class ConfigError(Exception):
+    """The agent cannot run as configured; the message says what to set."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    pod_name: str
+    namespace: str
+    interval: float = 10.0
+    timeout: float = 60.0
+    guarantee: Guarantee = "AtLeastOnce"
+    grace: float = 10.0
+
+    @classmethod
+    def from_env(cls, env: dict[str, str]) -> Settings:
+        missing = [name for name in ("POD_NAME", "POD_NAMESPACE") if not env.get(name)]
+        if missing:
+            raise ConfigError(
+                f"{' and '.join(missing)} not set: give the pod's name and namespace through the downward API"
+            )
+
+        def seconds(name: str, default: float) -> float:
+            raw = env.get(name, "")
+            try:
+                value = float(raw) if raw.strip() else default
+            except ValueError:
+                raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
+            if not value > 0:
+                raise ConfigError(f"{name}={raw!r} must be greater than 0")
+            return value
+
+        guarantee = env.get("VIGIL_GUARANTEE", "").strip() or "AtLeastOnce"
+        if guarantee != "AtLeastOnce" and guarantee != "NoOverlap":
+            raise ConfigError(f"VIGIL_GUARANTEE={guarantee!r} must be AtLeastOnce or NoOverlap")
+        return cls(
+            pod_name=env["POD_NAME"],
+            namespace=env["POD_NAMESPACE"],
+            interval=seconds("VIGIL_HEARTBEAT_INTERVAL", 10.0),
+            timeout=seconds("VIGIL_HEARTBEAT_TIMEOUT", 60.0),
+            guarantee=guarantee,
+            grace=seconds("VIGIL_STOP_GRACE_SECONDS", 10.0),
+        )
+
+
+# --- the pod, as the agent sees it --------------------------------------------------------------
+
+
+def observe_pod(pod: dict[str, Any]) -> Observed:
+    """What the pod returned by a successful patch says about this attempt."""
+    meta = pod.get("metadata") or {}
+    if ANNOTATION_SUPERSEDED in (meta.get("annotations") or {}):
+        return Observed.SUPERSEDED
+    if meta.get("deletionTimestamp"):
+        return Observed.DELETING
+    return Observed.RENEWED
+
+
+def _short(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def describe_api_error(status: int, reason: str, body: str | None) -> str:
+    """One line for the log: status, reason and the server's message; never headers (no tokens)."""
+    message = ""
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        message = json.loads(body or "").get("message", "")
+    return _short(f"{status} {reason}: {message}" if message else f"{status} {reason}")
+
+
+class PodHeartbeat:
+    """The one API call the agent makes: a merge patch of its pod's annotations."""
+
+    def __init__(self, settings: Settings, timeout: float):
+        from kubernetes import client, config  # imported here: `vigil-agent --help` stays fast
+
+        conf = client.Configuration()
+        try:
+            config.load_incluster_config(client_configuration=conf)
+        except config.ConfigException:
+            try:
+                config.load_kube_config(client_configuration=conf)
+            except (config.ConfigException, OSError) as err:
+                raise ConfigError(f"no credentials: not in a cluster, and no usable KUBECONFIG ({err})") from None
+        conf.retries = 0  # the beat loop retries, with its own backoff and fencing in view
+        self.settings, self.timeout = settings, timeout
+        self.core = client.CoreV1Api(client.ApiClient(conf))
+
+    def patch(self, annotations: dict[str, str]) -> tuple[Observed, str]:
+        from kubernetes.client.rest import ApiException
+
+        body = {"metadata": {"annotations": annotations}}
+        try:
+            response = self.core.patch_namespaced_pod(
+                self.settings.pod_name,
+                self.settings.namespace,
+                body,
+                _content_type="application/merge-patch+json",
+                _request_timeout=self.timeout,
+                _preload_content=False,  # only metadata is read: skip building a V1Pod
+            )
+            return observe_pod(json.loads(response.data)), ""
+        except ApiException as err:
+            detail = describe_api_error(err.status, err.reason or "", err.body)
+            if err.status == 404:
+                return Observed.GONE, detail
+            if err.status == 401:
+                return Observed.UNAUTHORIZED, detail
+            return Observed.API_ERROR, detail
+        except Exception as err:  # timeouts, refused connections, bad answers: never fatal
+            cause = getattr(err, "reason", None) or err  # urllib3 wraps the useful part
+            return Observed.API_ERROR, _short(f"{type(cause).__name__}: {cause}")
+
+
+# --- the heartbeat loop (a thread; the main thread owns the child) --------------------------------
+
+
+class Heart(threading.Thread):
+    """Beats until stopped; reports every outcome as ("observed", Observed, sent_at) to `events`."""
+
+    def __init__(self, settings: Settings, pod: PodHeartbeat, checkpoint_file: Path, events: queue.Queue):
+        super().__init__(name="vigil-heartbeat", daemon=True)
+        self.settings, self.pod, self.checkpoint_file, self.events = settings, pod, checkpoint_file, events
+        self.boot = secrets.token_hex(4)  # tells this agent's beats from an earlier one's
+        self.sequence = 0
+        self.published: bytes | None = None
+        self.rejected: bytes | None = None  # warned about once, not on every beat
+        self.halt = threading.Event()
+        self.failures = 0
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            sent_at = CLOCK()
+            try:
+                observed = self.beat()
+            except Exception as err:  # a bug here must not silence the heart for good
+                log(f"heartbeat failed unexpectedly: {type(err).__name__}: {err}")
+                observed = Observed.API_ERROR
+            self.events.put(("observed", observed, sent_at))
+            if observed is Observed.RENEWED:
+                delay = next_beat_delay(self.settings.interval, random.random())
+            else:
+                delay = retry_delay(self.failures, self.settings.interval, self.settings.timeout, random.random())
+            self.halt.wait(delay)
+
+    def beat(self) -> Observed:
+        self.sequence += 1
+        annotations = {ANNOTATION_HEARTBEAT: f"{self.sequence}:{self.boot}"}
+        raw, text = self.new_checkpoint()
+        if text is not None:
+            annotations[ANNOTATION_CHECKPOINT] = text
+        observed, detail = self.pod.patch(annotations)
+        if observed is Observed.RENEWED:
+            if self.failures:
+                log(f"heartbeat renewed again after {self.failures} failed attempt(s)")
+            self.failures = 0
+            if raw is not None:
+                self.published = raw
+        elif observed in (Observed.API_ERROR, Observed.UNAUTHORIZED):
+            self.failures += 1
+            # The first failure and then every tenth: enough to see it, not a flood.
+            if self.failures == 1 or self.failures % 10 == 0:
+                log(f"heartbeat failed ({self.failures} in a row), retrying: {detail}")
+        return observed
+
+    def new_checkpoint(self) -> tuple[bytes | None, str | None]:
+        """The checkpoint file's contents when they changed since the last published ones and
+        are valid; (None, None) otherwise."""
+        try:
+            raw = self.checkpoint_file.read_bytes()
+        except FileNotFoundError:
+            return None, None
+        except OSError as err:
+            log(f"cannot read the checkpoint file: {err}")
+            return None, None
+        if raw == self.published or raw == self.rejected:
+            return None, None
+        try:
+            return raw, validate_checkpoint(raw)
+        except (CheckpointTooLarge, InvalidCheckpoint) as err:
+            self.rejected = raw
+            log(f"warning: checkpoint not published: {err}")
+            return None, None
+
+    def stop(self) -> None:
+        self.halt.set()
+
+
+# --- the child ------------------------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it if the agent dies, so a SIGKILLed agent never leaves
+    a job running unwatched (Linux; elsewhere a no-op)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class Child:
+    """The job's process. In its own process group when there is no terminal, so signals reach
+    what it starts too (a shell's children); with a terminal it stays in the foreground group."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]):
+        self.group = not os.isatty(0)
+        self.proc = subprocess.Popen(
+            argv,
+            env=env,
+            process_group=0 if self.group else None,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
+
+    def signal(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if self.group:
+                os.killpg(self.proc.pid, signum)
+            else:
+                self.proc.send_signal(signum)
+
+
+def exit_status(returncode: int) -> int:
+    """A child's return code as a shell reports it: 128+N when killed by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+# --- main -------------------------------------------------------------------------------------------
+
+
+def run(argv: list[str], env: dict[str, str]) -> int:
+    try:
+        settings = Settings.from_env(env)
+        pod = PodHeartbeat(settings, request_timeout(settings.timeout))
+    except ConfigError as err:
+        log(f"error: {err}")
+        return EXIT_USAGE
+
+    events: queue.Queue = queue.Queue()
+    pending: list[int] = []
+    child: Child | None = None
+
+    def forward(signum: int, _frame: object) -> None:
+        if child is None:
+            pending.append(signum)  # arrived before the child exists: delivered once it does
+        else:
+            child.signal(signum)
+
+    for signum in FORWARDED_SIGNALS:
+        signal.signal(signum, forward)
+
+    workdir = Path(tempfile.mkdtemp(prefix="vigil-agent-"))  # private (0700): only this job writes here
+    checkpoint_file = workdir / "checkpoint.json"
+    try:
+        try:
+            child = Child(argv, {**env, ENV_CHECKPOINT_FILE: str(checkpoint_file)})
+        except FileNotFoundError:
+            log(f"error: command not found: {argv[0]}")
+            return EXIT_NOT_FOUND
+        except PermissionError:
+            log(f"error: cannot run {argv[0]}: permission denied")
+            return EXIT_CANNOT_RUN
+        for signum in pending:
+            child.signal(signum)
+        return supervise(settings, child, Heart(settings, pod, checkpoint_file, events), events)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def supervise(settings: Settings, child: Child, heart: Heart, events: queue.Queue) -> int:
+    """Waits for the child while acting on the heartbeat's outcomes; returns the exit status."""
+    threading.Thread(
+        target=lambda: events.put(("exited", child.proc.wait(), 0.0)), name="vigil-child", daemon=True
+    ).start()
+    fencer = Fencer(timeout=settings.timeout, guarantee=settings.guarantee, started_at=CLOCK())
+    heart.start()
+    stopping_at: float | None = None  # when the agent sent SIGTERM to the child itself
+    killed = warned = False
+    reason = ""
+    while True:
+        now = CLOCK()
+        if stopping_at is not None:
+            wake_at: float | None = None if killed else stopping_at + settings.grace
+        else:
+            wake_at = fencer.deadline() if fencer.deadline() > now else None  # AtLeastOnce overdue: events only
+        try:
+            kind, value, at = events.get(timeout=None if wake_at is None else max(0.0, wake_at - now))
+        except queue.Empty:
+            kind = None
+        if kind == "exited":
+            break
+        if kind == "observed":
+            fencer.observe(value, at)
+        now = CLOCK()
+        if stopping_at is None:
+            decision = fencer.decide(now)
+            if decision.stop is not None:
+                reason = f"{decision.stop.value}: {decision.message}"
+                log(f"stopping the job ({reason}); SIGTERM now, SIGKILL after {settings.grace:g}s")
+                heart.stop()
+                child.signal(signal.SIGTERM)
+                stopping_at = now
+            elif decision.overdue and not warned:
+                log(f"warning: {decision.message}")
+                warned = True
+            elif not decision.overdue:
+                warned = False
+        elif not killed and now >= stopping_at + settings.grace:
+            log(f"the job did not stop within {settings.grace:g}s: SIGKILL")
+            child.signal(signal.SIGKILL)
+            killed = True
+
+    heart.stop()
+    returncode = child.proc.returncode
+    if stopping_at is not None:
+        log(
+            f"exit {EXIT_FENCED}: the job was stopped by its agent ({reason}); "
+            f"the job's own exit status was {exit_status(returncode)}"
+        )
+        return EXIT_FENCED
+    flush_checkpoint(heart)
+    return exit_status(returncode)
+
+
+def flush_checkpoint(heart: Heart) -> None:
+    """One last beat, so a checkpoint written just before the child exited is not lost."""
+    try:
+        if heart.checkpoint_file.read_bytes() in (heart.published, heart.rejected):
+            return
+    except OSError:
+        return  # no checkpoint at all
+    heart.join(timeout=heart.pod.timeout + 1)
+    if not heart.is_alive():  # else still stuck in a request: the job's exit must not wait longer
+        heart.beat()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    if args and args[0] == "--":
+        args = args[1:]
+    if not args:
+        print(USAGE, file=sys.stderr)
+        return EXIT_USAGE
+    return run(args, dict(os.environ))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

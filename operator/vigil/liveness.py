@@ -1,0 +1,233 @@
+"""The failure detector: how long each attempt has been silent, on the operator's own clock.
+
+Heartbeats are the hottest path (thousands a second at scale), so `HeartbeatTracker.observe`
+costs O(1), does no I/O and keeps only a few numbers per pod. The shell feeds it every pod
+snapshot it sees, asks `verdict()` when it decides about a job, and keeps `deadline()` in a heap
+so that it wakes only for attempts whose verdict is about to change.
+
+Silence is measured on Vigil's side. Every time here is the operator's MONOTONIC clock, injected
+as `now` (a float, in seconds); no timestamp written by a pod or a node is ever read, so clock
+skew between nodes cannot make an attempt look lost:
+
+- A beat is a new value of the pod's `vigil.dev/heartbeat` annotation. The value itself is
+  opaque; the same value seen again (a duplicate or an unrelated change to the pod) is no beat,
+  and a snapshot with a resourceVersion not above the last one seen is ignored (a stale or
+  reordered delivery must not pass for a beat).
+- The first value a tracker sees counts as a beat seen at that moment. After an operator restart
+  or a leader change the new tracker therefore counts silence from when it first saw the
+  attempt: never a false Lost because the operator itself was away.
+- Startup grace counts from when this tracker first saw the pod running (phase Running or
+  Unknown, or already beating), never from the pod's own startedAt.
+
+Thresholds, with I = heartbeat.intervalSeconds, T = heartbeat.timeoutSeconds and
+G = heartbeat.startupGraceSeconds:
+
+- U = min(T, max(2 x I, T / 2)) is the silence after which an attempt is Uncertain. 2 x I means
+  at least one whole beat was missed (the agent jitters by +-10% and the watch adds latency, so
+  one interval alone would flap); T / 2 keeps a short interval under a long timeout from calling
+  every API hiccup Uncertain. It is capped at T: when T <= 2 x I (allowed, as T > I is all the
+  schema asks) there is no room for doubt and the attempt goes from Healthy straight to Lost.
+- After the first beat: Healthy while silence < U, Uncertain while U <= silence < T, Lost once
+  silence >= T. (">=" rather than ">": at the deadline the shell wakes, and the verdict must then
+  have changed, or it would sleep until that same deadline again.)
+- Before the first beat, the grace is put in front of the same rule: silence counts from when
+  the container was first seen running, and the thresholds are G + U and G + T. So G is purely
+  an allowance for starting up: an agent that never beats is Lost G + T after it started, one
+  that starts slowly is judged like any other once the grace is used up, and G = 0 is no
+  special case (a first beat still has the usual U and T to arrive).
+- A pod not yet seen running (Pending) is Healthy and has no deadline: a pod that never starts
+  is the business of attemptDeadlineSeconds, not of the heartbeat.
+- heartbeat.required false: always Healthy; liveness is then the pod's phase alone.
+
+The wall-clock time of the last beat (`Verdict.last_beat_at`) is carried only for display in
+`status.currentAttempt.lastHeartbeatAt`; see `beat_stamp_due` for how rarely it is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from vigil import api
+
+State = Literal["Healthy", "Uncertain", "Lost"]
+
+# lastHeartbeatAt is for people (kubectl's LAST-BEAT column), not for the detector: writing it on
+# every beat would cost an API write per beat, so it is refreshed at most this often on its own.
+MIN_STAMP_PERIOD_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The detector's view of one attempt at one instant.
+
+    state: Healthy, Uncertain or Lost.
+    silence_seconds: monotonic seconds without a beat (before the first beat: since the container
+        was first seen running); 0 when silence is not counted (not required, not running yet).
+    detail: what the state rests on, for messages. It names thresholds, never the live silence,
+        so it stays the same while the state does (status messages built from it do not churn).
+    last_beat_at: the operator's wall-clock time when it last saw a beat, if the shell gave one.
+    """
+
+    state: State
+    silence_seconds: float
+    detail: str
+    last_beat_at: datetime | None = None
+
+
+def thresholds(heartbeat: api.Heartbeat) -> tuple[float, float]:
+    """(U, T): the silence after which an attempt is Uncertain, and Lost."""
+    timeout = float(heartbeat.timeout_seconds)
+    return min(timeout, max(2.0 * heartbeat.interval_seconds, timeout / 2.0)), timeout
+
+
+def stamp_period(heartbeat: api.Heartbeat) -> float:
+    """How stale status.currentAttempt.lastHeartbeatAt may get before it is written on its own."""
+    return max(MIN_STAMP_PERIOD_SECONDS, heartbeat.timeout_seconds / 2.0)
+
+
+def beat_stamp_due(stored: datetime | None, last_beat_at: datetime | None, heartbeat: api.Heartbeat) -> bool:
+    """Whether lastHeartbeatAt deserves a status write of its own.
+
+    decide() also refreshes it whenever it writes status anyway; this is for the quiet case. The
+    shell may call it on a beat to decide whether that beat is worth a reconcile.
+    """
+    if last_beat_at is None:
+        return False
+    if stored is None:
+        return True
+    # abs(): after a leader change the new leader's wall clock may be behind the stored stamp.
+    return abs((last_beat_at - stored).total_seconds()) >= stamp_period(heartbeat)
+
+
+@dataclass(slots=True)
+class _Seen:
+    """What the tracker remembers of one pod."""
+
+    version: int | None = None  # last numeric resourceVersion observed
+    running_since: float | None = None  # monotonic time the container was first seen running
+    beat: str | None = None  # last heartbeat annotation value
+    beat_at: float | None = None  # monotonic time that value was first seen
+    beat_wall: datetime | None = None  # the same, on the wall clock, for display only
+
+
+class HeartbeatTracker:
+    """Per pod UID: when the operator first saw it running, and when its heartbeat last changed.
+
+    Not thread-safe; the operator calls it from its event loop.
+    """
+
+    def __init__(self) -> None:
+        self._pods: dict[str, _Seen] = {}
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+    def __contains__(self, uid: object) -> bool:
+        return uid in self._pods
+
+    def observe(self, pod: Mapping[str, Any], now: float, wall: datetime | None = None) -> bool:
+        """Record one snapshot of a pod at monotonic time `now` (`wall`: the same instant on the
+        wall clock, kept only for lastHeartbeatAt). O(1), no I/O.
+
+        Returns True when what the verdict rests on changed (first sight, first seen running, a
+        beat): the caller should then take `deadline()` again. False for duplicates, stale
+        snapshots and changes that do not concern liveness.
+        """
+        metadata = pod["metadata"]
+        uid = metadata["uid"]
+        version_text = metadata.get("resourceVersion") or ""
+        version = int(version_text) if version_text.isdigit() else None
+        seen = self._pods.get(uid)
+        changed = seen is None
+        if seen is None:
+            seen = self._pods[uid] = _Seen()
+        elif version is not None and seen.version is not None and version <= seen.version:
+            return False  # a duplicate, or an older snapshot delivered late: never a beat
+        if version is not None:
+            seen.version = version
+
+        beat = (metadata.get("annotations") or {}).get(api.ANNOTATION_HEARTBEAT)
+        if seen.running_since is None and (beat is not None or _is_running(pod)):
+            seen.running_since = now
+            changed = True
+        if beat is not None and beat != seen.beat:
+            seen.beat = beat
+            # max(): a caller that passes an earlier `now` late must not move silence backwards
+            seen.beat_at = now if seen.beat_at is None else max(now, seen.beat_at)
+            seen.beat_wall = wall
+            changed = True
+        return changed
+
+    def forget(self, uid: str) -> None:
+        """Drop a pod (deleted, or its job is gone). Unknown UIDs are fine."""
+        self._pods.pop(uid, None)
+
+    def verdict(self, uid: str, heartbeat: api.Heartbeat, now: float) -> Verdict:
+        """The attempt's state at monotonic time `now` (see the module docstring for the rule)."""
+        if not heartbeat.required:
+            return Verdict("Healthy", 0.0, "heartbeat not required: liveness is the pod phase alone")
+        seen = self._pods.get(uid)
+        if seen is None:
+            return Verdict("Healthy", 0.0, "not observed yet")
+        clock = _clock(seen, heartbeat)
+        if clock is None:
+            return Verdict("Healthy", 0.0, "waiting for the container to start")
+        reference, uncertain_at, lost_at = clock
+        silence = max(0.0, now - reference)
+        state: State = "Lost" if now >= lost_at else "Uncertain" if now >= uncertain_at else "Healthy"
+        return Verdict(state, silence, _detail(state, seen, heartbeat), seen.beat_wall)
+
+    def deadline(self, uid: str, heartbeat: api.Heartbeat, now: float) -> float | None:
+        """The monotonic time at which the verdict changes next if no beat arrives; None if it
+        never will (not required, not running yet, or already Lost)."""
+        if not heartbeat.required:
+            return None
+        seen = self._pods.get(uid)
+        clock = None if seen is None else _clock(seen, heartbeat)
+        if clock is None:
+            return None
+        _, uncertain_at, lost_at = clock
+        if now < uncertain_at < lost_at:
+            return uncertain_at
+        return lost_at if now < lost_at else None
+
+
+def _is_running(pod: Mapping[str, Any]) -> bool:
+    # Unknown (node unreachable) counts: a pod only gets there after it was bound and started,
+    # and a partitioned pod that never beats must still become Lost.
+    return (pod.get("status") or {}).get("phase") in ("Running", "Unknown")
+
+
+def _clock(seen: _Seen, heartbeat: api.Heartbeat) -> tuple[float, float, float] | None:
+    """(silence counts from, Uncertain at, Lost at), all monotonic; None before the start."""
+    uncertain_after, lost_after = thresholds(heartbeat)
+    if seen.beat_at is not None:
+        reference, allowance = seen.beat_at, 0.0
+    elif seen.running_since is not None:
+        reference, allowance = seen.running_since, float(heartbeat.startup_grace_seconds)
+    else:
+        return None
+    # Absolute instants, compared with `now` as they are: verdict() and deadline() then agree
+    # exactly, with no float rounding between "silence >= U" and "now >= deadline".
+    return reference, reference + allowance + uncertain_after, reference + allowance + lost_after
+
+
+def _detail(state: State, seen: _Seen, heartbeat: api.Heartbeat) -> str:
+    uncertain_after, lost_after = thresholds(heartbeat)
+    if seen.beat_at is None:
+        grace = heartbeat.startup_grace_seconds
+        return {
+            "Healthy": f"waiting for the first heartbeat (startup grace {grace}s)",
+            "Uncertain": f"no first heartbeat within {grace + uncertain_after:g}s of the container starting "
+            f"(startup grace {grace}s); Lost after {grace + lost_after:g}s",
+            "Lost": f"no first heartbeat within {grace + lost_after:g}s of the container starting "
+            f"(startup grace {grace}s + heartbeat.timeoutSeconds {heartbeat.timeout_seconds}s)",
+        }[state]
+    return {
+        "Healthy": "heartbeats arriving",
+        "Uncertain": f"no heartbeat for {uncertain_after:g}s or more; Lost after {lost_after:g}s of silence",
+        "Lost": f"no heartbeat for {lost_after:g}s or more (heartbeat.timeoutSeconds)",
+    }[state]

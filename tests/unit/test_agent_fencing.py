@@ -1,0 +1,232 @@
+"""The agent's fencing decisions and beat schedule, on an injected monotonic clock."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from vigil.agent import fencing, runner
+from vigil.agent.fencing import EXIT_FENCED, Fencer, Observed, Reason, decide
+
+pytestmark = pytest.mark.unit
+
+TIMEOUT = 60.0
+
+
+def fencer(guarantee: str = "AtLeastOnce", started_at: float = 1000.0) -> Fencer:
+    return Fencer(timeout=TIMEOUT, guarantee=guarantee, started_at=started_at)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("guarantee", ["AtLeastOnce", "NoOverlap"])
+@pytest.mark.parametrize(
+    ("observed", "reason"),
+    [
+        (Observed.SUPERSEDED, Reason.SUPERSEDED),
+        (Observed.DELETING, Reason.DELETED),
+        (Observed.GONE, Reason.GONE),
+    ],
+)
+def test_a_superseded_deleted_or_gone_pod_stops_the_child_at_once_under_either_guarantee(guarantee, observed, reason):
+    f = fencer(guarantee)
+    f.observe(Observed.RENEWED, 1001.0)
+    f.observe(observed, 1002.0)
+    decision = f.decide(1002.5)
+    assert decision.stop is reason
+    assert decision.message
+
+
+def test_renewals_keep_the_child_running():
+    f = fencer("NoOverlap")
+    for t in range(1000, 1300, 10):
+        f.observe(Observed.RENEWED, float(t))
+        assert f.decide(t + 5.0).stop is None
+        assert not f.decide(t + 5.0).overdue
+
+
+def test_under_no_overlap_the_child_is_stopped_once_no_renewal_succeeded_for_the_timeout():
+    f = fencer("NoOverlap")
+    f.observe(Observed.RENEWED, 1010.0)
+    for t in (1015.0, 1030.0, 1050.0, 1069.9):
+        f.observe(Observed.API_ERROR, t)
+        assert f.decide(t).stop is None, t
+    assert f.deadline() == 1070.0
+    decision = f.decide(1070.0)
+    assert decision.stop is Reason.FENCED and decision.overdue
+    assert "NoOverlap" in decision.message
+
+
+def test_under_at_least_once_the_child_keeps_running_and_the_agent_keeps_trying():
+    f = fencer("AtLeastOnce")
+    f.observe(Observed.RENEWED, 1010.0)
+    for t in (1030.0, 1070.0, 5000.0):
+        f.observe(Observed.API_ERROR, t)
+    decision = f.decide(5000.0)
+    assert decision.stop is None and decision.overdue
+    assert "AtLeastOnce" in decision.message
+    # A renewal ends the doubt.
+    f.observe(Observed.RENEWED, 5001.0)
+    assert f.decide(5002.0) == fencing.KEEP_GOING
+
+
+def test_the_timeout_runs_from_the_start_until_the_first_renewal():
+    f = fencer("NoOverlap", started_at=1000.0)
+    assert f.decide(1059.9).stop is None  # nothing observed yet: the API may just be slow
+    assert f.decide(1060.0).stop is Reason.FENCED
+
+
+def test_a_renewal_counts_from_when_it_was_sent_not_answered():
+    f = fencer("NoOverlap")
+    f.observe(Observed.RENEWED, 1010.0)  # sent at 1010, answered much later
+    assert f.deadline() == 1010.0 + TIMEOUT
+    # Reports arriving out of order never move the last renewal back.
+    f.observe(Observed.RENEWED, 1005.0)
+    assert f.last_renewed_at == 1010.0
+
+
+def test_a_401_after_renewals_means_the_pod_was_deleted_but_before_any_is_a_setup_error():
+    # A pod-bound token stops working when its pod is deleted.
+    f = fencer("AtLeastOnce")
+    f.observe(Observed.UNAUTHORIZED, 1001.0)
+    assert f.decide(1001.0).stop is None, "credentials that never worked are retried like any API error"
+    f.observe(Observed.RENEWED, 1002.0)
+    f.observe(Observed.UNAUTHORIZED, 1003.0)
+    assert f.decide(1003.0).stop is Reason.GONE
+
+
+def test_api_errors_are_counted_and_reset_by_a_renewal():
+    f = fencer()
+    for t in (1.0, 2.0, 3.0):
+        f.observe(Observed.API_ERROR, 1000.0 + t)
+    assert f.failures == 3
+    f.observe(Observed.RENEWED, 1004.0)
+    assert f.failures == 0
+
+
+# --- clocks ---------------------------------------------------------------------------------------
+
+
+def test_the_agent_runs_on_the_monotonic_clock():
+    assert runner.CLOCK is time.monotonic
+
+
+@pytest.mark.parametrize("jump", [-86400.0, -3600.0, 3600.0, 86400.0 * 365])
+def test_wall_clock_jumps_change_no_decision(monkeypatch, jump: float):
+    """The same monotonic history gives the same decisions whatever the wall clock does."""
+
+    def history() -> list[fencing.Decision]:
+        f = fencer("NoOverlap")
+        out = []
+        for t, observed in [(1005.0, Observed.RENEWED), (1020.0, Observed.API_ERROR), (1050.0, Observed.API_ERROR)]:
+            f.observe(observed, t)
+            out.append(f.decide(t))
+        out.append(f.decide(1064.0))
+        out.append(f.decide(1066.0))
+        return out
+
+    expected = history()
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + jump)
+    assert history() == expected
+    assert expected[-2].stop is None and expected[-1].stop is Reason.FENCED
+
+
+def test_a_monotonic_clock_that_goes_back_counts_as_no_silence():
+    assert decide(Observed.API_ERROR, 2000.0, True, 1000.0, TIMEOUT, "NoOverlap") == fencing.KEEP_GOING
+
+
+def test_a_forward_jump_of_silence_past_the_timeout_fences_under_no_overlap():
+    # A stopped (SIGSTOP) or frozen agent resumes long after its last renewal: it may have been
+    # replaced meanwhile, so under NoOverlap it stops before anything else.
+    f = fencer("NoOverlap")
+    f.observe(Observed.RENEWED, 1001.0)
+    assert f.decide(1001.0 + 10 * TIMEOUT).stop is Reason.FENCED
+
+
+# --- schedule -------------------------------------------------------------------------------------
+
+
+@given(rand=st.floats(0.0, 1.0, exclude_max=True), interval=st.floats(0.1, 3600.0))
+def test_beats_come_every_interval_within_ten_percent(rand: float, interval: float):
+    delay = fencing.next_beat_delay(interval, rand)
+    assert interval * 0.9 - 1e-9 <= delay <= interval * 1.1 + 1e-9
+
+
+def test_jitter_spreads_agents_started_together():
+    assert fencing.next_beat_delay(10.0, 0.0) == pytest.approx(9.0)
+    assert fencing.next_beat_delay(10.0, 0.5) == pytest.approx(10.0)
+    assert fencing.next_beat_delay(10.0, 0.999) == pytest.approx(11.0, abs=0.01)
+
+
+def test_retries_back_off_exponentially_up_to_the_interval():
+    delays = [fencing.retry_delay(n, interval=10.0, timeout=600.0, rand=0.5) for n in range(1, 8)]
+    assert delays == pytest.approx([0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0])
+
+
+@given(
+    failures=st.integers(1, 10_000),
+    interval=st.floats(0.1, 600.0),
+    timeout=st.floats(0.5, 3600.0),
+    rand=st.floats(0.0, 1.0, exclude_max=True),
+)
+def test_the_agent_retries_several_times_within_one_timeout(failures, interval, timeout, rand):
+    delay = fencing.retry_delay(failures, interval, timeout, rand)
+    assert 0 < delay <= timeout / fencing.RETRIES_PER_TIMEOUT * 1.1 + 1e-9
+    assert delay <= interval * 1.1 + 1e-9
+
+
+def test_a_request_never_hangs_longer_than_a_quarter_of_the_timeout_nor_ten_seconds():
+    assert fencing.request_timeout(60.0) == 10.0
+    assert fencing.request_timeout(20.0) == 5.0
+    assert fencing.request_timeout(2.0) == 1.0  # a floor: a TLS handshake needs some time
+
+
+def test_the_fenced_exit_code_is_distinct_from_shell_codes():
+    assert EXIT_FENCED == 75
+    assert EXIT_FENCED not in (runner.EXIT_USAGE, runner.EXIT_CANNOT_RUN, runner.EXIT_NOT_FOUND)
+    assert runner.exit_status(-9) == 137 and runner.exit_status(3) == 3
+
+
+# --- what the agent reads from its pod ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("metadata", "observed"),
+    [
+        ({"annotations": {"vigil.dev/heartbeat": "1:a"}}, Observed.RENEWED),
+        ({}, Observed.RENEWED),
+        ({"annotations": {"vigil.dev/superseded": "2"}}, Observed.SUPERSEDED),
+        ({"deletionTimestamp": "2026-01-01T00:00:00Z"}, Observed.DELETING),
+    ],
+)
+def test_the_patched_pod_tells_whether_the_attempt_may_go_on(metadata, observed):
+    assert runner.observe_pod({"metadata": metadata}) is observed
+
+
+def test_api_errors_are_logged_in_one_line_without_headers():
+    body = '{"kind":"Status","message":"pods \\"x\\" is forbidden:\\n  User cannot patch"}'
+    assert (
+        runner.describe_api_error(403, "Forbidden", body) == '403 Forbidden: pods "x" is forbidden: User cannot patch'
+    )
+    assert runner.describe_api_error(503, "Service Unavailable", "<html>") == "503 Service Unavailable"
+
+
+@pytest.mark.parametrize(
+    ("env", "problem"),
+    [
+        ({}, "POD_NAME and POD_NAMESPACE not set"),
+        ({"POD_NAME": "p", "POD_NAMESPACE": "n", "VIGIL_HEARTBEAT_INTERVAL": "soon"}, "not a number"),
+        ({"POD_NAME": "p", "POD_NAMESPACE": "n", "VIGIL_HEARTBEAT_TIMEOUT": "0"}, "greater than 0"),
+        ({"POD_NAME": "p", "POD_NAMESPACE": "n", "VIGIL_GUARANTEE": "ExactlyOnce"}, "AtLeastOnce or NoOverlap"),
+    ],
+)
+def test_bad_settings_say_what_to_fix(env, problem):
+    with pytest.raises(runner.ConfigError, match=problem):
+        runner.Settings.from_env(env)
+
+
+def test_settings_default_as_documented():
+    s = runner.Settings.from_env({"POD_NAME": "p", "POD_NAMESPACE": "n"})
+    assert (s.interval, s.timeout, s.guarantee, s.grace) == (10.0, 60.0, "AtLeastOnce", 10.0)

@@ -1,0 +1,116 @@
+"""The shell's hot path and caches, without a cluster: a heartbeat alone costs no reconcile,
+anything else about a pod does, and a pod created here is never forgotten before the watch
+shows it."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from typing import Any
+
+import pytest
+
+from vigil.controller import CREATED_GRACE_SECONDS, Controller
+
+pytestmark = pytest.mark.unit
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def job(phase: str = "Running") -> dict[str, Any]:
+    return {
+        "metadata": {"name": "j", "namespace": "ns", "uid": "job-uid", "resourceVersion": "5", "generation": 1},
+        "spec": {"template": {}, "heartbeat": {"intervalSeconds": 10, "timeoutSeconds": 60}},
+        "status": {"phase": phase, "currentAttempt": {"lastHeartbeatAt": "2026-11-29T10:00:00Z"}},
+    }
+
+
+def pod(version: int, beat: str | None = None, phase: str = "Running", **annotations: str) -> dict[str, Any]:
+    if beat is not None:
+        annotations["vigil.dev/heartbeat"] = beat
+    return {
+        "metadata": {
+            "name": "j-1",
+            "namespace": "ns",
+            "uid": "pod-uid",
+            "resourceVersion": str(version),
+            "labels": {"vigil.dev/job-uid": "job-uid", "vigil.dev/attempt": "1"},
+            "annotations": annotations,
+            "ownerReferences": [{"kind": "VigilJob", "name": "j", "uid": "job-uid", "controller": True}],
+        },
+        "status": {"phase": phase},
+    }
+
+
+def controller(clock: Clock) -> Controller:
+    wall = dt.datetime(2026, 11, 29, 10, 0, 5, tzinfo=dt.UTC)
+    return Controller(kube=None, pods_of=lambda uid: [], clock=lambda: wall, monotonic=clock)  # type: ignore[arg-type]
+
+
+def drain(c: Controller) -> list:
+    async def take():
+        keys = []
+        while len(c.queue):
+            key = await c.queue.get()
+            c.queue.done(key)
+            keys.append(key)
+        return keys
+
+    return asyncio.run(take())
+
+
+def test_beats_alone_do_not_reconcile_but_other_changes_do():
+    clock = Clock()
+    c = controller(clock)
+    c.job_seen(job())
+    drain(c)
+    c.pod_changed(pod(10, beat="1"))
+    assert drain(c) == [("ns", "j")], "first sight of a pod is worth a look"
+    for version, beat in [(11, "2"), (12, "3"), (13, "4")]:
+        clock.now += 10
+        c.pod_changed(pod(version, beat=beat))
+        assert drain(c) == [], "a heartbeat alone costs no reconcile"
+    c.pod_changed(pod(14, beat="5", phase="Failed"))
+    assert drain(c) == [("ns", "j")], "a phase change is"
+    c.pod_changed(pod(15, beat="6", phase="Failed", **{"vigil.dev/checkpoint": '{"a":1}'}))
+    assert drain(c) == [("ns", "j")], "so is a new checkpoint"
+
+
+def test_a_beat_wakes_an_uncertain_job_at_once():
+    clock = Clock()
+    c = controller(clock)
+    c.job_seen(job(phase="Uncertain"))
+    c.pod_changed(pod(10, beat="1"))
+    drain(c)
+    clock.now += 1
+    c.pod_changed(pod(11, beat="2"))
+    assert drain(c) == [("ns", "j")]
+
+
+def test_a_deleted_pod_is_forgotten_by_the_detector():
+    clock = Clock()
+    c = controller(clock)
+    c.job_seen(job())
+    c.pod_changed(pod(10, beat="1"))
+    assert "pod-uid" in c.tracker
+    c.pod_changed(pod(11, beat="1"), deleted=True)
+    assert "pod-uid" not in c.tracker
+    assert drain(c) == [("ns", "j")]
+
+
+def test_a_created_pod_is_seen_until_the_watch_shows_it_or_the_grace_ends():
+    clock = Clock()
+    c = controller(clock)
+    c._created["job-uid"] = {"pod-uid": (pod(10), clock.now)}
+    assert [p["metadata"]["uid"] for p in c._pods_of("job-uid")] == ["pod-uid"]
+    c.pod_changed(pod(11))  # the watch caught up
+    assert c._created["job-uid"] == {}
+    c._created["job-uid"] = {"other": ({**pod(12), "metadata": {**pod(12)["metadata"], "uid": "other"}}, clock.now)}
+    clock.now += CREATED_GRACE_SECONDS + 1
+    assert c._pods_of("job-uid") == [], "not believed in for ever"
