@@ -8,6 +8,7 @@ namespace per test, deleted after it.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -66,6 +67,35 @@ def wait_until(condition: Callable[[], object], timeout: float, what: str, inter
             return last
         time.sleep(interval)
     pytest.fail(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+def pod_phase(kube: Kube, namespace: str, name: str) -> str | None:
+    """The pod's phase, or None when there is no such pod."""
+    try:
+        return kube.core.read_namespaced_pod(name, namespace).status.phase
+    except client.ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+def token_kubeconfig(kube: Kube, token: str, path: Path, server: str | None = None) -> Path:
+    """A kubeconfig for the cluster under test that authenticates with a bearer token."""
+    conf = kube.api.configuration
+    cluster = {"server": server or conf.host, "certificate-authority": conf.ssl_ca_cert}
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": cluster}],
+                "users": [{"name": "u", "user": {"token": token}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    return path
 
 
 def simulated_pod_spec(exit_code: str | None = "0", run_for: str | None = None) -> tuple[dict, dict]:

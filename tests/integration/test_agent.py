@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from tests.conftest import Kube, simulated_pod_spec, wait_until
+from tests.conftest import Kube, simulated_pod_spec, token_kubeconfig, wait_until
 from vigil.agent.fencing import EXIT_FENCED
 
 pytestmark = pytest.mark.integration
@@ -71,23 +71,7 @@ def create_job_pod(kube: Kube, namespace: str, name: str, account: str = JOB_ACC
     return {"name": pod.metadata.name, "uid": pod.metadata.uid}
 
 
-def write_kubeconfig(kube: Kube, token: str, path: Path, server: str | None = None) -> Path:
-    conf = kube.api.configuration
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {"name": "c", "cluster": {"server": server or conf.host, "certificate-authority": conf.ssl_ca_cert}}
-                ],
-                "users": [{"name": "job", "user": {"token": token}}],
-                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "job"}}],
-                "current-context": "c",
-            }
-        )
-    )
-    return path
+write_kubeconfig = token_kubeconfig  # the name the tests of this module use
 
 
 def pod_token(kube: Kube, namespace: str, pod: dict | None, account: str = JOB_ACCOUNT) -> str:

@@ -16,7 +16,7 @@ import yaml
 from kubernetes import client
 
 from testbed import cluster as testbed
-from tests.conftest import ROOT, Kube, OperatorProcess, install_crds, wait_until
+from tests.conftest import ROOT, Kube, OperatorProcess, install_crds, token_kubeconfig, wait_until
 from tests.integration.test_lifecycle import (
     FAST_BACKOFF,
     GROUP,
@@ -55,27 +55,9 @@ def test_the_chart_lints_and_grants_no_wildcard():
 
 def _token_kubeconfig(kube: Kube, namespace: str, service_account: str, path: Path) -> Path:
     """A kubeconfig that authenticates as the ServiceAccount, with a bound token."""
-    token = kube.core.create_namespaced_service_account_token(
-        service_account,
-        namespace,
-        client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)),
-    ).status.token
-    conf = kube.api.configuration
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {"name": "c", "cluster": {"server": conf.host, "certificate-authority": conf.ssl_ca_cert}}
-                ],
-                "users": [{"name": "vigil", "user": {"token": token}}],
-                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "vigil"}}],
-                "current-context": "c",
-            }
-        )
-    )
-    return path
+    request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))
+    token = kube.core.create_namespaced_service_account_token(service_account, namespace, request).status.token
+    return token_kubeconfig(kube, token, path)
 
 
 def test_the_operator_runs_with_nothing_but_the_charts_rbac(kube: Kube, namespace: str, tmp_path: Path):

@@ -18,7 +18,7 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from tests.conftest import Kube, OperatorProcess, wait_until
+from tests.conftest import Kube, OperatorProcess, pod_phase, wait_until
 from tests.integration.test_agent import JOB_ACCOUNT, grant_heartbeat_rbac, pod_token, write_kubeconfig
 from tests.integration.test_lifecycle import FAST_BACKOFF, condition, create, get, status, vigil_job, wait_phase
 
@@ -88,7 +88,7 @@ def agents(kube: Kube, namespace: str, tmp_path: Path):
     started: list[PodAgent] = []
 
     def start(pod_name: str) -> PodAgent:
-        wait_until(lambda: _pod_phase(kube, namespace, pod_name) == "Running", 30, f"{pod_name} to run")
+        wait_until(lambda: pod_phase(kube, namespace, pod_name) == "Running", 30, f"{pod_name} to run")
         agent = PodAgent(kube, namespace, pod_name, tmp_path)
         started.append(agent)
         return agent
@@ -96,15 +96,6 @@ def agents(kube: Kube, namespace: str, tmp_path: Path):
     yield start
     for agent in started:
         agent.stop()
-
-
-def _pod_phase(kube: Kube, namespace: str, name: str) -> str | None:
-    try:
-        return kube.core.read_namespaced_pod(name, namespace).status.phase
-    except ApiException as err:
-        if err.status == 404:
-            return None
-        raise
 
 
 def _pod(kube: Kube, namespace: str, name: str):
@@ -271,7 +262,7 @@ def test_a_checkpoint_reaches_status_and_the_next_attempt(
     kube: Kube, vigil: OperatorProcess, namespace: str, job_account, tmp_path: Path
 ):
     create(kube, namespace, heartbeat_job("resumable"))
-    wait_until(lambda: _pod_phase(kube, namespace, "resumable-1") == "Running", 30, "attempt 1 to run")
+    wait_until(lambda: pod_phase(kube, namespace, "resumable-1") == "Running", 30, "attempt 1 to run")
     # As the agent publishes what its child checkpointed: with the pod's own identity.
     pod = _pod(kube, namespace, "resumable-1")
     token = pod_token(kube, namespace, {"name": "resumable-1", "uid": pod.metadata.uid})

@@ -10,7 +10,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.conftest import Kube, simulated_pod_spec, wait_until
+from tests.conftest import Kube, pod_phase, simulated_pod_spec, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -30,15 +30,6 @@ def _pod(
         "metadata": {"name": name, "labels": labels or {}, "annotations": annotations},
         "spec": {**spec, "restartPolicy": "Never"},
     }
-
-
-def _phase(kube: Kube, namespace: str, name: str) -> str | None:
-    try:
-        return kube.core.read_namespaced_pod(name, namespace).status.phase
-    except ApiException as err:
-        if err.status == 404:
-            return None
-        raise
 
 
 def _gone(kube: Kube, namespace: str, name: str) -> bool:
@@ -79,7 +70,7 @@ def test_pod_finishes_with_the_exit_code_of_its_attempt(kube: Kube, namespace: s
     for attempt, phase, code in [("1", "Failed", 3), ("2", "Failed", 5), ("3", "Succeeded", 0), ("9", "Succeeded", 0)]:
         kube.core.create_namespaced_pod(namespace, _pod(f"a{attempt}", codes, labels={"vigil.dev/attempt": attempt}))
         wait_until(
-            lambda a=attempt: _phase(kube, namespace, f"a{a}") in ("Succeeded", "Failed"),
+            lambda a=attempt: pod_phase(kube, namespace, f"a{a}") in ("Succeeded", "Failed"),
             30,
             f"pod a{attempt} to finish",
         )
@@ -90,26 +81,26 @@ def test_pod_finishes_with_the_exit_code_of_its_attempt(kube: Kube, namespace: s
 
 def test_pod_without_simulation_annotations_keeps_running(kube: Kube, namespace: str):
     kube.core.create_namespaced_pod(namespace, _pod("plain", exit_code=None))
-    wait_until(lambda: _phase(kube, namespace, "plain") == "Running", 30, "pod to run")
+    wait_until(lambda: pod_phase(kube, namespace, "plain") == "Running", 30, "pod to run")
     finisher = _pod("finisher", "0", run_for="2s")
     kube.core.create_namespaced_pod(namespace, finisher)
-    wait_until(lambda: _phase(kube, namespace, "finisher") == "Succeeded", 30, "the timed pod to finish")
+    wait_until(lambda: pod_phase(kube, namespace, "finisher") == "Succeeded", 30, "the timed pod to finish")
     # The timed pod started after the plain one and has finished: the plain one is still running.
-    assert _phase(kube, namespace, "plain") == "Running"
+    assert pod_phase(kube, namespace, "plain") == "Running"
 
 
 def test_run_for_is_not_restarted_by_updates_to_the_pod(kube: Kube, namespace: str):
     kube.core.create_namespaced_pod(namespace, _pod("timed", "0", run_for="4s"))
-    wait_until(lambda: _phase(kube, namespace, "timed") == "Running", 30, "pod to run")
+    wait_until(lambda: pod_phase(kube, namespace, "timed") == "Running", 30, "pod to run")
     started = time.monotonic()
     # Heartbeat-like updates every 0.5 s must not push the finish back.
-    while _phase(kube, namespace, "timed") == "Running" and time.monotonic() - started < 20:
+    while pod_phase(kube, namespace, "timed") == "Running" and time.monotonic() - started < 20:
         kube.core.patch_namespaced_pod(
             "timed", namespace, {"metadata": {"annotations": {"vigil.dev/heartbeat": str(time.time())}}}
         )
         time.sleep(0.5)
     elapsed = time.monotonic() - started
-    assert _phase(kube, namespace, "timed") == "Succeeded"
+    assert pod_phase(kube, namespace, "timed") == "Succeeded"
     assert 2.5 <= elapsed <= 8, f"finished after {elapsed:.1f}s, expected about 4s"
 
 
@@ -122,7 +113,7 @@ def test_deleted_pods_go_away_linger_or_stay_terminating_as_annotated(kube: Kube
         namespace, _pod("stuck", exit_code=None, extra_annotations={"sim.vigil.dev/never-terminate": "true"})
     )
     for name in ("quick", "slow", "stuck"):
-        wait_until(lambda n=name: _phase(kube, namespace, n) == "Running", 30, f"{name} to run")
+        wait_until(lambda n=name: pod_phase(kube, namespace, n) == "Running", 30, f"{name} to run")
     for name in ("quick", "slow", "stuck"):
         kube.core.delete_namespaced_pod(name, namespace)
     deleted = time.monotonic()

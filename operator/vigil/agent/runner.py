@@ -51,10 +51,7 @@ from vigil.agent.fencing import (
     request_timeout,
     retry_delay,
 )
-from vigil.api import ANNOTATION_CHECKPOINT, Guarantee
-
-ANNOTATION_HEARTBEAT = "vigil.dev/heartbeat"
-ANNOTATION_SUPERSEDED = "vigil.dev/superseded"
+from vigil.api import ANNOTATION_CHECKPOINT, ANNOTATION_HEARTBEAT, ANNOTATION_SUPERSEDED, Guarantee
 
 EXIT_USAGE = 2
 EXIT_CANNOT_RUN = 126
