@@ -28,7 +28,7 @@ from tests.integration.test_lifecycle import (
     wait_phase,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.e2e  # the operator end to end, as a process, on a real cluster
 
 CHART = ROOT / "charts" / "vigil"
 

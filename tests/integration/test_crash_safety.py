@@ -20,7 +20,7 @@ from kubernetes import client, watch
 from tests.conftest import Kube, OperatorProcess, install_crds, wait_until
 from tests.integration.test_lifecycle import FAST_BACKOFF, GROUP, PLURAL, VERSION, vigil_job
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.e2e  # the operator end to end, as a process, on a real cluster
 
 JOBS = 50
 CHAOS_SECONDS = 40

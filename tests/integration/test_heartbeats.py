@@ -22,7 +22,7 @@ from tests.conftest import Kube, OperatorProcess, pod_phase, wait_until
 from tests.integration.test_agent import JOB_ACCOUNT, grant_heartbeat_rbac, pod_token, write_kubeconfig
 from tests.integration.test_lifecycle import FAST_BACKOFF, condition, create, get, status, vigil_job, wait_phase
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.e2e  # the operator end to end, as a process, on a real cluster
 
 AGENT = Path(sys.executable).with_name("vigil-agent")
 HEARTBEAT = {"intervalSeconds": 1, "timeoutSeconds": 6, "startupGraceSeconds": 10, "required": True}

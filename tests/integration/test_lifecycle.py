@@ -12,7 +12,7 @@ from kubernetes.client.rest import ApiException
 
 from tests.conftest import Kube, OperatorProcess, simulated_pod_spec, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.e2e  # the operator end to end, as a process, on a real cluster
 
 GROUP, VERSION, PLURAL = "vigil.dev", "v1alpha1", "vigiljobs"
 FAST_BACKOFF = {"initialSeconds": 1, "factor": 2.0, "maxSeconds": 30, "jitter": 0.0}
