@@ -94,6 +94,7 @@ class Controller:
         self.tracker = HeartbeatTracker()
         self._fingerprints: dict[str, int] = {}  # pod UID -> what of it, beats aside, decide() reads
         self.jobs: dict[Key, Mapping[str, Any]] = {}
+        self._heartbeats: dict[Key, api.Heartbeat] = {}  # each job's spec.heartbeat, parsed
         self.queue: WorkQueue[Key] = WorkQueue()
         self._failures: dict[Key, int] = {}
         self._strangers: dict[Key, Mapping[str, Any]] = {}  # pods bearing an attempt's name, not ours
@@ -108,6 +109,8 @@ class Controller:
         key = key_of(body)
         if _newer(body, self.jobs.get(key)):
             self.jobs[key] = body
+            # Parsed once per job version, not on every heartbeat of its pods.
+            self._heartbeats[key] = api.Heartbeat.model_validate((body.get("spec") or {}).get("heartbeat") or {})
         self.queue.add(key)
 
     def job_gone(self, body: Mapping[str, Any]) -> None:
@@ -115,6 +118,7 @@ class Controller:
         current = self.jobs.get(key)
         if current is not None and current["metadata"]["uid"] == body["metadata"]["uid"]:
             del self.jobs[key]
+            del self._heartbeats[key]
             self._created.pop(current["metadata"]["uid"], None)
             self.queue.forget(key)
             self._failures.pop(key, None)
@@ -151,7 +155,7 @@ class Controller:
         status = job.get("status") or {}
         if status.get("phase") == "Uncertain":
             return True
-        heartbeat = api.Heartbeat.model_validate((job.get("spec") or {}).get("heartbeat") or {})
+        heartbeat = self._heartbeats[key]
         stored = (status.get("currentAttempt") or {}).get("lastHeartbeatAt")
         verdict = self.tracker.verdict(uid, heartbeat, self.monotonic())
         return beat_stamp_due(dt.datetime.fromisoformat(stored) if stored else None, verdict.last_beat_at, heartbeat)
@@ -195,7 +199,7 @@ class Controller:
         stranger = await self._recheck_stranger(key)
         if stranger is not None:
             pods.append(stranger)
-        heartbeat = api.Heartbeat.model_validate((job.get("spec") or {}).get("heartbeat") or {})
+        heartbeat = self._heartbeats[key]
         now = self.monotonic()
         uids = [pod["metadata"]["uid"] for pod in pods]
         liveness = {uid: self.tracker.verdict(uid, heartbeat, now) for uid in uids}

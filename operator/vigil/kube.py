@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import logging
 import uuid
 
@@ -31,8 +32,6 @@ class Refused(Exception):
 
 
 def _refusal(err: ApiException) -> Refused:
-    import json
-
     try:
         body = json.loads(err.body or "{}")
     except ValueError:

@@ -293,21 +293,13 @@ class _Draft:
         succeeded: api.ConditionStatus = (
             "True" if status.phase == "Succeeded" else "False" if status.phase == "DeadLettered" else "Unknown"
         )
+        # The three conditions that follow the phase, then those steps asked for, in one pass.
+        wanted: dict[str, tuple[api.ConditionStatus, str, str]] = {
+            "Succeeded": (succeeded, reason, message),
+            "DeadLettered": (_bool(status.phase == "DeadLettered"), reason, message),
+            "Running": (_bool(status.phase == "Running"), reason, message),
+        }
         conditions = list(status.conditions)
-        for type_, value in (
-            ("Succeeded", succeeded),
-            ("DeadLettered", _bool(status.phase == "DeadLettered")),
-            ("Running", _bool(status.phase == "Running")),
-        ):
-            conditions = set_condition(
-                conditions,
-                type=type_,
-                status=value,
-                reason=reason,
-                message=message,
-                now=self.now,
-                generation=self.job.metadata.generation,
-            )
         if not self.spec.heartbeat.required:  # liveness is the pod phase alone: nothing to say
             conditions = remove_condition(conditions, CONDITION_HEARTBEAT)
             self.conditions_to_set.pop(CONDITION_HEARTBEAT, None)
@@ -317,7 +309,8 @@ class _Draft:
             kept = find_condition(conditions, type_)
             if kept is not None and type_ not in self.conditions_to_set:
                 self.set_condition_later(type_, kept.status, kept.reason, kept.message)
-        for type_, (value, reason_, message_) in self.conditions_to_set.items():
+        wanted.update(self.conditions_to_set)
+        for type_, (value, reason_, message_) in wanted.items():
             conditions = set_condition(
                 conditions,
                 type=type_,
