@@ -26,7 +26,11 @@ from testbed import cluster as testbed
 
 # The test bed the suite starts for itself: a name and ports of its own, so that a cluster a
 # developer brought up with `python -m testbed.cluster up` is left alone.
-SUITE_CLUSTER = testbed.Cluster("pytest", testbed.Ports.from_base(int(os.environ.get("VIGIL_TEST_PORT_BASE", 17443))))
+# VIGIL_TEST_CLUSTER_NAME and VIGIL_TEST_PORT_BASE let two runs of the suite share a machine.
+SUITE_CLUSTER = testbed.Cluster(
+    os.environ.get("VIGIL_TEST_CLUSTER_NAME", "pytest"),
+    testbed.Ports.from_base(int(os.environ.get("VIGIL_TEST_PORT_BASE", 17443))),
+)
 
 
 @dataclass

@@ -58,6 +58,16 @@ class AnnotatePod:
 
 
 @dataclass(frozen=True)
+class ReleasePod:
+    """Remove the `vigil.dev/attempt-tracking` finalizer from a pod whose outcome the job's status
+    now holds (the PatchStatus before it in the same decision wrote it, or an earlier one did),
+    with a UID precondition like DeletePod; NotFound and a failed precondition mean done."""
+
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
 class SetDeadLetterLabel:
     """Set (True) or remove (False) the job's `vigil.dev/dead-letter: "true"` label."""
 
@@ -87,7 +97,17 @@ class RequeueAfter:
     seconds: float
 
 
-Action = PatchStatus | CreatePod | DeletePod | AnnotatePod | SetDeadLetterLabel | EmitEvent | DeleteJob | RequeueAfter
+Action = (
+    PatchStatus
+    | CreatePod
+    | DeletePod
+    | AnnotatePod
+    | ReleasePod
+    | SetDeadLetterLabel
+    | EmitEvent
+    | DeleteJob
+    | RequeueAfter
+)
 ActionT = TypeVar("ActionT", bound=Action)
 
 
