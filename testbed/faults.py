@@ -301,6 +301,14 @@ async def _serve(proxy: Proxy, name: str, state_dir: Path) -> None:
             elif op != "status":
                 raise ValueError(f"unknown operation {op!r}")
             answer = {"ok": True, "status": {"name": name, "pid": os.getpid(), **proxy.status()}}
+            if op != "status":  # the log says when each fault began and ended
+                c = answer["status"]["connections"]
+                args = json.dumps({k: v for k, v in request.items() if k != "op"})
+                print(
+                    f"[{time.strftime('%H:%M:%S')}] {op} {args} -> mode {proxy.mode}, "
+                    f"delay {answer['status']['delay_ms']} ms, {c['open']} open, {c['stalled']} stalled",
+                    flush=True,
+                )
         except (ValueError, KeyError, OSError, TimeoutError) as err:
             answer = {"ok": False, "error": f"{type(err).__name__}: {err}"}
         with contextlib.suppress(OSError):
