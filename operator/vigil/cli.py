@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         "--health-address",
         metavar="HOST:PORT",
         default=None,
-        help="serve a liveness endpoint at http://HOST:PORT/healthz (default: none)",
+        help="serve http://HOST:PORT/healthz (the process works) and /readyz (every watch has listed "
+        "and is fresh) (default: none)",
     )
     operator.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default: info"
@@ -57,8 +58,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     level = getattr(logging, args.log_level.upper())
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # kopf logs every handled watch event at INFO: at scale that is the hot path. Quieter by default.
-    logging.getLogger("kopf").setLevel(max(level, logging.WARNING) if level > logging.DEBUG else level)
     return args.run(args)
 
 

@@ -1,9 +1,14 @@
 """The shell around the decision core: level-triggered reconciliation of VigilJobs.
 
-Watch events (delivered by kopf, see `vigil.handlers`) only put a job's key in a work queue.
-A worker takes the key, reads the newest job it knows and the job's pods, asks the core what
-to do, and executes the actions in order. Nothing is remembered between two looks at a job
-except what is in its status, so duplicate, stale or missed events cost at most an extra look.
+Watch deltas (from `vigil.informer`) only update the caches and put a job's key in a work queue.
+A worker takes the key, reads the newest job it knows and the job's pods, asks the core what to
+do, and executes the actions in order. Nothing is remembered between two looks at a job except
+what is in its status, so duplicate, stale or missed events cost at most an extra look.
+
+The caches are a rumour: a decision that cannot be undone (`vigil.confirm`) is taken again on a
+direct read of the job's pods before it runs, and while the pod watch is not fresh silence
+cannot make an attempt Lost (`liveness.heard`). A failure while reconciling is shown on the job
+and retried with backoff (`vigil.failures`).
 """
 
 from __future__ import annotations
@@ -14,22 +19,29 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from vigil import actions, api, lifecycle, podstate
-from vigil.kube import Conflict, Kube, Refused
-from vigil.liveness import HeartbeatTracker, beat_stamp_due
+from vigil import actions, api, confirm, failures, lifecycle, podstate
+from vigil.kube import Conflict, Gone, Kube, Refused
+from vigil.liveness import HeartbeatTracker, beat_stamp_due, heard
+from vigil.podcache import PodCache, job_uid_of
+from vigil.seen import Delta
 from vigil.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
 Key = tuple[str, str]  # (namespace, name)
-PodSource = Callable[[str], Iterable[Mapping[str, Any]]]  # job uid -> its pods
 
-CONFLICT_RETRY_SECONDS = 0.2
-CREATED_GRACE_SECONDS = 30.0
-ERROR_RETRY_SECONDS = (1, 2, 5, 10, 30)
+# A pod this operator created that the watch has not shown after this long is read directly.
+UNSEEN_CHECK_SECONDS = 10.0
+# How soon a job whose Lost verdict waits for a fresh view of pods is looked at again.
+DEAF_RECHECK_SECONDS = 2.0
+
+
+class PodCreateRefused(Exception):
+    """The API server refused an attempt's pod for a reason that may pass (403: a quota, a
+    policy; 400: a webhook): shown on the job, retried with backoff."""
 
 
 def key_of(body: Mapping[str, Any]) -> Key:
@@ -49,6 +61,7 @@ def _fingerprint(pod: Mapping[str, Any]) -> int:
     annotations = {k: v for k, v in (metadata.get("annotations") or {}).items() if k != api.ANNOTATION_HEARTBEAT}
     seen = (
         metadata.get("deletionTimestamp"),
+        metadata.get("finalizers"),
         metadata.get("labels"),
         annotations,
         pod.get("spec", {}).get("nodeName"),
@@ -72,57 +85,94 @@ def _newer(candidate: Mapping[str, Any], current: Mapping[str, Any] | None) -> b
     return True
 
 
+def _parse_heartbeat(job: Mapping[str, Any]) -> api.Heartbeat:
+    try:
+        return api.Heartbeat.model_validate((job.get("spec") or {}).get("heartbeat") or {})
+    except ValueError:  # decide() reports the invalid spec; the detector uses the defaults meanwhile
+        return api.Heartbeat()
+
+
+def _describe(err: Exception) -> tuple[str, str]:
+    """(reason, message) for the ReconcileError condition."""
+    if isinstance(err, PodCreateRefused):
+        return "PodCreateRefused", f"{err}; retrying with backoff"
+    if isinstance(err, Refused):
+        return "WriteRefused", f"the API server refused a write: {err.message}"
+    return "ReconcileFailed", f"reconciling failed: {type(err).__name__}: {str(err)[:1000]}"
+
+
 class Controller:
-    """Owns the job cache and the work queue; executes decisions against the API server."""
+    """Owns the job and pod caches and the work queue; executes decisions against the API server.
+
+    What it remembers, besides the caches: the detector's view of each pod (`tracker`), a
+    fingerprint of each pod so that a heartbeat alone costs no reconcile, the failures in a row
+    per job (for backoff), and pods bearing an attempt's name that are not the job's (strangers,
+    which no watch of the job's pods shows). Everything is dropped with the job.
+    """
 
     def __init__(
         self,
         kube: Kube,
-        pods_of: PodSource,
         *,
         workers: int = 4,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
         monotonic: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        hearing: Callable[[], bool] = lambda: True,
+        on_missed: Callable[[str], None] = lambda reason: None,
     ) -> None:
         self.kube = kube
-        self.pods_of = pods_of
         self.workers = workers
         self.clock = clock
         self.monotonic = monotonic
         self.rng = rng or random.Random()
+        self.hearing = hearing  # whether the pod watch is fresh (see vigil.informer)
+        self.on_missed = on_missed  # a direct read showed what the pod watch missed: repair it
         self.tracker = HeartbeatTracker()
-        self._fingerprints: dict[str, int] = {}  # pod UID -> what of it, beats aside, decide() reads
+        self.pods = PodCache()
         self.jobs: dict[Key, Mapping[str, Any]] = {}
+        self._fingerprints: dict[str, int] = {}  # pod UID -> what of it, beats aside, decide() reads
         self._heartbeats: dict[Key, api.Heartbeat] = {}  # each job's spec.heartbeat, parsed
         self.queue: WorkQueue[Key] = WorkQueue()
         self._failures: dict[Key, int] = {}
         self._strangers: dict[Key, Mapping[str, Any]] = {}  # pods bearing an attempt's name, not ours
-        # Pods this operator created that the watch has not shown yet, by job UID then pod UID:
-        # a decision must never miss a pod that exists (NoOverlap counts on it).
-        self._created: dict[str, dict[str, tuple[Mapping[str, Any], float]]] = {}
         self._tasks: list[asyncio.Task] = []
+        self._background: set[asyncio.Task] = set()
 
     # --- what the watches report --------------------------------------------------------
+
+    def job_delta(self, delta: Delta) -> None:
+        if delta.kind == "delete":
+            self.job_gone(delta.obj)
+        else:
+            self.job_seen(delta.obj)
+
+    def pod_delta(self, delta: Delta) -> None:
+        self.pod_changed(delta.obj, deleted=delta.kind == "delete")
 
     def job_seen(self, body: Mapping[str, Any]) -> None:
         key = key_of(body)
         if _newer(body, self.jobs.get(key)):
             self.jobs[key] = body
             # Parsed once per job version, not on every heartbeat of its pods.
-            self._heartbeats[key] = api.Heartbeat.model_validate((body.get("spec") or {}).get("heartbeat") or {})
+            self._heartbeats[key] = _parse_heartbeat(body)
         self.queue.add(key)
 
     def job_gone(self, body: Mapping[str, Any]) -> None:
         key = key_of(body)
         current = self.jobs.get(key)
-        if current is not None and current["metadata"]["uid"] == body["metadata"]["uid"]:
-            del self.jobs[key]
-            del self._heartbeats[key]
-            self._created.pop(current["metadata"]["uid"], None)
-            self.queue.forget(key)
-            self._failures.pop(key, None)
-            self._strangers.pop(key, None)
+        if current is None or current["metadata"]["uid"] != body["metadata"]["uid"]:
+            return
+        self._drop(key)
+        # Its pods can tell nobody anything any more: let them go.
+        self._in_background(self._release(self.pods.drop_job(body["metadata"]["uid"])))
+
+    def _drop(self, key: Key) -> None:
+        self.jobs.pop(key, None)
+        self._heartbeats.pop(key, None)
+        self.queue.forget(key)
+        self._failures.pop(key, None)
+        self._strangers.pop(key, None)
 
     def pod_changed(self, pod: Mapping[str, Any], deleted: bool = False) -> None:
         """A pod of some job changed. The hot path: most events are heartbeats, which cost a few
@@ -130,13 +180,13 @@ class Controller:
         when its silence crosses a threshold."""
         key = _owner_key(pod)
         uid = pod["metadata"]["uid"]
-        job_uid = (pod["metadata"].get("labels") or {}).get(api.LABEL_JOB_UID, "")
-        if uid in self._created.get(job_uid, {}):  # the watch has caught up with our create
-            del self._created[job_uid][uid]
         if deleted:
+            self.pods.gone(job_uid_of(pod), uid)
             self.tracker.forget(uid)
             self._fingerprints.pop(uid, None)
         else:
+            if not self.pods.watched(pod):
+                return  # older than what a direct read showed
             beat = self.tracker.observe(pod, self.monotonic(), self.clock())
             fingerprint = _fingerprint(pod)
             only_a_beat = self._fingerprints.get(uid) == fingerprint
@@ -163,31 +213,72 @@ class Controller:
     # --- workers ------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Begin reconciling: call once every watch has listed (before, a job whose pods are not
+        listed yet would look as if its pods had vanished)."""
         self._tasks = [asyncio.create_task(self._work(), name=f"vigil-worker-{i}") for i in range(self.workers)]
+        known = {job["metadata"]["uid"] for job in self.jobs.values()}
+        orphans = [pod for uid in self.pods.job_uids() if uid not in known for pod in self.pods.of_job(uid)]
+        if orphans:
+            self._in_background(self._release_orphans(orphans))
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        for task in [*self._tasks, *self._background]:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._background, return_exceptions=True)
         self.queue.shutdown()
+
+    def _in_background(self, work: Any) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _work(self) -> None:
         while True:
             key = await self.queue.get()
             try:
                 await self.reconcile(key)
-                self._failures.pop(key, None)
+                if self._failures.pop(key, None):
+                    await self._clear_failure(key)
+            except Gone:
+                log.info("%s/%s is gone; forgetting it", *key)
+                self._drop(key)
             except Conflict as err:
                 log.debug("conflict on %s/%s, looking again: %s", *key, err)
-                self.queue.add_after(key, CONFLICT_RETRY_SECONDS)
-            except Exception:
-                failures = self._failures.get(key, 0)
-                self._failures[key] = failures + 1
-                delay = ERROR_RETRY_SECONDS[min(failures, len(ERROR_RETRY_SECONDS) - 1)]
-                log.exception("reconciling %s/%s failed; retrying in %ss", *key, delay)
-                self.queue.add_after(key, delay)
+                self._retry(key, conflict=True)
+            except Exception as err:
+                await self._report_failure(key, err)
+                self._retry(key)
             finally:
                 self.queue.done(key)
+
+    def _retry(self, key: Key, *, conflict: bool = False) -> None:
+        count = self._failures[key] = self._failures.get(key, 0) + 1
+        self.queue.add_after(key, failures.retry_delay(count, self.rng, conflict=conflict))
+
+    async def _report_failure(self, key: Key, err: Exception) -> None:
+        """Show the failure on the job (condition, and one event per distinct cause)."""
+        job = self.jobs.get(key)
+        reason, message = _describe(err)
+        if job is None:
+            return
+        patch, new_cause = failures.report(job, reason, message, self.clock())
+        if new_cause:
+            log.error("reconciling %s/%s failed: %s", *key, message, exc_info=not isinstance(err, PodCreateRefused))
+        else:
+            log.warning("reconciling %s/%s failed again: %s", *key, message)
+        try:
+            if patch is not None:
+                self.job_seen(await self.kube.patch_job_status(*key, job["metadata"]["resourceVersion"], patch))
+            if new_cause:
+                await self.kube.post_event(job, "Warning", reason, message)
+        except Exception as report_err:  # the API server may be what fails: the retry comes anyway
+            log.warning("could not report the failure on %s/%s: %s", *key, report_err)
+
+    async def _clear_failure(self, key: Key) -> None:
+        job = self.jobs.get(key)
+        patch = failures.cleared(job) if job is not None else None
+        if job is not None and patch is not None:
+            self.job_seen(await self.kube.patch_job_status(*key, job["metadata"]["resourceVersion"], patch))
 
     # --- one look at one job ------------------------------------------------------------
 
@@ -195,33 +286,88 @@ class Controller:
         job = self.jobs.get(key)
         if job is None:
             return
-        pods = self._pods_of(job["metadata"]["uid"])
+        namespace, job_uid = key[0], job["metadata"]["uid"]
+        if job["metadata"].get("deletionTimestamp"):
+            await self._release(self.pods.of_job(job_uid))  # or they would hold up its deletion
+            return
+        await self._settle_unseen(namespace, job_uid)
         stranger = await self._recheck_stranger(key)
-        if stranger is not None:
-            pods.append(stranger)
-        heartbeat = self._heartbeats[key]
-        now = self.monotonic()
-        uids = [pod["metadata"]["uid"] for pod in pods]
-        liveness = {uid: self.tracker.verdict(uid, heartbeat, now) for uid in uids}
-        decision = lifecycle.decide(job, pods, self.clock(), may_start=True, rng=self.rng, liveness=liveness)
+        extra = [stranger] if stranger is not None else []
+        decision, deaf = self._decide(key, job, self.pods.of_job(job_uid) + extra)
+        why = confirm.doubt(job, decision)
+        if why is not None:
+            # Never on a rumour: decide again on what the API server says now.
+            truth = await self.kube.list_job_pods(namespace, job_uid)
+            self._take_truth(job_uid, truth)
+            decision = self._decide(key, job, truth + extra)[0]
+            if confirm.doubt(job, decision) != why:  # the watch missed a beat, a pod, a deletion
+                self.on_missed(f"a direct read of {namespace}/{key[1]}'s pods contradicts the watch: {why}")
         for action in decision.actions:
             job = await self._execute(job, action)
-        # Wake when some attempt's silence crosses its next threshold (one timer per job).
+        self._schedule(key, job_uid, deaf)
+
+    def _decide(self, key: Key, job: Mapping[str, Any], pods: list[Mapping[str, Any]]) -> tuple[Any, bool]:
+        """The core's decision on these pods; and whether a Lost verdict was held back because
+        the pod watch is not fresh."""
+        heartbeat, now, hearing = self._heartbeats[key], self.monotonic(), self.hearing()
+        liveness, deaf = {}, False
+        for pod in pods:
+            uid = pod["metadata"]["uid"]
+            verdict = self.tracker.verdict(uid, heartbeat, now)
+            liveness[uid] = heard(verdict, hearing)
+            deaf = deaf or liveness[uid] is not verdict
+        decision = lifecycle.decide(job, pods, self.clock(), may_start=True, rng=self.rng, liveness=liveness)
+        return decision, deaf
+
+    def _schedule(self, key: Key, job_uid: str, deaf: bool) -> None:
+        """Wake when some attempt's silence crosses its next threshold (one timer per job), or
+        soon if a Lost verdict waits for the watch to be fresh again."""
+        heartbeat, now = self._heartbeats.get(key), self.monotonic()
+        if heartbeat is None:
+            return
+        uids = [pod["metadata"]["uid"] for pod in self.pods.of_job(job_uid)]
         deadlines = [d for uid in uids if (d := self.tracker.deadline(uid, heartbeat, now)) is not None]
+        if deaf:
+            deadlines.append(now + DEAF_RECHECK_SECONDS)
         if deadlines:
             self.queue.add_after(key, min(deadlines) - now)
 
-    def _pods_of(self, job_uid: str) -> list[Mapping[str, Any]]:
-        """The job's pods as watched, plus those created here that the watch has not shown yet
-        (for at most CREATED_GRACE_SECONDS: a pod made and deleted while a watch was being
-        re-established never shows, and must not be believed in for ever)."""
-        watched = list(self.pods_of(job_uid))
-        created = self._created.get(job_uid, {})
-        horizon = self.monotonic() - CREATED_GRACE_SECONDS
-        for uid in [uid for uid, (_, at) in created.items() if at < horizon]:
-            del created[uid]
-        seen = {pod["metadata"]["uid"] for pod in watched}
-        return watched + [pod for uid, (pod, _) in created.items() if uid not in seen]
+    def _take_truth(self, job_uid: str, truth: list[Mapping[str, Any]]) -> None:
+        """Fold a direct list of a job's pods into the caches and the detector."""
+        now, wall = self.monotonic(), self.clock()
+        for pod in self.pods.replace_job(job_uid, truth):
+            self.tracker.forget(pod["metadata"]["uid"])
+        for pod in truth:
+            self.tracker.observe(pod, now, wall)
+
+    async def _settle_unseen(self, namespace: str, job_uid: str) -> None:
+        """Pods this operator created that the watch is slow to show are read directly: kept if
+        they exist, dropped on 404. Never forgotten on a timer."""
+        horizon = self.monotonic() - UNSEEN_CHECK_SECONDS
+        for pod, created_at in self.pods.unseen(job_uid):
+            if created_at > horizon:
+                continue
+            current = await self.kube.read_pod(namespace, pod["metadata"]["name"])
+            if current is None or current["metadata"]["uid"] != pod["metadata"]["uid"]:
+                self.pods.gone(job_uid, pod["metadata"]["uid"])
+            else:
+                self.pods.read(current)
+
+    async def _release(self, pods: list[Mapping[str, Any]]) -> None:
+        for pod in pods:
+            if api.FINALIZER_ATTEMPT_TRACKING in (pod["metadata"].get("finalizers") or []):
+                meta = pod["metadata"]
+                await self.kube.release_pod(meta["namespace"], meta["name"], meta["uid"])
+
+    async def _release_orphans(self, pods: list[Mapping[str, Any]]) -> None:
+        """Pods whose job was deleted while no operator ran: release them once the API server
+        confirms their job is gone."""
+        for pod in pods:
+            key = _owner_key(pod)
+            job = await self.kube.read_job(*key) if key is not None else None
+            if job is None or job["metadata"]["uid"] != job_uid_of(pod):
+                await self._release([pod])
+                self.pods.gone(job_uid_of(pod), pod["metadata"]["uid"])
 
     async def _execute(self, job: Mapping[str, Any], action: actions.Action) -> Mapping[str, Any]:
         """Runs one action; returns the job as it is afterwards (a status patch changes it)."""
@@ -237,6 +383,8 @@ class Controller:
                 await self.kube.delete_pod(namespace, pod_name, uid)
             case actions.AnnotatePod(name=pod_name, uid=uid, annotations=annotations):
                 await self.kube.annotate_pod(namespace, pod_name, uid, annotations)
+            case actions.ReleasePod(name=pod_name, uid=uid):
+                await self.kube.release_pod(namespace, pod_name, uid)
             case actions.SetDeadLetterLabel(dead_lettered=flag):
                 await self.kube.patch_job_labels(namespace, name, {api.LABEL_DEAD_LETTER: "true" if flag else None})
             case actions.EmitEvent(type=type_, reason=reason, message=message):
@@ -254,16 +402,15 @@ class Controller:
         try:
             created = await self.kube.create_pod(namespace, manifest)
         except Refused as err:
+            if err.status in (400, 403):  # a quota, a policy, a webhook: may pass; say so and retry
+                raise PodCreateRefused(f"the API server refused pod {pod_name}: {err.message}") from err
             # A template Kubernetes will not accept: say so on the job rather than crash-loop.
             attempt = int(manifest["metadata"]["labels"][api.LABEL_ATTEMPT])
             for action in lifecycle.reject_pod(job, attempt, err.message, self.clock()).actions:
                 job = await self._execute(job, action)
             return
         if created is not None:
-            self._created.setdefault(job["metadata"]["uid"], {})[created["metadata"]["uid"]] = (
-                created,
-                self.monotonic(),
-            )
+            self.pods.created(created, self.monotonic())
             return
         # AlreadyExists: ours (the watch will show it) or a stranger's (say, a leftover of a
         # deleted job of the same name), which the core must see to refuse it; no watch of

@@ -1,6 +1,7 @@
-"""The few writes Vigil makes to the API server, each idempotent, with the outcomes the shell
-needs to tell apart (done, already done, conflict). The official client is synchronous: every
-call runs in a worker thread so the event loop never blocks.
+"""The few writes (and direct reads) Vigil makes to the API server, each idempotent, with the
+outcomes the shell needs to tell apart (done, already done, conflict, gone, refused). The official
+client is synchronous: every call runs in a worker thread so the event loop never blocks, and
+every call has a timeout, so a half-open connection cannot hold a worker for ever.
 """
 
 from __future__ import annotations
@@ -14,17 +15,27 @@ import uuid
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from vigil.api import GROUP, PLURAL, VERSION
+from vigil.api import FINALIZER_ATTEMPT_TRACKING, GROUP, LABEL_JOB_UID, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
+
+# (connect, read) seconds for every call: long enough for a loaded API server, short enough that
+# a dead connection is given up well within a heartbeat timeout.
+REQUEST_TIMEOUT = (5, 20)
+MAX_EVENT_NAME = 253  # a DNS subdomain
 
 
 class Conflict(Exception):
     """The object changed since it was read (409): re-read and decide again."""
 
 
+class Gone(Exception):
+    """The job no longer exists (404): forget it."""
+
+
 class Refused(Exception):
-    """The API server refused a write as invalid (422): retrying the same write cannot help."""
+    """The API server refused a write: invalid (422), forbidden (403: a quota, a policy) or a bad
+    request (400: a webhook). `status` tells them apart."""
 
     def __init__(self, status: int, reason: str, message: str):
         super().__init__(f"{status} {reason}: {message}")
@@ -53,23 +64,51 @@ class Kube:
         """Creates the pod; None when a pod of that name exists already (deterministic names
         make that the same attempt, or a stranger the core will refuse to adopt)."""
         try:
-            pod = await asyncio.to_thread(self.core.create_namespaced_pod, namespace, manifest)
+            pod = await asyncio.to_thread(
+                self.core.create_namespaced_pod, namespace, manifest, _request_timeout=REQUEST_TIMEOUT
+            )
         except ApiException as err:
             if err.status == 409:
                 return None
-            if err.status == 422:  # Invalid: the manifest itself; 403 may be a terminating namespace
+            if err.status in (400, 403, 422):  # 422: the manifest itself; 400/403: a webhook, quota, policy
                 raise _refusal(err) from err
             raise
         return self.api.sanitize_for_serialization(pod)
 
     async def read_pod(self, namespace: str, name: str) -> dict | None:
         try:
-            pod = await asyncio.to_thread(self.core.read_namespaced_pod, name, namespace)
+            pod = await asyncio.to_thread(
+                self.core.read_namespaced_pod, name, namespace, _request_timeout=REQUEST_TIMEOUT
+            )
         except ApiException as err:
             if err.status == 404:
                 return None
             raise
         return self.api.sanitize_for_serialization(pod)
+
+    async def list_job_pods(self, namespace: str, job_uid: str) -> list[dict]:
+        """The job's pods as the API server has them now (a consistent read, not the watch cache):
+        the source of truth Vigil asks before anything destructive."""
+        pods = await asyncio.to_thread(
+            self.core.list_namespaced_pod,
+            namespace,
+            label_selector=f"{LABEL_JOB_UID}={job_uid}",
+            _request_timeout=REQUEST_TIMEOUT,
+        )
+        return [self.api.sanitize_for_serialization(pod) for pod in pods.items]
+
+    async def release_pod(self, namespace: str, name: str, uid: str) -> None:
+        """Removes Vigil's attempt-tracking finalizer from the pod of that uid; a pod gone or
+        replaced is left alone."""
+        patch = {"metadata": {"uid": uid, "$deleteFromPrimitiveList/finalizers": [FINALIZER_ATTEMPT_TRACKING]}}
+        try:
+            await asyncio.to_thread(
+                self.core.patch_namespaced_pod, name, namespace, patch, _request_timeout=REQUEST_TIMEOUT
+            )
+        except ApiException as err:
+            if err.status in (404, 409):
+                return
+            raise
 
     async def delete_pod(self, namespace: str, name: str, uid: str | None, grace_seconds: int | None = None) -> None:
         """Deletes the pod of that uid; a pod already gone, or replaced by another uid, is left."""
@@ -79,7 +118,9 @@ class Kube:
             propagation_policy="Background",
         )
         try:
-            await asyncio.to_thread(self.core.delete_namespaced_pod, name, namespace, body=body)
+            await asyncio.to_thread(
+                self.core.delete_namespaced_pod, name, namespace, body=body, _request_timeout=REQUEST_TIMEOUT
+            )
         except ApiException as err:
             if err.status in (404, 409):
                 return
@@ -89,7 +130,9 @@ class Kube:
         """Merges annotations into the pod of that uid; a pod gone or replaced is left alone."""
         patch = {"metadata": {"uid": uid, "annotations": annotations}}  # the uid acts as a precondition
         try:
-            await asyncio.to_thread(self.core.patch_namespaced_pod, name, namespace, patch)
+            await asyncio.to_thread(
+                self.core.patch_namespaced_pod, name, namespace, patch, _request_timeout=REQUEST_TIMEOUT
+            )
         except ApiException as err:
             if err.status in (404, 409):
                 return
@@ -103,13 +146,36 @@ class Kube:
         patch = {"metadata": {"resourceVersion": resource_version}, "status": status}
         try:
             return await asyncio.to_thread(
-                self.custom.patch_namespaced_custom_object_status, GROUP, VERSION, namespace, PLURAL, name, patch
+                self.custom.patch_namespaced_custom_object_status,
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                patch,
+                _request_timeout=REQUEST_TIMEOUT,
             )
         except ApiException as err:
             if err.status == 409:
                 raise Conflict(f"{namespace}/{name} changed since resourceVersion {resource_version}") from err
             if err.status == 404:
-                raise Conflict(f"{namespace}/{name} is gone") from err
+                raise Gone(f"{namespace}/{name} is gone") from err
+            raise
+
+    async def read_job(self, namespace: str, name: str) -> dict | None:
+        try:
+            return await asyncio.to_thread(
+                self.custom.get_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return None
             raise
 
     async def patch_job_labels(self, namespace: str, name: str, labels: dict[str, str | None]) -> dict | None:
@@ -122,6 +188,7 @@ class Kube:
                 PLURAL,
                 name,
                 {"metadata": {"labels": labels}},
+                _request_timeout=REQUEST_TIMEOUT,
             )
         except ApiException as err:
             if err.status == 404:
@@ -132,7 +199,14 @@ class Kube:
         body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid), propagation_policy="Background")
         try:
             await asyncio.to_thread(
-                self.custom.delete_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name, body=body
+                self.custom.delete_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                body=body,
+                _request_timeout=REQUEST_TIMEOUT,
             )
         except ApiException as err:
             if err.status in (404, 409):
@@ -146,7 +220,7 @@ class Kube:
         meta = job["metadata"]
         now = dt.datetime.now(dt.UTC)
         event = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(name=f"{meta['name']}.{uuid.uuid4().hex[:16]}", namespace=meta["namespace"]),
+            metadata=client.V1ObjectMeta(name=_event_name(meta["name"]), namespace=meta["namespace"]),
             involved_object=client.V1ObjectReference(
                 api_version=f"{GROUP}/{VERSION}",
                 kind="VigilJob",
@@ -167,6 +241,14 @@ class Kube:
             reporting_instance="vigil",
         )
         try:
-            await asyncio.to_thread(self.core.create_namespaced_event, meta["namespace"], event)
+            await asyncio.to_thread(
+                self.core.create_namespaced_event, meta["namespace"], event, _request_timeout=REQUEST_TIMEOUT
+            )
         except ApiException as err:
             log.warning("could not post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], err.reason)
+
+
+def _event_name(job_name: str) -> str:
+    """A unique event name that is valid for any job name (up to 253 characters)."""
+    suffix = f".{uuid.uuid4().hex[:16]}"
+    return job_name[: MAX_EVENT_NAME - len(suffix)].rstrip(".-") + suffix

@@ -231,3 +231,13 @@ def _detail(state: State, seen: _Seen, heartbeat: api.Heartbeat) -> str:
         "Uncertain": f"no heartbeat for {uncertain_after:g}s or more; Lost after {lost_after:g}s of silence",
         "Lost": f"no heartbeat for {lost_after:g}s or more (heartbeat.timeoutSeconds)",
     }[state]
+
+
+def heard(verdict: Verdict, hearing: bool) -> Verdict:
+    """The verdict as far as the operator may act on it: silence is evidence only while the
+    operator can hear. While its view of pods is not fresh (a stalled or broken watch), an
+    attempt may be Uncertain but never Lost."""
+    if hearing or verdict.state != "Lost":
+        return verdict
+    detail = f"{verdict.detail}; but the operator's view of pods is not fresh, so it is not declared Lost yet"
+    return Verdict("Uncertain", verdict.silence_seconds, detail, verdict.last_beat_at)

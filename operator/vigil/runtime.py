@@ -1,103 +1,95 @@
-"""Runs Vigil's kopf operator in a thread of its own, with its own event loop, so that whatever
-decides *whether* it runs (the CLI now, a Lease-based leader election later) can start it and
-stop it cleanly from outside: `start()`, `stop()`, `wait()`.
+"""Runs Vigil's watches and controller in a thread of their own, with their own event loop, so
+that whatever decides *whether* the operator runs (the CLI now, a Lease-based leader election
+later) can start and stop it cleanly from outside: `start()`, `stop()`, `wait()`.
 
-kopf watches; it writes nothing to any object. Jobs are observed with `on.event`, pods with an
-index plus `on.event`, both filtered server-side by the `vigil.dev/job-uid` label, so kopf puts no
-annotations and no finalizers on pods or jobs. The `Controller` does the rest.
+Jobs and pods are observed by Vigil's own list+watch (`vigil.informer`), not kopf's: kopf's
+watch cannot say whether it is fresh, reports nothing for objects that vanished while it was
+relisting after 410 Gone, and spends about 1.4 ms of CPU per event on machinery Vigil does not
+use (see the issue "When the network lies" and shared/notes/kopf.md). Pods are watched with a
+server-side label filter, so only Vigil's pods reach the operator. Nothing is written by the
+watches: no annotations, no finalizers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import logging
 import threading
-from collections.abc import Collection, Mapping
-from typing import Any
+from collections.abc import Callable, Collection, Mapping
 
-import kopf
+from aiohttp import web
 from kubernetes import client, config
 
 from vigil import api
 from vigil.controller import Controller
+from vigil.informer import Informer
 from vigil.kube import Kube
+from vigil.streaming import ApiReader, resource_path
 
 log = logging.getLogger(__name__)
 
-
-class PodIndex:
-    """The kopf index of Vigil's pods by job UID, as a function the controller calls."""
-
-    def __init__(self) -> None:
-        self.index: Any = None  # kopf.Index, handed over with the first event
-
-    def __call__(self, job_uid: str) -> list[Mapping[str, Any]]:
-        return list(self.index.get(job_uid, [])) if self.index is not None else []
+_GLOB = frozenset("*?[")
 
 
-def build_registry(controller: Controller, pods: PodIndex) -> kopf.OperatorRegistry:
-    """kopf handlers: glue that hands what the watches see to the controller."""
-    registry = kopf.OperatorRegistry()
+def watch_scopes(patterns: Collection[str]) -> tuple[list[str | None], Callable[[Mapping], bool]]:
+    """Where to list and watch, and which objects to keep. Literal namespaces are watched one by
+    one (so a namespaced Role suffices); any glob means watching all namespaces and keeping those
+    that match; no pattern at all means every namespace."""
+    if not patterns:
+        return [None], lambda _: True
+    if not any(_GLOB & set(pattern) for pattern in patterns):
+        return list(dict.fromkeys(patterns)), lambda _: True
 
-    @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        return kopf.login_via_client(**kwargs)
+    def matches(obj: Mapping) -> bool:
+        namespace = obj.get("metadata", {}).get("namespace", "")
+        return any(fnmatch.fnmatchcase(namespace, pattern) for pattern in patterns)
 
-    @kopf.index("pods", id="vigil_pods", labels={api.LABEL_JOB_UID: kopf.PRESENT}, registry=registry)
-    async def vigil_pods(body: kopf.Body, **_: Any) -> dict[str, dict]:
-        return {body["metadata"]["labels"][api.LABEL_JOB_UID]: _plain(body)}
-
-    def ready(index: Any) -> None:
-        # kopf calls on.event handlers only once every index is populated from the initial
-        # listing, so the first call is when reconciling may begin: before it, a job whose pods
-        # are not indexed yet would look as if its pods had vanished.
-        if pods.index is None:
-            pods.index = index
-            controller.start()
-
-    # Handlers are async so they run in the operator's loop, where the work queue lives.
-    @kopf.on.event("pods", id="pod_event", labels={api.LABEL_JOB_UID: kopf.PRESENT}, registry=registry)
-    async def pod_event(type: str | None, body: kopf.Body, vigil_pods: Any, **_: Any) -> None:
-        ready(vigil_pods)
-        controller.pod_changed(body, deleted=type == "DELETED")
-
-    @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL, id="job_event", registry=registry)
-    async def job_event(type: str | None, body: kopf.Body, vigil_pods: Any, **_: Any) -> None:
-        ready(vigil_pods)
-        if type == "DELETED":
-            controller.job_gone(body)
-        else:
-            controller.job_seen(_plain(body))
-
-    return registry
+    return [None], matches
 
 
-def _plain(body: kopf.Body) -> dict[str, Any]:
-    return {key: body[key] for key in body}
-
-
-def build_settings() -> kopf.OperatorSettings:
-    settings = kopf.OperatorSettings()
-    settings.peering.standalone = True  # HA is a Lease, not kopf's peering
-    # Only Vigil's pods reach the operator: the API server filters the watch.
-    settings.watching.label_selectors["pods"] = api.LABEL_JOB_UID
-    # A watch that goes silent without closing is reopened (kopf issue 585).
-    settings.watching.server_timeout = 300
-    settings.watching.client_timeout = 330
-    settings.posting.level = logging.WARNING
-    return settings
+def build_informers(
+    reader: ApiReader, controller: Controller, namespaces: Collection[str]
+) -> tuple[list[Informer], list[Informer]]:
+    """(job informers, pod informers), one of each per watched scope."""
+    scopes, accept = watch_scopes(namespaces)
+    jobs, pods = [], []
+    for scope in scopes:
+        where = scope or "all namespaces"
+        jobs.append(
+            Informer(
+                reader,
+                resource_path(api.GROUP, api.VERSION, api.PLURAL, scope),
+                controller.job_delta,
+                name=f"jobs in {where}",
+                accept=accept,
+            )
+        )
+        pods.append(
+            Informer(
+                reader,
+                resource_path("", "v1", "pods", scope),
+                controller.pod_delta,
+                params={"labelSelector": api.LABEL_JOB_UID},
+                name=f"pods in {where}",
+                accept=accept,
+            )
+        )
+    return jobs, pods
 
 
 class OperatorRuntime:
-    """One kopf operator plus Vigil's controller, in a thread; start and stop from anywhere."""
+    """Vigil's watches plus its controller, in a thread; start and stop from anywhere."""
 
     def __init__(self, namespaces: Collection[str] = (), workers: int = 4, health_address: str | None = None) -> None:
         self.namespaces = tuple(namespaces)
         self.workers = workers
-        self.liveness_endpoint = f"http://{health_address}/healthz" if health_address else None
+        self.health_address = health_address
         self._stop = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
-        self.ready = threading.Event()
+        self.ready = threading.Event()  # every watch has listed; reconciling has begun
         self.error: BaseException | None = None
 
     def start(self) -> None:
@@ -106,6 +98,8 @@ class OperatorRuntime:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._loop is not None and self._stopping is not None:
+            self._loop.call_soon_threadsafe(self._stopping.set)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Waits for the operator to end; true if it did within `timeout`."""
@@ -121,23 +115,66 @@ class OperatorRuntime:
             log.exception("the operator stopped with an error")
 
     async def _main(self) -> None:
-        api_client = client.ApiClient(_client_configuration())
-        pods = PodIndex()
-        controller = Controller(Kube(api_client), pods, workers=self.workers)
+        self._loop, self._stopping = asyncio.get_running_loop(), asyncio.Event()
+        if self._stop.is_set():
+            return
+        configuration = _client_configuration()
+        api_client = client.ApiClient(configuration)
+        reader = ApiReader(configuration)
+        controller = Controller(Kube(api_client), workers=self.workers)
+        job_informers, pod_informers = build_informers(reader, controller, self.namespaces)
+        informers = job_informers + pod_informers
+        controller.hearing = lambda: all(informer.fresh() for informer in pod_informers)
+
+        def repair(reason: str) -> None:
+            for informer in pod_informers:
+                informer.repair(reason)
+
+        controller.on_missed = repair
+        watches = [asyncio.create_task(informer.run(), name=informer.name) for informer in informers]
+        health = await _serve_health(self.health_address, informers) if self.health_address else None
         try:
-            await kopf.operator(
-                registry=build_registry(controller, pods),
-                settings=build_settings(),
-                standalone=True,
-                clusterwide=not self.namespaces,
-                namespaces=self.namespaces,
-                liveness_endpoint=self.liveness_endpoint,
-                stop_flag=self._stop,
-                ready_flag=self.ready,
-            )
+            synced = asyncio.gather(*(informer.synced.wait() for informer in informers))
+            stopping = asyncio.ensure_future(self._stopping.wait())
+            await asyncio.wait([synced, stopping, *watches], return_when=asyncio.FIRST_COMPLETED)
+            if synced.done():
+                controller.start()
+                self.ready.set()
+                log.info("listed %d jobs and %d pods; reconciling", len(controller.jobs), len(controller.pods))
+            await asyncio.wait([stopping, *watches], return_when=asyncio.FIRST_COMPLETED)
+            for watch in watches:
+                if watch.done() and watch.exception() is not None:
+                    raise watch.exception()  # type: ignore[misc]
         finally:
+            for task in watches:
+                task.cancel()
+            await asyncio.gather(*watches, return_exceptions=True)
             await controller.stop()
+            if health is not None:
+                await health.cleanup()
+            await reader.close()
             api_client.close()
+
+
+async def _serve_health(address: str, informers: list[Informer]) -> web.AppRunner:
+    """/healthz: the event loop answers. /readyz: every watch has listed and is fresh."""
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(_: web.Request) -> web.Response:
+        stale = [informer.name for informer in informers if not informer.fresh()]
+        if stale:
+            return web.Response(status=503, text=f"not fresh: {', '.join(stale)}\n")
+        return web.Response(text="ok\n")
+
+    app = web.Application()
+    app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz)])
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    host, _, port = address.rpartition(":")
+    await web.TCPSite(runner, host or "0.0.0.0", int(port)).start()
+    return runner
 
 
 def _client_configuration() -> client.Configuration:

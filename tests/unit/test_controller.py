@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from vigil.controller import CREATED_GRACE_SECONDS, Controller
+from vigil.controller import Controller
 
 pytestmark = pytest.mark.unit
 
@@ -50,7 +50,7 @@ def pod(version: int, beat: str | None = None, phase: str = "Running", **annotat
 
 def controller(clock: Clock) -> Controller:
     wall = dt.datetime(2026, 11, 29, 10, 0, 5, tzinfo=dt.UTC)
-    return Controller(kube=None, pods_of=lambda uid: [], clock=lambda: wall, monotonic=clock)  # type: ignore[arg-type]
+    return Controller(kube=None, clock=lambda: wall, monotonic=clock)  # type: ignore[arg-type]
 
 
 def drain(c: Controller) -> list:
@@ -104,13 +104,22 @@ def test_a_deleted_pod_is_forgotten_by_the_detector():
     assert drain(c) == [("ns", "j")]
 
 
-def test_a_created_pod_is_seen_until_the_watch_shows_it_or_the_grace_ends():
+def test_a_created_pod_is_kept_until_the_watch_shows_it():
     clock = Clock()
     c = controller(clock)
-    c._created["job-uid"] = {"pod-uid": (pod(10), clock.now)}
-    assert [p["metadata"]["uid"] for p in c._pods_of("job-uid")] == ["pod-uid"]
+    c.pods.created(pod(10), clock.now)
+    assert [p["metadata"]["uid"] for p in c.pods.of_job("job-uid")] == ["pod-uid"]
+    clock.now += 3600
+    assert c.pods.unseen("job-uid"), "never forgotten on a timer"
     c.pod_changed(pod(11))  # the watch caught up
-    assert c._created["job-uid"] == {}
-    c._created["job-uid"] = {"other": ({**pod(12), "metadata": {**pod(12)["metadata"], "uid": "other"}}, clock.now)}
-    clock.now += CREATED_GRACE_SECONDS + 1
-    assert c._pods_of("job-uid") == [], "not believed in for ever"
+    assert c.pods.unseen("job-uid") == []
+    assert c.pods.of_job("job-uid")[0]["metadata"]["resourceVersion"] == "11"
+
+
+def test_a_late_watch_event_does_not_undo_a_direct_read():
+    clock = Clock()
+    c = controller(clock)
+    c.job_seen(job())
+    c.pods.read(pod(20, beat="9"))
+    c.pod_changed(pod(15, beat="7"))
+    assert c.pods.of_job("job-uid")[0]["metadata"]["resourceVersion"] == "20"

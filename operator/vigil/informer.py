@@ -1,0 +1,194 @@
+"""List+watch of one kind of object, that never lies silently.
+
+An `Informer` lists a collection, then watches it from the list's resourceVersion, and hands
+every change on as a `seen.Delta`. What it adds to a plain watch, and why:
+
+- Bookmarks and a progress deadline. The watch asks for bookmarks and ends itself every
+  `watch_seconds` (timeoutSeconds, jittered): the server then closes it, having sent a bookmark
+  first. So a healthy watch makes progress at least that often even on a quiet collection, and a
+  connection that delivers nothing for `progress_deadline` seconds is dead (a half-open
+  connection through a load balancer, a partition): it is dropped, and the collection listed
+  again, since what happened meanwhile is not known.
+- Relists that reconcile. After a 410 Gone, a stall or a `repair()`, the new list is compared
+  with what was delivered (`seen.SeenObjects`): objects gone meanwhile are reported deleted,
+  exactly once. A watch that merely ended resumes from its last resourceVersion without a list.
+- Freshness. `fresh()` says at every moment whether what was delivered can be believed: listed
+  at least once, no failure since the last successful (re)connection, and some progress (an
+  event, a bookmark, a stream opened or ended by the server) within the progress deadline. A
+  consumer must not take destructive decisions on silence it observed while not fresh.
+
+It remembers only `SeenObjects` (identity and version per object) and its freshness; the
+objects themselves are kept by the consumer of the deltas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import aiohttp
+
+from vigil.seen import Delta, SeenObjects
+from vigil.streaming import ApiError, ApiReader, Stalled, strip
+
+log = logging.getLogger(__name__)
+
+WATCH_SECONDS = 30  # the server ends each watch after 30-45 s, with a bookmark first
+PROGRESS_DEADLINE_SECONDS = 60.0  # > 45 s + slack: silence beyond this is a dead connection
+RETRY_SECONDS = (0.5, 30.0)  # first and largest delay between failed attempts to list or watch
+
+
+@dataclass
+class Freshness:
+    """Whether a list+watch can be believed now; pure, fed with monotonic times."""
+
+    deadline: float
+    synced: bool = False  # listed at least once
+    broken: bool = True  # a failure since the last successful list or watch start
+    last_progress: float = float("-inf")
+
+    def progress(self, now: float) -> None:
+        self.last_progress = max(self.last_progress, now)
+
+    def recovered(self, now: float) -> None:
+        self.broken = False
+        self.progress(now)
+
+    def fresh(self, now: float) -> bool:
+        return self.synced and not self.broken and now - self.last_progress < self.deadline
+
+
+class Informer:
+    """List+watch of one collection, with deltas handed to `on_delta` in order."""
+
+    def __init__(
+        self,
+        reader: ApiReader,
+        path: str,
+        on_delta: Callable[[Delta], None],
+        *,
+        params: Mapping[str, str] | None = None,
+        name: str,
+        accept: Callable[[Mapping], bool] = lambda _: True,
+        watch_seconds: int = WATCH_SECONDS,
+        progress_deadline: float = PROGRESS_DEADLINE_SECONDS,
+        monotonic: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.reader, self.path, self.on_delta, self.name = reader, path, on_delta, name
+        self.params = dict(params or {})
+        self.accept = accept  # a client-side filter (namespace globs)
+        self.watch_seconds = watch_seconds
+        self.monotonic = monotonic
+        self.rng = rng or random.Random()
+        self.seen = SeenObjects()
+        self.freshness = Freshness(progress_deadline)
+        self.synced = asyncio.Event()
+        self.relists = 0  # lists after the first one: each is a moment the watch was not trusted
+        self._resource_version = ""
+        self._relist_wanted = True
+        self._repairing = False  # repair() cancelled the running task to cut its connection
+        self._current: asyncio.Task | None = None
+
+    def fresh(self) -> bool:
+        return self.freshness.fresh(self.monotonic())
+
+    def repair(self, reason: str) -> None:
+        """Distrust the watch: drop its connection and list again (a direct read showed that it
+        missed something)."""
+        log.warning("%s: %s; listing again", self.name, reason)
+        self._relist_wanted = True
+        self.freshness.broken = True
+        if self._current is not None and not self._repairing:
+            self._repairing = True
+            self._current.cancel()
+
+    async def run(self) -> None:
+        failures = 0
+        while True:
+            self._current = asyncio.current_task()
+            try:
+                if self._relist_wanted:
+                    await self._list()
+                await self._watch()
+                failures = 0
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if not self._repairing or task is None or task.uncancel() > 0:
+                    raise  # cancelled from outside (shutdown), not (only) by repair()
+                self._repairing = False
+            except ApiError as err:
+                self.freshness.broken = True
+                if err.status == 410:
+                    log.info("%s: resourceVersion %s is too old (410 Gone); listing again", self.name, err.message)
+                    self._relist_wanted = True
+                    continue
+                failures += 1
+                await self._pause(failures, f"API error {err}")
+            except Stalled as err:
+                self.freshness.broken = True
+                self._relist_wanted = True
+                log.warning("%s: watch stalled (%s); reconnecting and listing again", self.name, err)
+            except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as err:
+                self.freshness.broken = True
+                failures += 1
+                await self._pause(failures, f"{type(err).__name__}: {err}")
+
+    async def _pause(self, failures: int, why: str) -> None:
+        first, largest = RETRY_SECONDS
+        delay = min(largest, first * 2 ** (failures - 1)) * (0.5 + self.rng.random() / 2)
+        log.warning("%s: %s; retrying in %.1fs", self.name, why, delay)
+        await asyncio.sleep(delay)
+
+    async def _list(self) -> None:
+        items, version = await self.reader.list_all(self.path, self.params)
+        deltas = self.seen.relist(strip(item) for item in items if self.accept(item))
+        if self.synced.is_set():
+            self.relists += 1
+            gone = sum(delta.kind == "delete" for delta in deltas)
+            log.info("%s: listed again at %s: %d changes, %d gone meanwhile", self.name, version, len(deltas), gone)
+        self._resource_version = version
+        self._relist_wanted = False
+        for delta in deltas:
+            self._deliver(delta)
+        self.freshness.synced = True
+        self.freshness.recovered(self.monotonic())
+        self.synced.set()
+
+    async def _watch(self) -> None:
+        timeout = self.watch_seconds + int(self.rng.random() * self.watch_seconds / 2)
+        params = {**self.params, "resourceVersion": self._resource_version, "timeoutSeconds": str(timeout)}
+        alive = False
+
+        def on_bytes() -> None:  # the stream was accepted, or bytes arrived: the connection lives
+            nonlocal alive
+            alive = True
+            self.freshness.recovered(self.monotonic())
+
+        events = self.reader.watch(self.path, params, self.freshness.deadline, on_bytes)
+        try:
+            async for event in events:
+                obj = event.get("object") or {}
+                version = (obj.get("metadata") or {}).get("resourceVersion")
+                if event.get("type") == "BOOKMARK":
+                    self._resource_version = version or self._resource_version
+                    continue
+                strip(obj)
+                if self.accept(obj):
+                    for delta in self.seen.event(event["type"], obj):
+                        self._deliver(delta)
+                self._resource_version = version or self._resource_version
+            if alive:  # the server ended the watch as asked: progress, not failure
+                self.freshness.recovered(self.monotonic())
+        finally:
+            await events.aclose()
+
+    def _deliver(self, delta: Delta) -> None:
+        try:
+            self.on_delta(delta)
+        except Exception:  # a consumer's bug must not stop the watch of every other object
+            log.exception("%s: handling a %s of %s failed", self.name, delta.kind, delta.obj["metadata"].get("name"))

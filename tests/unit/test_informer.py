@@ -1,0 +1,148 @@
+"""The informer without a cluster: a scripted API server whose watch breaks in each way a network
+can break it. What must hold: every object gone meanwhile is reported deleted once, and
+`fresh()` is false from the moment the watch is in doubt until it has listed again."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from vigil import informer as informer_module
+from vigil.informer import Freshness, Informer
+from vigil.streaming import ApiError, Stalled
+
+pytestmark = pytest.mark.unit
+
+
+def obj(name: str, version: int) -> dict:
+    return {"metadata": {"namespace": "ns", "name": name, "uid": f"uid-{name}", "resourceVersion": str(version)}}
+
+
+class ScriptedReader:
+    """Lists return the current world; each watch plays the next script entry: a list of events
+    then an ending ('end', 'stall', 'gone', or 'hang' to wait until cancelled)."""
+
+    def __init__(self, world: dict[str, dict], watches: list[tuple[list[dict], str]]):
+        self.world, self.watches = world, watches
+        self.lists = 0
+        self.watch_versions: list[str] = []
+        self.done = asyncio.Event()
+
+    async def list_all(self, path, params):
+        self.lists += 1
+        return [dict(o) for o in self.world.values()], "100"
+
+    async def watch(self, path, params, deadline, on_bytes):
+        self.watch_versions.append(params["resourceVersion"])
+        if not self.watches:
+            self.done.set()
+            await asyncio.Event().wait()
+        events, ending = self.watches.pop(0)
+        on_bytes()
+        for event in events:
+            yield event
+        if ending == "stall":
+            raise Stalled("scripted")
+        if ending == "gone":
+            raise ApiError(410, "too old")
+        if ending == "hang":
+            self.done.set()
+            await asyncio.Event().wait()
+
+
+def run(reader: ScriptedReader, deltas: list, check=None) -> Informer:
+    async def main():
+        informer = Informer(reader, "/p", deltas.append, name="test", rng=random.Random(1))
+        task = asyncio.create_task(informer.run())
+        await asyncio.wait_for(reader.done.wait(), 5)
+        if check:
+            await check(informer)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return informer
+
+    return asyncio.run(main())
+
+
+def names(deltas) -> list[tuple[str, str]]:
+    return [(d.kind, d.obj["metadata"]["name"]) for d in deltas]
+
+
+def test_a_stalled_watch_is_replaced_by_a_relist_that_reports_what_vanished(monkeypatch):
+    world = {"a": obj("a", 1), "b": obj("b", 2)}
+    reader = ScriptedReader(world, [([{"type": "MODIFIED", "object": obj("a", 3)}], "stall"), ([], "end")])
+    deltas: list = []
+
+    original = reader.list_all
+
+    async def list_all(path, params):
+        if reader.lists == 1:  # b was deleted while the watch was stalled: no DELETED ever came
+            world.pop("b")
+            world["a"] = obj("a", 3)  # as the watch delivered it
+        return await original(path, params)
+
+    reader.list_all = list_all
+    informer = run(reader, deltas)
+    assert names(deltas) == [("upsert", "a"), ("upsert", "b"), ("upsert", "a"), ("delete", "b")]
+    assert reader.lists == 2 and informer.relists == 1
+
+
+def test_410_gone_relists_and_a_normal_end_resumes_without_listing():
+    reader = ScriptedReader({"a": obj("a", 1)}, [([], "end"), ([], "gone"), ([], "end")])
+    deltas: list = []
+    run(reader, deltas)
+    assert reader.lists == 2, "one list at start, one after 410; a watch that merely ended resumes"
+    assert reader.watch_versions == ["100", "100", "100", "100"]
+
+
+def test_bookmarks_move_the_resume_point():
+    bookmark = {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "150"}}}
+    reader = ScriptedReader({}, [([bookmark], "end")])
+    run(reader, [])
+    assert reader.watch_versions == ["100", "150"]
+
+
+def test_fresh_only_while_the_watch_is_trusted(monkeypatch):
+    reader = ScriptedReader({}, [([], "hang")])
+
+    async def check(informer: Informer):
+        assert informer.fresh()
+        informer.repair("a direct read showed a beat the watch missed")
+        assert not informer.fresh(), "in doubt from the moment of repair()"
+        for _ in range(100):
+            if informer.fresh():
+                break
+            await asyncio.sleep(0.01)
+        assert informer.fresh() and reader.lists == 2, "fresh again after listing"
+
+    reader.watches.append(([], "hang"))
+    run(reader, [], check)
+
+
+def test_freshness_rules():
+    freshness = Freshness(deadline=60)
+    assert not freshness.fresh(0), "never fresh before the first list"
+    freshness.synced = True
+    freshness.recovered(10)
+    assert freshness.fresh(69.9)
+    assert not freshness.fresh(70), "no progress for the whole deadline"
+    freshness.progress(65)
+    freshness.broken = True
+    assert not freshness.fresh(66), "a failure ends freshness at once"
+
+
+def test_retry_delays_grow_and_are_capped(monkeypatch):
+    delays = []
+
+    async def fake_sleep(seconds):
+        delays.append(seconds)
+
+    informer = Informer(None, "/p", lambda d: None, name="t", rng=random.Random(3))  # type: ignore[arg-type]
+    monkeypatch.setattr(informer_module.asyncio, "sleep", fake_sleep)
+    for failures in range(1, 12):
+        asyncio.run(informer._pause(failures, "test"))
+    first, largest = informer_module.RETRY_SECONDS
+    assert first / 2 <= delays[0] <= first
+    assert all(d <= largest for d in delays) and delays[-1] >= largest / 2
