@@ -3,6 +3,7 @@ kube-scheduler and kwok (fake nodes and kubelets), from binaries built by testbe
 
     python -m testbed.cluster up [--nodes 3] [--port-base 16443] [--name default] [--durable]
     python -m testbed.cluster status
+    python -m testbed.cluster restart kube-apiserver|etcd|... [--kill]
     python -m testbed.cluster down [--keep-data]
 
 Everything lives in $VIGIL_CACHE/clusters/<name>/ (pki, etcd data, logs, pid files,
@@ -89,17 +90,22 @@ class Cluster:
     def server(self) -> str:
         return f"https://127.0.0.1:{self.ports.apiserver}"
 
-    def save(self) -> None:
+    def save(self, durable: bool = False) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "cluster.json").write_text(json.dumps({"name": self.name, "port_base": self.ports.apiserver}))
+        (self.dir / "cluster.json").write_text(
+            json.dumps({"name": self.name, "port_base": self.ports.apiserver, "durable": durable})
+        )
+
+    @staticmethod
+    def saved(name: str) -> dict:
+        """What `up` recorded about the cluster `name` (empty when it never ran)."""
+        path = CACHE / "clusters" / name / "cluster.json"
+        return json.loads(path.read_text()) if path.exists() else {}
 
     @classmethod
     def load(cls, name: str) -> Cluster | None:
-        path = CACHE / "clusters" / name / "cluster.json"
-        if not path.exists():
-            return None
-        data = json.loads(path.read_text())
-        return cls(data["name"], Ports.from_base(data["port_base"]))
+        data = cls.saved(name)
+        return cls(data["name"], Ports.from_base(data["port_base"])) if data else None
 
 
 # --- binaries ---------------------------------------------------------------------------
@@ -306,11 +312,12 @@ def start(cluster: Cluster, component: str, command: list[str], env: dict[str, s
     log(f"{component}: started (pid {proc.pid}), log {logfile}")
 
 
-def stop(cluster: Cluster, component: str, timeout: float = 15.0) -> None:
+def stop(cluster: Cluster, component: str, timeout: float = 15.0, sig: int = signal.SIGTERM) -> None:
+    """Stops the component with `sig` (SIGKILL after `timeout`) and waits until it is gone."""
     pid = running_pid(cluster, component)
     pidfile = cluster.pids / f"{component}.pid"
     if pid:
-        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, sig)
         deadline = time.monotonic() + timeout
         while _pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -425,6 +432,9 @@ def start_apiserver(cluster: Cluster) -> None:
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--authorization-mode=Node,RBAC",
             "--endpoint-reconciler-type=none",  # no loopback Endpoints for the kubernetes Service
+            # On SIGTERM, answer 429 + Retry-After until in-flight requests drain, then close
+            # watches after 2 s; without it shutdown waits up to --request-timeout (60 s) for them.
+            "--shutdown-send-retry-after=true",
             "--allow-privileged=true",
             "--profiling=false",
             "--v=1",
@@ -560,6 +570,52 @@ def _default_service_account(cluster: Cluster) -> bool:
         return False
 
 
+# --- hurting it ----------------------------------------------------------------------------
+
+
+def _etcd_durable(cluster: Cluster) -> bool:
+    """Whether etcd fsyncs: read from the running process's flags, else from what `up` recorded."""
+    pid = running_pid(cluster, "etcd")
+    if pid:
+        try:
+            return b"--unsafe-no-fsync" not in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            pass
+    return bool(Cluster.saved(cluster.name).get("durable"))
+
+
+def restart(cluster: Cluster, component: str, *, kill: bool = False, timeout: float = 120.0) -> float:
+    """Stops a component (SIGTERM, or SIGKILL with kill=True: a crash) and starts it again with
+    the same flags; returns once kube-apiserver's /readyz answers again, with the seconds taken.
+
+    etcd keeps its data across a restart either way: it runs on the same data dir, and
+    --unsafe-no-fsync only skips fdatasync, while every acknowledged write has already been
+    written to the WAL file (the page cache outlives the process). Only a crash of the machine
+    loses writes without --durable; a restart keeps whether it was durable.
+    """
+    if component not in COMPONENTS:
+        raise ClusterError(f"unknown component {component!r}: one of {', '.join(COMPONENTS)}")
+    began = time.monotonic()
+    durable = _etcd_durable(cluster)
+    stop(cluster, component, sig=signal.SIGKILL if kill else signal.SIGTERM)
+    starters = {
+        "etcd": lambda: start_etcd(cluster, durable),
+        "kube-apiserver": lambda: start_apiserver(cluster),
+        "kube-controller-manager": lambda: start_controller_manager(cluster),
+        "kube-scheduler": lambda: start_scheduler(cluster),
+        "kwok": lambda: start_kwok(cluster),
+    }
+    starters[component]()
+
+    def api_ready() -> bool:  # the apiserver reconnects to a restarted etcd by itself; /readyz includes etcd
+        return _https_ok(cluster, f"{cluster.server}/readyz")
+
+    wait_for("kube-apiserver /readyz", api_ready, timeout, cluster, "kube-apiserver")
+    took = time.monotonic() - began
+    log(f"{component}: restarted{' after SIGKILL' if kill else ''}; the API is ready again after {took:.1f}s")
+    return took
+
+
 # --- commands -------------------------------------------------------------------------------
 
 
@@ -571,7 +627,7 @@ def up(cluster: Cluster, nodes: int, durable: bool = False) -> Cluster:
             f"cluster {cluster.name!r} already runs on port base {existing.ports.apiserver}; "
             "run `down` first or choose another --name."
         )
-    cluster.save()
+    cluster.save(durable)
     make_pki(cluster.pki)
     write_kubeconfig(cluster, cluster.kubeconfig, "admin")
     start_etcd(cluster, durable)
@@ -619,7 +675,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m testbed.cluster", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("command", choices=["up", "down", "status", "kubeconfig"])
+    parser.add_argument("command", choices=["up", "down", "status", "kubeconfig", "restart"])
+    parser.add_argument("component", nargs="?", choices=COMPONENTS, help="restart: which component")
     parser.add_argument("--name", default=os.environ.get("VIGIL_CLUSTER", "default"))
     parser.add_argument(
         "--port-base",
@@ -630,7 +687,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=3, help="number of kwok nodes (default 3)")
     parser.add_argument("--durable", action="store_true", help="etcd fsyncs every write (off by default: faster tests)")
     parser.add_argument("--keep-data", action="store_true", help="down: keep etcd's data")
+    parser.add_argument("--kill", action="store_true", help="restart: SIGKILL instead of SIGTERM (a crash)")
     args = parser.parse_args(argv)
+    if (args.command == "restart") != (args.component is not None):
+        parser.error("a component goes with restart, and only with restart")
 
     saved = Cluster.load(args.name)
     base = args.port_base or (saved.ports.apiserver if saved else 16443)
@@ -643,6 +703,8 @@ def main(argv: list[str] | None = None) -> int:
             down(cluster, args.keep_data)
         elif args.command == "kubeconfig":
             print(cluster.kubeconfig)
+        elif args.command == "restart":
+            restart(cluster, args.component, kill=args.kill)
         else:
             return 0 if status(cluster) else 3
     except ClusterError as err:
