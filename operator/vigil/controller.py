@@ -150,13 +150,21 @@ class Controller:
     def pod_delta(self, delta: Delta) -> None:
         self.pod_changed(delta.obj, deleted=delta.kind == "delete")
 
-    def job_seen(self, body: Mapping[str, Any]) -> None:
+    def job_seen(self, body: Mapping[str, Any], *, look: bool = True) -> None:
+        """A version of a job, from the watch or from a write of ours. `look`: worth a reconcile
+        (not so for the write that reports a failure: the retry's backoff decides when)."""
         key = key_of(body)
-        if _newer(body, self.jobs.get(key)):
+        current = self.jobs.get(key)
+        if current is not None and body["metadata"].get("resourceVersion") == current["metadata"].get(
+            "resourceVersion"
+        ):
+            return  # the watch echoing a write of ours, or a duplicate: nothing new
+        if _newer(body, current):
             self.jobs[key] = body
             # Parsed once per job version, not on every heartbeat of its pods.
             self._heartbeats[key] = _parse_heartbeat(body)
-        self.queue.add(key)
+        if look:
+            self.queue.add(key)
 
     def job_gone(self, body: Mapping[str, Any]) -> None:
         key = key_of(body)
@@ -268,7 +276,9 @@ class Controller:
             log.warning("reconciling %s/%s failed again: %s", *key, message)
         try:
             if patch is not None:
-                self.job_seen(await self.kube.patch_job_status(*key, job["metadata"]["resourceVersion"], patch))
+                self.job_seen(
+                    await self.kube.patch_job_status(*key, job["metadata"]["resourceVersion"], patch), look=False
+                )
             if new_cause:
                 await self.kube.post_event(job, "Warning", reason, message)
         except Exception as report_err:  # the API server may be what fails: the retry comes anyway
