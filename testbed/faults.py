@@ -58,8 +58,9 @@ class FaultError(RuntimeError):
 class _Link:
     """One client connection and its upstream twin.
 
-    `gate` is set while bytes flow; cleared, both directions hold what they have read and read
-    no more, so the kernel buffers fill and the peers see silence, never a close.
+    `gate` is set while bytes flow; cleared, both directions hold what they have read and pass
+    nothing on (asyncio reads ahead up to 128 KiB, then the kernel buffers fill), so the peers
+    see silence, never a close: not even a FIN or RST from the other side gets through.
     """
 
     id: int
