@@ -45,10 +45,10 @@ def heartbeat_job(name: str, guarantee: str = "AtLeastOnce", **pod_annotations: 
 class PodAgent:
     """`vigil-agent -- <a long sleep>` with the environment Vigil gave the pod, as the pod."""
 
-    def __init__(self, kube: Kube, namespace: str, pod_name: str, tmp_path: Path):
+    def __init__(self, kube: Kube, namespace: str, pod_name: str, tmp_path: Path, server: str | None = None):
         pod = kube.core.read_namespaced_pod(pod_name, namespace)
         token = pod_token(kube, namespace, {"name": pod_name, "uid": pod.metadata.uid})
-        kubeconfig = write_kubeconfig(kube, token, tmp_path / f"{pod_name}.kubeconfig")
+        kubeconfig = write_kubeconfig(kube, token, tmp_path / f"{pod_name}.kubeconfig", server=server)
         env = {e.name: e.value for e in pod.spec.containers[0].env if e.value is not None}
         env.update(POD_NAME=pod_name, POD_NAMESPACE=namespace, KUBECONFIG=str(kubeconfig), VIGIL_STOP_GRACE_SECONDS="2")
         self.log = tmp_path / f"{pod_name}.agent.log"

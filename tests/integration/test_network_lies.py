@@ -68,9 +68,9 @@ def proxied(kube: Kube, lies_namespace: str, tmp_path: Path, request: pytest.Fix
 def agents(kube: Kube, lies_namespace: str, tmp_path: Path):
     started: list[PodAgent] = []
 
-    def start(pod_name: str) -> PodAgent:
+    def start(pod_name: str, server: str | None = None) -> PodAgent:
         wait_until(lambda: _phase(kube, lies_namespace, pod_name) == "Running", 30, f"{pod_name} to run")
-        agent = PodAgent(kube, lies_namespace, pod_name, tmp_path)
+        agent = PodAgent(kube, lies_namespace, pod_name, tmp_path, server=server)
         started.append(agent)
         return agent
 
@@ -154,3 +154,26 @@ def test_a_full_partition_kills_nothing(kube: Kube, lies_namespace: str, proxied
     for name, agent in running.items():
         wait_phase(kube, lies_namespace, name, "Running", timeout=60)
         _assert_untouched(kube, lies_namespace, name, agent)
+
+
+def test_an_agent_cut_off_is_replaced_and_under_no_overlap_fences_itself_first(
+    kube: Kube, lies_namespace: str, proxied, agents
+):
+    operator, _ = proxied
+    upstream = kube.api.configuration.host.removeprefix("https://")
+    with FaultProxy.start(f"agent-{lies_namespace}", 0, upstream) as agent_link:
+        create(kube, lies_namespace, heartbeat_job("island", guarantee="NoOverlap"))
+        agent = agents("island-1", server=agent_link.url)
+        wait_phase(kube, lies_namespace, "island", "Running", timeout=30)
+        agent_link.partition()  # the agent's node loses the API server; the operator does not
+        wait_phase(kube, lies_namespace, "island", "Uncertain", timeout=30)
+        wait_until(lambda: _phase(kube, lies_namespace, "island-2") is not None, 60, "attempt 2's pod")
+        second = kube.core.read_namespaced_pod("island-2", lies_namespace).metadata.creation_timestamp
+        wait_until(agent.child_marker.exists, 30, "the cut-off agent to stop its child")
+        stopped = agent.child_marker.stat().st_mtime
+        # Same machine, same clock: the old child stopped before the new pod existed.
+        assert stopped < second.timestamp(), (stopped, second.timestamp())
+        job = status(kube, lies_namespace, "island")
+        assert [(r["number"], r["outcome"]) for r in job["history"]] == [(1, "Lost")], job["history"]
+        wait_until(lambda: agent.proc.poll() is not None, 30, "the cut-off agent to exit")
+        assert agent.proc.returncode != 0
