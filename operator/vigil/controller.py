@@ -19,7 +19,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from vigil import actions, api, confirm, failures, lifecycle, podstate
@@ -131,12 +131,15 @@ class Controller:
         self.tracker = HeartbeatTracker()
         self.pods = PodCache()
         self.jobs: dict[Key, Mapping[str, Any]] = {}
+        self._job_uids: dict[str, Key] = {}  # job UID -> key, of the jobs above
+        self._orphan_checks: set[str] = set()  # pod UIDs whose job is being looked up
         self._fingerprints: dict[str, int] = {}  # pod UID -> what of it, beats aside, decide() reads
         self._heartbeats: dict[Key, api.Heartbeat] = {}  # each job's spec.heartbeat, parsed
         self.queue: WorkQueue[Key] = WorkQueue()
         self._failures: dict[Key, int] = {}
         self._strangers: dict[Key, Mapping[str, Any]] = {}  # pods bearing an attempt's name, not ours
         self._tasks: list[asyncio.Task] = []
+        self._started = False  # start() was called: every watch has listed
         self._background: set[asyncio.Task] = set()
 
     # --- what the watches report --------------------------------------------------------
@@ -161,6 +164,7 @@ class Controller:
             return  # the watch echoing a write of ours, or a duplicate: nothing new
         if _newer(body, current):
             self.jobs[key] = body
+            self._job_uids[body["metadata"]["uid"]] = key
             # Parsed once per job version, not on every heartbeat of its pods.
             self._heartbeats[key] = _parse_heartbeat(body)
         if look:
@@ -173,10 +177,13 @@ class Controller:
             return
         self._drop(key)
         # Its pods can tell nobody anything any more: let them go.
-        self._in_background(self._release(self.pods.drop_job(body["metadata"]["uid"])))
+        pods = self.pods.drop_job(body["metadata"]["uid"])
+        self._in_background(lambda: self._release(pods), f"releasing the pods of deleted job {key[0]}/{key[1]}")
 
     def _drop(self, key: Key) -> None:
-        self.jobs.pop(key, None)
+        job = self.jobs.pop(key, None)
+        if job is not None:
+            self._job_uids.pop(job["metadata"]["uid"], None)
         self._heartbeats.pop(key, None)
         self.queue.forget(key)
         self._failures.pop(key, None)
@@ -195,6 +202,7 @@ class Controller:
         else:
             if not self.pods.watched(pod):
                 return  # older than what a direct read showed
+            self._check_orphan(pod)
             beat = self.tracker.observe(pod, self.monotonic(), self.clock())
             fingerprint = _fingerprint(pod)
             only_a_beat = self._fingerprints.get(uid) == fingerprint
@@ -205,6 +213,27 @@ class Controller:
             self._fingerprints[uid] = fingerprint
         if key is not None:
             self.queue.add(key)
+
+    def _check_orphan(self, pod: Mapping[str, Any]) -> None:
+        """A pod held by Vigil's finalizer whose job is not known (deleted while the job watch
+        lagged, say): released if the API server confirms the job is gone."""
+        uid = pod["metadata"]["uid"]
+        if (
+            not self._started  # before the first listing, jobs may simply not be listed yet
+            or job_uid_of(pod) in self._job_uids
+            or api.FINALIZER_ATTEMPT_TRACKING not in (pod["metadata"].get("finalizers") or [])
+            or uid in self._orphan_checks
+        ):
+            return
+        self._orphan_checks.add(uid)
+
+        async def check() -> None:
+            try:
+                await self._release_orphans([pod])
+            finally:
+                self._orphan_checks.discard(uid)
+
+        self._in_background(check, f"releasing pod {pod['metadata']['name']}, whose job is gone")
 
     def _beat_matters(self, key: Key, uid: str) -> bool:
         job = self.jobs.get(key)
@@ -223,11 +252,12 @@ class Controller:
     def start(self) -> None:
         """Begin reconciling: call once every watch has listed (before, a job whose pods are not
         listed yet would look as if its pods had vanished)."""
+        self._started = True
         self._tasks = [asyncio.create_task(self._work(), name=f"vigil-worker-{i}") for i in range(self.workers)]
         known = {job["metadata"]["uid"] for job in self.jobs.values()}
         orphans = [pod for uid in self.pods.job_uids() if uid not in known for pod in self.pods.of_job(uid)]
         if orphans:
-            self._in_background(self._release_orphans(orphans))
+            self._in_background(lambda: self._release_orphans(orphans), "releasing pods whose job is gone")
 
     async def stop(self) -> None:
         for task in [*self._tasks, *self._background]:
@@ -235,8 +265,21 @@ class Controller:
         await asyncio.gather(*self._tasks, *self._background, return_exceptions=True)
         self.queue.shutdown()
 
-    def _in_background(self, work: Any) -> None:
-        task = asyncio.ensure_future(work)
+    def _in_background(self, work: Callable[[], Awaitable[None]], what: str) -> None:
+        """Runs `work` apart from the work queue, retried with backoff until it succeeds (it is
+        idempotent: releasing a finalizer already gone is done)."""
+
+        async def attempts() -> None:
+            for failures_so_far in range(1, 1_000_000):
+                try:
+                    await work()
+                    return
+                except Exception as err:
+                    delay = failures.retry_delay(failures_so_far, self.rng)
+                    log.warning("%s failed (%s); retrying in %.0fs", what, err, delay)
+                    await asyncio.sleep(delay)
+
+        task = asyncio.ensure_future(attempts())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 

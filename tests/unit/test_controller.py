@@ -123,3 +123,43 @@ def test_a_late_watch_event_does_not_undo_a_direct_read():
     c.pods.read(pod(20, beat="9"))
     c.pod_changed(pod(15, beat="7"))
     assert c.pods.of_job("job-uid")[0]["metadata"]["resourceVersion"] == "20"
+
+
+class Releases:
+    """The two calls the release path makes, recorded."""
+
+    def __init__(self, job: dict[str, Any] | None):
+        self.job, self.released = job, []
+
+    async def read_job(self, namespace, name):
+        return self.job
+
+    async def release_pod(self, namespace, name, uid):
+        self.released.append(name)
+
+
+def tracked_pod(version: int) -> dict[str, Any]:
+    held = pod(version)
+    held["metadata"]["finalizers"] = ["vigil.dev/attempt-tracking"]
+    return held
+
+
+def test_pods_of_a_deleted_job_are_released_and_an_orphan_only_once_its_job_is_confirmed_gone():
+    async def scenario(existing_job):
+        kube = Releases(existing_job)
+        c = Controller(kube=kube, workers=0)  # type: ignore[arg-type]
+        c.job_seen(job())
+        c.pod_changed(tracked_pod(10))
+        c.start()
+        c.job_gone(job())  # the job's DELETED: its pods can tell nothing more
+        c.pod_changed(tracked_pod(11))  # a late event of one of its pods: an orphan now
+        for _ in range(100):
+            if not c._background:
+                break
+            await asyncio.sleep(0.01)
+        await c.stop()
+        return kube.released
+
+    assert asyncio.run(scenario(None)) == ["j-1", "j-1"], "released at the job's deletion, and as an orphan"
+    recreated = {**job(), "metadata": {**job()["metadata"], "uid": "job-uid"}}
+    assert asyncio.run(scenario(recreated)) == ["j-1"], "an orphan whose job the API server still has is kept"
