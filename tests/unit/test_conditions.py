@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.factories import T0, at
-from vigil.api import Condition
-from vigil.conditions import set_condition
+from vigil.api import MAX_CONDITION_MESSAGE, Condition
+from vigil.conditions import set_condition, truncate_message
 
 pytestmark = pytest.mark.unit
 
@@ -48,3 +48,17 @@ def test_a_new_status_moves_the_transition_time() -> None:
     result = set_condition(before, type="Running", status="True", reason="Go", message="", now=at(9), generation=1)
     assert result[0].last_transition_time == at(9)
     assert result[1] == before[1]  # others untouched, order kept
+
+
+def test_a_message_over_the_limit_is_cut_with_a_visible_ellipsis() -> None:
+    (condition,) = set_condition(
+        [], type="Running", status="False", reason="R", message="x" * 40_000, now=T0, generation=1
+    )
+    assert len(condition.message) == MAX_CONDITION_MESSAGE
+    assert condition.message.endswith("x…")
+
+
+def test_a_message_at_the_limit_is_kept_whole_and_characters_are_counted_not_bytes() -> None:
+    exact = "é" * MAX_CONDITION_MESSAGE  # two bytes each in UTF-8; the API server counts characters
+    assert truncate_message(exact) == exact
+    assert truncate_message(exact + "é") == "é" * (MAX_CONDITION_MESSAGE - 1) + "…"
