@@ -8,11 +8,11 @@ Field names are snake_case in Python and camelCase on the wire.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 GROUP = "vigil.dev"
@@ -36,6 +36,16 @@ FINALIZER_ATTEMPT_TRACKING = "vigil.dev/attempt-tracking"
 
 MAX_CHECKPOINT_BYTES = 2048
 HISTORY_LIMIT = 20
+MAX_CONDITION_MESSAGE = 32768  # metav1.Condition's limit, in characters
+
+# Upper bounds of the spec's numbers. They exist so that no value the API server admits can make
+# the decision core overflow (a datetime plus 3e11 seconds raises OverflowError), and each is
+# far beyond any sensible use.
+MAX_SECONDS = 10 * 365 * 24 * 3600  # 10 years, for every duration; fits in an int32 too
+MAX_ATTEMPTS = 10_000  # beyond this a job is poison, whatever its backoff
+MAX_BACKOFF_FACTOR = 10.0
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1  # priority, as Kubernetes' own priorities
+RESERVED_PREFIX = f"{GROUP}/"  # label, annotation and finalizer names that are Vigil's alone
 
 Phase = Literal[
     "Queued",
@@ -58,12 +68,23 @@ ConditionStatus = Literal["True", "False", "Unknown"]
 class Rule:
     """One validation rule, stated twice: in CEL for the API server, in Python for the core.
 
-    Both sides carry the same message, so a person sees the same text whichever refuses.
+    Both sides carry the same message, so a person sees the same text whichever refuses. A
+    rule that can name the offending values says it twice as well: `message_expression` in CEL
+    and `explain` in Python (`message` stays as the API server's fallback).
     """
 
     cel: str
     message: str
     holds: Callable[[Any], bool]
+    message_expression: str | None = None
+    explain: Callable[[Any], str] | None = None
+
+    def as_validation(self) -> dict[str, str]:
+        """The rule as an entry of x-kubernetes-validations."""
+        entry = {"rule": self.cel, "message": self.message}
+        if self.message_expression:
+            entry["messageExpression"] = self.message_expression
+        return entry
 
 
 class WireModel(BaseModel):
@@ -76,7 +97,7 @@ class WireModel(BaseModel):
     def _check_cel_rules(self) -> Self:
         for rule in self.cel_rules:
             if not rule.holds(self):
-                raise ValueError(rule.message)
+                raise ValueError(rule.explain(self) if rule.explain else rule.message)
         return self
 
     @classmethod
@@ -84,9 +105,14 @@ class WireModel(BaseModel):
         schema = handler(core_schema)
         if cls.cel_rules:
             handler.resolve_ref_schema(schema)["x-kubernetes-validations"] = [
-                {"rule": rule.cel, "message": rule.message} for rule in cls.cel_rules
+                rule.as_validation() for rule in cls.cel_rules
             ]
         return schema
+
+
+def _seconds(default: int | None, *, ge: int, description: str) -> Any:
+    """A duration in whole seconds, from `ge` up to MAX_SECONDS."""
+    return Field(default, ge=ge, le=MAX_SECONDS, description=f"{description} At most {MAX_SECONDS} (10 years).")
 
 
 def _nested(model: type[WireModel], description: str) -> Any:
@@ -103,9 +129,13 @@ def _nested(model: type[WireModel], description: str) -> Any:
 class Backoff(WireModel):
     """Delay before a retry: min(maxSeconds, initialSeconds * factor^(n-1)), then jittered."""
 
-    initial_seconds: int = Field(10, ge=0, description="Delay after the first failed attempt.")
-    factor: float = Field(2.0, description="Growth of the delay per failed attempt (>= 1).")
-    max_seconds: int = Field(600, ge=0, description="Upper bound of the delay.")
+    initial_seconds: int = _seconds(10, ge=0, description="Delay after the first failed attempt.")
+    factor: float = Field(
+        2.0,
+        le=MAX_BACKOFF_FACTOR,
+        description=f"Growth of the delay per failed attempt, from 1 to {MAX_BACKOFF_FACTOR:g}.",
+    )
+    max_seconds: int = _seconds(600, ge=0, description="Upper bound of the delay.")
     jitter: float = Field(
         0.5,
         description="Share of the delay that is random, in [0, 1]: the delay is drawn from "
@@ -134,7 +164,11 @@ class Backoff(WireModel):
 class Retry(WireModel):
     """How often a job is tried, and which failures end it at once."""
 
-    max_attempts: int = Field(6, description="Attempts in all per round, the first included.")
+    max_attempts: int = Field(
+        6,
+        le=MAX_ATTEMPTS,
+        description=f"Attempts in all per round, the first included; from 1 to {MAX_ATTEMPTS}.",
+    )
     backoff: Backoff = _nested(Backoff, "Exponential backoff with jitter between attempts.")
     non_retryable_exit_codes: list[Annotated[int, Field(ge=0, le=255)]] = Field(
         default_factory=list,
@@ -159,9 +193,9 @@ class Retry(WireModel):
 class Heartbeat(WireModel):
     """Liveness of an attempt, as beaten by the agent in its pod."""
 
-    interval_seconds: int = Field(10, ge=1, description="How often the agent beats.")
-    timeout_seconds: int = Field(60, ge=1, description="Silence after which an attempt is Lost.")
-    startup_grace_seconds: int = Field(
+    interval_seconds: int = _seconds(10, ge=1, description="How often the agent beats.")
+    timeout_seconds: int = _seconds(60, ge=1, description="Silence after which an attempt is Lost.")
+    startup_grace_seconds: int = _seconds(
         120, ge=0, description="Allowance for the first beat after the container starts."
     )
     required: bool = Field(True, description="false: no agent; liveness is the pod phase alone.")
@@ -176,6 +210,59 @@ class Heartbeat(WireModel):
     )
 
 
+def _cel_string(text: str) -> str:
+    """`text` as a CEL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _reserved_names(names: Any) -> list[str]:
+    return sorted(name for name in names if name.startswith(RESERVED_PREFIX))
+
+
+def _no_reserved_names(field: str, *, name_one: bool) -> Rule:
+    """No key of the map (or item of the list) `field` of the template's metadata may carry
+    Vigil's prefix: Vigil's own names on a pod steer it (vigil.dev/superseded stops the attempt).
+
+    `name_one`: the message names one offending entry. The API server prices a message that
+    names them all (a join) far beyond its CEL budget, and even one item of an unbounded list
+    beyond it, so finalizers get a fixed message.
+    """
+    refusal = f"spec.template.metadata.{field} must not use the {RESERVED_PREFIX} prefix (Vigil sets those on its pods)"
+    prefix = _cel_string(RESERVED_PREFIX)
+    what = "key" if name_one else "finalizer"
+    rule = Rule(
+        f"!has(self.{field}) || self.{field}.all(n, !n.startsWith({prefix}))",
+        f"{refusal}: remove every {RESERVED_PREFIX} {what} from the template",
+        lambda meta: not _reserved_names(getattr(meta, field)),
+    )
+    if not name_one:
+        return rule
+    others = f" (and any other {RESERVED_PREFIX} key) from the template"
+    return replace(
+        rule,
+        message_expression=(
+            f"{_cel_string(refusal + ': remove ')} + self.{field}.filter(n, n.startsWith({prefix}))[0]"
+            f" + {_cel_string(others)}"
+        ),
+        explain=lambda meta: f"{refusal}: remove {_reserved_names(getattr(meta, field))[0]}{others}",
+    )
+
+
+class TemplateMeta(WireModel):
+    """The metadata of spec.template, as far as Vigil checks it itself. Its schema on the API
+    server is Kubernetes' own (see vigil.podschema); these rules are added to it."""
+
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    finalizers: list[str] = Field(default_factory=list)
+
+    cel_rules = (
+        _no_reserved_names("labels", name_one=True),
+        _no_reserved_names("annotations", name_one=True),
+        _no_reserved_names("finalizers", name_one=False),
+    )
+
+
 class VigilJobSpec(WireModel):
     """What to run and how hard to try."""
 
@@ -185,12 +272,20 @@ class VigilJobSpec(WireModel):
         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
         description="VigilQueue in the same namespace.",
     )
-    priority: int = Field(0, description="Higher runs first within a queue.")
+    priority: int = Field(
+        0,
+        ge=INT32_MIN,
+        le=INT32_MAX,
+        description="Higher runs first within a queue; an int32, as Kubernetes' own priorities.",
+    )
     template: dict[str, Any] = Field(
         description="A PodTemplateSpec, kept as given except restartPolicy: Never and Vigil's "
-        "labels, owner reference and VIGIL_* environment. Immutable.",
+        "labels, owner reference and VIGIL_* environment. Immutable. Its labels, annotations and "
+        "finalizers must not use the vigil.dev/ prefix, which is Vigil's.",
         json_schema_extra={
-            "x-kubernetes-preserve-unknown-fields": True,
+            # vigil.crd puts Kubernetes' PodTemplateSpec schema here (vigil.podschema), with
+            # TemplateMeta's rules on its metadata.
+            "x-vigil-schema": "PodTemplateSpec",
             "x-kubernetes-validations": [
                 {
                     "rule": "self == oldSelf",
@@ -205,16 +300,31 @@ class VigilJobSpec(WireModel):
         "AtLeastOnce",
         description="NoOverlap: attempt N+1 starts only once attempt N's pod is gone.",
     )
-    attempt_deadline_seconds: int | None = Field(
+    attempt_deadline_seconds: int | None = _seconds(
         None, ge=1, description="One attempt's time limit; the attempt is then retried."
     )
-    active_deadline_seconds: int | None = Field(
+    active_deadline_seconds: int | None = _seconds(
         None, ge=1, description="The whole job's time limit; the job is then dead-lettered."
     )
-    ttl_seconds_after_finished: int | None = Field(
+    ttl_seconds_after_finished: int | None = _seconds(
         None, ge=0, description="Delete the job this long after it finishes."
     )
     suspend: bool = Field(False, description="Start no attempts; stop a running one.")
+
+    @field_validator("template")
+    @classmethod
+    def _check_template_metadata(cls, template: dict[str, Any]) -> dict[str, Any]:
+        try:
+            TemplateMeta.model_validate(template.get("metadata") or {})
+        except ValidationError as err:  # said with the full path, as the API server says it
+            raise ValueError("; ".join(_template_meta_error(e) for e in err.errors())) from None
+        return template
+
+
+def _template_meta_error(error: Any) -> str:
+    if error["type"] == "value_error":  # a rule's own message, which names its field
+        return str(error["ctx"]["error"])
+    return ".".join(["spec.template.metadata", *map(str, error["loc"])]) + f": {error['msg']}"
 
 
 # -------------------------------------------------------------------------------------- status
@@ -256,7 +366,7 @@ class Condition(WireModel):
     type: str = Field(max_length=316)
     status: ConditionStatus
     reason: str = Field(max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
-    message: str = Field(max_length=32768)
+    message: str = Field(max_length=MAX_CONDITION_MESSAGE)
     last_transition_time: datetime
     observed_generation: int | None = Field(None, ge=0)
 

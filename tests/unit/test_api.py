@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import random
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from tests.unit.factories import TEMPLATE
+from tests.unit.factories import T0, TEMPLATE, apply_to_job, make_job, make_pod
 from vigil import api
+from vigil.actions import CreatePod, DeleteJob, DeletePod
+from vigil.api import MAX_ATTEMPTS, MAX_BACKOFF_FACTOR, MAX_SECONDS
+from vigil.lifecycle import decide
+from vigil.liveness import Verdict
 
 pytestmark = pytest.mark.unit
 
@@ -73,6 +81,41 @@ INVALID = {
     "exit code out of range": ({"retry": {"nonRetryableExitCodes": [256]}}, "less than or equal to 255"),
     "queue not a label value": ({"queue": "Not_A_Label"}, "should match pattern"),
     "unknown guarantee": ({"guarantee": "ExactlyOnce"}, "AtLeastOnce"),
+    # Upper bounds: the message says the bound.
+    "too many attempts": ({"retry": {"maxAttempts": MAX_ATTEMPTS + 1}}, "less than or equal to 10000"),
+    "a huge job deadline": ({"activeDeadlineSeconds": 3e11}, "less than or equal to 315360000"),
+    "a huge attempt deadline": ({"attemptDeadlineSeconds": MAX_SECONDS + 1}, "less than or equal to 315360000"),
+    "a huge ttl": ({"ttlSecondsAfterFinished": 10**20}, "less than or equal to 315360000"),
+    "a huge backoff": (
+        {"retry": {"backoff": {"initialSeconds": 1, "maxSeconds": MAX_SECONDS + 1}}},
+        "less than or equal to 315360000",
+    ),
+    "a huge factor": ({"retry": {"backoff": {"factor": 1e308}}}, "less than or equal to 10"),
+    "a huge heartbeat timeout": ({"heartbeat": {"timeoutSeconds": MAX_SECONDS + 1}}, "less than or equal to 315360000"),
+    "priority above int32": ({"priority": 2**31}, "less than or equal to 2147483647"),
+    "priority below int32": ({"priority": -(2**31) - 1}, "greater than or equal to -2147483648"),
+    "a negative deadline": ({"activeDeadlineSeconds": -1}, "greater than or equal to 1"),
+    "a negative ttl": ({"ttlSecondsAfterFinished": -5}, "greater than or equal to 0"),
+    "a negative grace": ({"heartbeat": {"startupGraceSeconds": -1}}, "greater than or equal to 0"),
+    # Vigil's own names in the template.
+    "a vigil.dev annotation in the template": (
+        {"template": {**TEMPLATE, "metadata": {"annotations": {"vigil.dev/superseded": "x", "team": "ledger"}}}},
+        r"spec.template.metadata.annotations must not use the vigil.dev/ prefix \(Vigil sets those on its pods\): "
+        r"remove vigil.dev/superseded \(and any other vigil.dev/ key\) from the template \[",
+    ),
+    "vigil.dev labels in the template": (
+        {"template": {**TEMPLATE, "metadata": {"labels": {"vigil.dev/queue": "q", "vigil.dev/attempt": "1"}}}},
+        r"spec.template.metadata.labels must not use the vigil.dev/ prefix .*: "
+        r"remove vigil.dev/attempt \(and any other",
+    ),
+    "a vigil.dev finalizer in the template": (
+        {"template": {**TEMPLATE, "metadata": {"finalizers": [api.FINALIZER_ATTEMPT_TRACKING]}}},
+        "spec.template.metadata.finalizers must not use the vigil.dev/ prefix .*: remove every vigil.dev/ finalizer",
+    ),
+    "a label value that is not a string": (
+        {"template": {**TEMPLATE, "metadata": {"labels": {"tier": 1}}}},
+        "spec.template.metadata.labels.tier: Input should be a valid string",
+    ),
 }
 
 
@@ -89,6 +132,32 @@ VALID_EDGES = {
     "jitter 1": {"retry": {"backoff": {"jitter": 1}}},
     "one attempt": {"retry": {"maxAttempts": 1}},
     "timeout just above interval": {"heartbeat": {"intervalSeconds": 30, "timeoutSeconds": 31}},
+    "every number at its bound": {
+        "priority": api.INT32_MAX,
+        "retry": {
+            "maxAttempts": MAX_ATTEMPTS,
+            "backoff": {"initialSeconds": MAX_SECONDS, "factor": MAX_BACKOFF_FACTOR, "maxSeconds": MAX_SECONDS},
+        },
+        "heartbeat": {
+            "intervalSeconds": MAX_SECONDS - 1,
+            "timeoutSeconds": MAX_SECONDS,
+            "startupGraceSeconds": MAX_SECONDS,
+        },
+        "attemptDeadlineSeconds": MAX_SECONDS,
+        "activeDeadlineSeconds": MAX_SECONDS,
+        "ttlSecondsAfterFinished": MAX_SECONDS,
+    },
+    "the lowest priority": {"priority": api.INT32_MIN},
+    "vigil.dev only inside a value or another prefix": {
+        "template": {
+            **TEMPLATE,
+            "metadata": {
+                "labels": {"app": "vigil.dev/x"},
+                "annotations": {"example.com/vigil.dev": "1", "vigil.dev": "no slash", "sim.vigil.dev/exit-code": "0"},
+                "finalizers": ["example.com/vigil.dev"],
+            },
+        }
+    },
 }
 
 
@@ -98,10 +167,99 @@ def test_the_edges_of_each_rule_are_allowed(fields: dict[str, Any]) -> None:
 
 
 def test_every_rule_has_a_message_that_names_its_field() -> None:
-    rules = [rule for model in (api.Backoff, api.Retry, api.Heartbeat) for rule in model.cel_rules]
-    assert len(rules) == 5
+    rules = [rule for model in (api.Backoff, api.Retry, api.Heartbeat, api.TemplateMeta) for rule in model.cel_rules]
+    assert len(rules) == 8
     for rule in rules:
-        assert rule.message.split(" ")[0].startswith(("retry.", "heartbeat."))
+        assert rule.message.split(" ")[0].startswith(("retry.", "heartbeat.", "spec.template.metadata."))
+
+
+def test_a_rule_that_names_what_it_found_says_so_in_cel_too() -> None:
+    (labels, annotations, finalizers) = api.TemplateMeta.cel_rules
+    refusal = "spec.template.metadata.annotations must not use the vigil.dev/ prefix (Vigil sets those on its pods)"
+    assert annotations.as_validation() == {
+        "rule": "!has(self.annotations) || self.annotations.all(n, !n.startsWith('vigil.dev/'))",
+        "message": f"{refusal}: remove every vigil.dev/ key from the template",
+        # One key, not all: the API server prices a join of them all far past its CEL budget.
+        "messageExpression": f"'{refusal}: remove ' + self.annotations.filter(n, n.startsWith('vigil.dev/'))[0]"
+        " + ' (and any other vigil.dev/ key) from the template'",
+    }
+    assert "messageExpression" not in finalizers.as_validation()  # even one item of a list costs too much
+    assert api.Retry.cel_rules[0].as_validation().keys() == {"rule", "message"}
+
+
+# ------------------------------------------------------------- no admitted value overflows
+
+
+@st.composite
+def admitted_specs(draw: st.DrawFn) -> dict[str, Any]:
+    """Specs the API server admits, their numbers drawn mostly from the edges of their bounds."""
+
+    def number(low: int, high: int) -> int:
+        return draw(st.sampled_from([low, high, max(low, high - 1)]) | st.integers(low, high))
+
+    initial = number(0, MAX_SECONDS)
+    interval = number(1, MAX_SECONDS - 1)
+    spec = {
+        "priority": number(api.INT32_MIN, api.INT32_MAX),
+        "retry": {
+            "maxAttempts": number(1, MAX_ATTEMPTS),
+            "backoff": {
+                "initialSeconds": initial,
+                "factor": draw(st.sampled_from([1.0, MAX_BACKOFF_FACTOR]) | st.floats(1.0, MAX_BACKOFF_FACTOR)),
+                "maxSeconds": number(initial, MAX_SECONDS),
+                "jitter": draw(st.sampled_from([0.0, 1.0])),
+            },
+            "countDisruptions": draw(st.booleans()),
+        },
+        "heartbeat": {
+            "intervalSeconds": interval,
+            "timeoutSeconds": number(interval + 1, MAX_SECONDS),
+            "startupGraceSeconds": number(0, MAX_SECONDS),
+            "required": draw(st.booleans()),
+        },
+        "guarantee": draw(st.sampled_from(["AtLeastOnce", "NoOverlap"])),
+        "attemptDeadlineSeconds": draw(st.none() | st.just(number(1, MAX_SECONDS))),
+        "activeDeadlineSeconds": draw(st.none() | st.just(number(1, MAX_SECONDS))),
+        "ttlSecondsAfterFinished": draw(st.none() | st.just(number(0, MAX_SECONDS))),
+    }
+    api.VigilJobSpec.model_validate({"template": TEMPLATE, **spec})  # admitted, or the strategy is wrong
+    return spec
+
+
+FATES = ["Pending", "Running", "Failed", "Succeeded", "Lost", "Uncertain"]
+ADVANCES = [0, 1, MAX_SECONDS - 1, MAX_SECONDS, MAX_SECONDS + 1, 3 * MAX_SECONDS]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    spec=admitted_specs(),
+    story=st.lists(st.tuples(st.sampled_from(FATES), st.sampled_from(ADVANCES)), min_size=1, max_size=25),
+    seed=st.integers(0, 2**32),
+)
+def test_no_admitted_value_makes_the_decision_core_raise(
+    spec: dict[str, Any], story: list[tuple[str, int]], seed: int
+) -> None:
+    """The largest (and smallest) numbers the schema admits, through a job's life: attempts that
+    run, fail, succeed or are lost, with time jumping by up to three times the largest duration."""
+    job, pods, now, rng = make_job(spec=spec), {}, T0, random.Random(seed)
+    for fate, advance in story:
+        newest = max(pods, default=None)
+        liveness = {}
+        if newest is not None:
+            phase, exit_code = {"Failed": ("Failed", 1), "Succeeded": ("Succeeded", 0)}.get(fate, ("Running", None))
+            pods[newest] = make_pod(newest, phase=phase if fate != "Pending" else "Pending", exit_code=exit_code)
+            if fate in ("Lost", "Uncertain"):
+                liveness[pods[newest]["metadata"]["uid"]] = Verdict(fate, float(MAX_SECONDS), fate)
+        decision = decide(job, list(pods.values()), now, rng=rng, liveness=liveness)
+        job = apply_to_job(job, decision)
+        if decision.of_type(DeleteJob):
+            return
+        for action in decision.of_type(CreatePod):
+            attempt = int(action.manifest["metadata"]["labels"][api.LABEL_ATTEMPT])
+            pods[attempt] = make_pod(attempt)
+        for action in decision.of_type(DeletePod):
+            pods = {n: pod for n, pod in pods.items() if pod["metadata"]["uid"] != action.uid}
+        now += timedelta(seconds=advance)
 
 
 def test_a_status_parses_from_the_wire() -> None:
