@@ -142,7 +142,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def install_crds(kube: Kube) -> None:
     kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
-    kube.kubectl("wait", "--for=condition=Established", "crd/vigiljobs.vigil.dev", "--timeout=60s")
+    for name in ("vigiljobs.vigil.dev", "vigilqueues.vigil.dev"):
+        kube.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
 
 
 class OperatorProcess:
