@@ -26,7 +26,8 @@ def attempt_pod_name(job_name: str, attempt: int) -> str:
 
 def attempt_pod_manifest(job: api.VigilJob, attempt: int, checkpoint: str | None) -> dict[str, Any]:
     """The pod of `attempt`: the job's template as given, plus restartPolicy Never, Vigil's
-    labels, the job as controlling owner, and the VIGIL_* environment in every container."""
+    labels, the job as controlling owner, the attempt-tracking finalizer, and the VIGIL_*
+    environment in every container."""
     meta, spec = job.metadata, job.spec
     template = copy.deepcopy(spec.template)
     pod_meta = template.get("metadata") or {}
@@ -52,6 +53,10 @@ def attempt_pod_manifest(job: api.VigilJob, attempt: int, checkpoint: str | None
             "blockOwnerDeletion": True,
         }
     ]
+    # Keeps the pod object, once deleted, until decide() has its final phase and exit code in
+    # the job's status (see vigil.lifecycle); the template's own finalizers stay.
+    theirs = [f for f in pod_meta.get("finalizers") or [] if f != api.FINALIZER_ATTEMPT_TRACKING]
+    pod_meta["finalizers"] = [*theirs, api.FINALIZER_ATTEMPT_TRACKING]
     pod_spec["restartPolicy"] = "Never"
 
     vigil_env = [

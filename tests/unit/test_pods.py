@@ -55,6 +55,12 @@ def manifest(template: dict | None = None, **job_kwargs: object) -> dict:
     return attempt_pod_manifest(api.VigilJob.model_validate(job), 4, '{"offset": 9}')
 
 
+def unchecked(template: dict) -> api.VigilJob:
+    """A job with a template its validation would refuse (the models are frozen and validated)."""
+    job = api.VigilJob.model_validate(make_job())
+    return job.model_copy(update={"spec": job.spec.model_copy(update={"template": template})})
+
+
 def env_of(container: dict) -> dict[str, object]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
 
@@ -127,8 +133,25 @@ def test_the_template_is_kept_as_given_apart_from_vigils_additions() -> None:
 
 
 def test_vigils_labels_win_over_the_templates() -> None:
-    pod = manifest({"metadata": {"labels": {api.LABEL_ATTEMPT: "1"}}, "spec": {"containers": []}})
+    # The API server refuses such a template; the builder does not rely on that.
+    pod = attempt_pod_manifest(unchecked({"metadata": {"labels": {api.LABEL_ATTEMPT: "1"}}}), 4, None)
     assert pod["metadata"]["labels"][api.LABEL_ATTEMPT] == "4"
+
+
+def test_every_pod_carries_the_attempt_tracking_finalizer() -> None:
+    assert manifest()["metadata"]["finalizers"] == [api.FINALIZER_ATTEMPT_TRACKING]
+
+
+def test_the_templates_finalizers_stay_beside_vigils() -> None:
+    template = {"metadata": {"finalizers": ["example.com/audit"]}, "spec": {"containers": []}}
+    pod = manifest(template)
+    assert pod["metadata"]["finalizers"] == ["example.com/audit", api.FINALIZER_ATTEMPT_TRACKING]
+    assert template["metadata"]["finalizers"] == ["example.com/audit"]  # not mutated
+
+
+def test_vigils_finalizer_is_there_once_even_if_the_template_names_it() -> None:
+    job = unchecked({"metadata": {"finalizers": [api.FINALIZER_ATTEMPT_TRACKING]}})  # refused at the door too
+    assert attempt_pod_manifest(job, 1, None)["metadata"]["finalizers"] == [api.FINALIZER_ATTEMPT_TRACKING]
 
 
 def test_no_checkpoint_is_an_empty_value() -> None:
