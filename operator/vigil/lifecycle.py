@@ -38,7 +38,32 @@ A late success wins: a pod of an attempt recorded as Lost (or Superseded) that r
 makes a job that is not yet terminal Succeeded (reason LateSuccess). Its history record becomes
 Succeeded; the current attempt, if any, is closed as Cancelled and its pod deleted. Other
 outcomes (Cancelled, DeadlineExceeded, Disrupted) are deliberate stops: a pod that exits 0 on
-the SIGTERM Vigil sent it has not necessarily done its work, so those do not count.
+the SIGTERM Vigil sent it has not necessarily done its work, so those do not count. Nor does a
+deleted pod that ended after its deletion was requested: `podstate.read_pod` reads it as Stopped,
+never Succeeded, so a Lost pod's success counts only if it finished before Vigil deleted it.
+
+A pod deleted by someone else ends its attempt as soon as the deletion is seen: outcome Lost,
+reason PodDeleted, a counted failure that is retried. If the pod had already ended it is read as
+usual, except that an end after the deletion request (Stopped, whatever the exit code) is that
+same Lost/PodDeleted: it was stopped, it did not finish.
+
+The attempt-tracking finalizer (`vigil.dev/attempt-tracking`, put on every attempt pod by
+`vigil.pods`) keeps a deleted pod's object until Vigil has read how it ended: no final phase or
+exit code is lost, a late success included. The rule, in _record_final_states and _release_pods:
+a pod is released (ReleasePod, after the PatchStatus of the same decision) when
+- it is not the current attempt's pod: its attempt is closed, so its outcome is in the status
+  this decision writes (the pod that ends the current attempt is released by the decision that
+  closes it), with the pod's exit code in the record (added when the pod ends after its attempt
+  was closed: Lost, PodDeleted, Cancelled, DeadlineExceeded); and
+- it can say nothing more: it has finished (phase Succeeded or Failed, which is final), or it was
+  force-deleted before it finished (grace period 0: no kubelet will report on it; the pod
+  garbage collector marks the pods of a vanished node Failed first).
+Kubernetes removes a deleted pod only once its kubelet has reported it finished or once it is
+force-deleted, so Vigil never holds a pod longer than Kubernetes would have kept it anyway, only
+until its next look. The pods of a job being deleted are released at once: what they say can be
+written nowhere any more (and a foreground deletion of the job waits for them). ReleasePod is
+emitted only for pods that still carry the finalizer; it changes nothing in status, but like
+every mutation it comes after the fencing PatchStatus.
 """
 
 from __future__ import annotations
@@ -59,6 +84,7 @@ from vigil.actions import (
     DeletePod,
     EmitEvent,
     PatchStatus,
+    ReleasePod,
     RequeueAfter,
     SetDeadLetterLabel,
 )
@@ -109,10 +135,10 @@ def decide(
         None, or a UID missing, means no information: Healthy, never Lost.
     """
     parsed = _parse(job)
-    if parsed.metadata.deletion_timestamp is not None:
-        return Decision()  # the garbage collector removes the pods
-    draft = _Draft(parsed, now, liveness=liveness or {})
     observed = _ObservedPods.of(parsed.metadata.uid, pods)
+    if parsed.metadata.deletion_timestamp is not None:
+        return _release_all(parsed, observed)  # the garbage collector deletes the pods
+    draft = _Draft(parsed, now, liveness=liveness or {})
 
     _adopt_newer_attempt(draft, observed)
     _honour_redrive(draft)
@@ -123,6 +149,8 @@ def decide(
     _run(draft, observed, may_start)
     _expire_after_ttl(draft)
     _stop_stray_pods(draft, observed)
+    _record_final_states(draft, observed)
+    _release_pods(draft, observed)
     return draft.decision()
 
 
@@ -149,6 +177,17 @@ def reject_pod(job: Mapping[str, Any], attempt: int, message: str, now: datetime
 
 def _parse(job: Mapping[str, Any]) -> VigilJob:
     return VigilJob.model_validate({**job, "status": job.get("status") or {}})  # a new job has none
+
+
+def _release_all(job: VigilJob, observed: _ObservedPods) -> Decision:
+    """A job being deleted releases every pod that still carries the finalizer, behind a fence
+    that writes nothing."""
+    releases = [
+        ReleasePod(podstate.name_of(pod), podstate.uid_of(pod)) for pod in observed.ours if podstate.is_tracked(pod)
+    ]
+    if not releases:
+        return Decision()
+    return Decision((PatchStatus(_wire(job.status), job.metadata.resource_version), *releases))
 
 
 # ----------------------------------------------------------------------------- observations
@@ -198,6 +237,7 @@ class _Draft:
     liveness: Mapping[str, Verdict] = field(default_factory=dict)
     status: VigilJobStatus = field(init=False)
     pod_actions: list[CreatePod | DeletePod | AnnotatePod] = field(default_factory=list)
+    releases: list[ReleasePod] = field(default_factory=list)
     events: list[EmitEvent] = field(default_factory=list)
     requeue_after: list[float] = field(default_factory=list)
     delete_job: bool = False
@@ -238,6 +278,9 @@ class _Draft:
     def annotate_pod(self, pod: podstate.Pod, annotations: dict[str, str | None]) -> None:
         self.pod_actions.append(AnnotatePod(podstate.name_of(pod), podstate.uid_of(pod), annotations))
 
+    def release_pod(self, pod: podstate.Pod) -> None:
+        self.releases.append(ReleasePod(podstate.name_of(pod), podstate.uid_of(pod)))
+
     def set_condition_later(self, type_: str, status: api.ConditionStatus, reason: str, message: str) -> None:
         self.conditions_to_set[type_] = (status, reason, message)
 
@@ -250,9 +293,12 @@ class _Draft:
         self._refresh_conditions()
         dead_lettered = self.status.phase == "DeadLettered"
         label_is_set = self.job.metadata.labels.get(api.LABEL_DEAD_LETTER) == "true"
-        # Old pods are stopped before a new one starts (sorted() is stable: an annotation stays
-        # before the deletion of its pod).
-        mutations: list[Action] = sorted(self.pod_actions, key=lambda action: isinstance(action, CreatePod))
+        # Old pods are stopped before a new one starts (an annotation stays before the deletion
+        # of its pod), and released before it too: a creation the API server refuses must not
+        # keep finished pods held.
+        stops = [action for action in self.pod_actions if not isinstance(action, CreatePod)]
+        creations = [action for action in self.pod_actions if isinstance(action, CreatePod)]
+        mutations: list[Action] = [*stops, *self.releases, *creations]
         if dead_lettered != label_is_set:
             mutations.append(SetDeadLetterLabel(dead_lettered))
         if self.delete_job:
@@ -400,10 +446,11 @@ def _honour_redrive(draft: _Draft) -> None:
 
 
 def _accept_late_success(draft: _Draft, observed: _ObservedPods) -> None:
-    """A pod of an attempt replaced as Lost that reports Succeeded after all makes the job
-    Succeeded: its record's outcome becomes Succeeded, and the current attempt (its replacement,
-    or a later one) is cancelled; _stop_stray_pods deletes that one's pod. Attempt numbers, and
-    so fencing tokens, are untouched: they only ever grow."""
+    """A pod of an attempt replaced as Lost that reports Succeeded after all (having finished
+    before its deletion was requested: see vigil.podstate) makes the job Succeeded: its record's
+    outcome becomes Succeeded, and the current attempt (its replacement, or a later one) is
+    cancelled; _stop_stray_pods deletes that one's pod. Attempt numbers, and so fencing tokens,
+    are untouched: they only ever grow."""
     status = draft.status
     if status.is_terminal:  # a dead-lettered job stays so until redriven; then this applies again
         return
@@ -506,6 +553,15 @@ def _follow_current_attempt(draft: _Draft, observed: _ObservedPods, rng: random.
             )
         else:
             _after_failure(draft, rng, summary)
+    elif report.state == "Stopped":  # someone else deleted the pod, and it ended on that
+        summary = _close_attempt(
+            draft,
+            "Lost",
+            reason=report.reason,
+            report=report,
+            detail=f"was stopped by the deletion of its pod (exit code {report.exit_code})",
+        )
+        _after_failure(draft, rng, summary)
     else:  # Deleted: someone else is deleting the pod; it will not finish its work
         summary = _close_attempt(draft, "Lost", reason=report.reason, report=report, detail="had its pod deleted")
         _after_failure(draft, rng, summary)
@@ -754,6 +810,38 @@ def _stop_stray_pods(draft: _Draft, observed: _ObservedPods) -> None:
         ):
             draft.annotate_pod(pod, {api.ANNOTATION_SUPERSEDED: record.reason or "Lost"})
         draft.delete_pod(pod)
+
+
+def _record_final_states(draft: _Draft, observed: _ObservedPods) -> None:
+    """Add the exit code (and node) of a finished pod to its attempt's record when the attempt
+    was closed before the pod ended (Lost, PodDeleted, Cancelled, DeadlineExceeded): the outcome
+    stays as recorded, and the exit code is in status before the finalizer goes."""
+    history = list(draft.status.history)
+    index = {record.number: i for i, record in enumerate(history)}
+    for pod in observed.ours:
+        i = index.get(podstate.attempt_of(pod))
+        if i is None or history[i].exit_code is not None or not podstate.is_finished(pod):
+            continue
+        report = podstate.read_pod(pod)
+        if report.exit_code is not None:
+            record = history[i]
+            history[i] = record.model_copy(
+                update={"exit_code": report.exit_code, "node_name": record.node_name or report.node_name}
+            )
+    if history != draft.status.history:
+        draft.update(history=history)
+
+
+def _release_pods(draft: _Draft, observed: _ObservedPods) -> None:
+    """Release the pods that can say nothing more and whose attempt is closed (the rule is in the
+    module docstring). Runs last, on the status this decision writes."""
+    current = draft.status.current_attempt
+    live = observed.of_attempt(current) if current is not None else None
+    for pod in observed.ours:
+        if pod is live or not podstate.is_tracked(pod):
+            continue
+        if podstate.is_finished(pod) or podstate.is_force_deleted(pod):
+            draft.release_pod(pod)
 
 
 # ---------------------------------------------------------------------------- transitions

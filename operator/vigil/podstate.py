@@ -2,6 +2,13 @@
 
 Observations may be stale, duplicated or out of order; these functions read one snapshot, and
 `freshest_by_uid` picks, among snapshots of the same pod, the one furthest along in its life.
+
+Stopped by deletion: a pod that was deleted while it ran gets SIGTERM from its kubelet, and a
+process may well exit 0 on it (or any other code): the pod then ends Succeeded or Failed although
+it did not finish its work, it was stopped. So a finished pod that is being deleted counts as
+having ended on its own only if its containers prove it: a success if every container had exited
+0, a failure if one had exited non-zero, before the deletion was requested. Otherwise it reads as
+`Stopped` (with its exit code), never as Succeeded.
 """
 
 from __future__ import annotations
@@ -10,17 +17,27 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from vigil import api
 
 Pod = Mapping[str, Any]
-PodState = Literal["Pending", "Running", "Succeeded", "Failed", "Disrupted", "Deleted", "Unknown"]
+# Stopped: finished after its deletion was requested (see the module docstring); Deleted: being
+# deleted and not finished yet.
+PodState = Literal["Pending", "Running", "Succeeded", "Failed", "Disrupted", "Stopped", "Deleted", "Unknown"]
 
 # pod.status.reason values that mean "taken away", not "failed": API-initiated or kubelet
 # eviction, scheduler preemption, graceful node shutdown (Terminated in current kubelets,
 # Shutdown in older ones, NodeShutdown for pods refused while the node shuts down).
 DISRUPTION_REASONS = frozenset({"Evicted", "Preempted", "Terminated", "Shutdown", "NodeShutdown"})
+
+# The deletion request and a container's end are written by two machines' clocks (the API server
+# sets deletionTimestamp, the node's runtime finishedAt), which may disagree by a few seconds: a
+# container counts as finished before the deletion only if it finished this much earlier. A node
+# clock running behind would otherwise make a pod stopped right after the request look finished
+# before it; a real success this close to a deletion is merely retried.
+CLOCK_SKEW_ALLOWANCE = timedelta(seconds=5)
 
 # A pod's phase only moves forward; Unknown (node unreachable) ranks with Running.
 _PHASE_RANK = {"Pending": 0, "Running": 1, "Unknown": 1, "Succeeded": 2, "Failed": 2}
@@ -63,6 +80,17 @@ def is_finished(pod: Pod) -> bool:
 
 def is_deleting(pod: Pod) -> bool:
     return pod["metadata"].get("deletionTimestamp") is not None
+
+
+def is_force_deleted(pod: Pod) -> bool:
+    """Deleted with no grace period: the API server waits for no kubelet (a force delete, the
+    pod garbage collector, or a pod never scheduled), so only finalizers keep the object."""
+    return is_deleting(pod) and pod["metadata"].get("deletionGracePeriodSeconds") == 0
+
+
+def is_tracked(pod: Pod) -> bool:
+    """Whether the pod still carries Vigil's attempt-tracking finalizer."""
+    return api.FINALIZER_ATTEMPT_TRACKING in (pod["metadata"].get("finalizers") or [])
 
 
 def annotation_of(pod: Pod, key: str) -> str | None:
@@ -108,21 +136,25 @@ def _progress(pod: Pod) -> tuple[int, bool, bool, int]:
 
 
 def read_pod(pod: Pod) -> PodReport:
-    """What this snapshot says about the attempt. A success wins over everything; a disruption
-    wins over a failure (an evicted pod's containers fail too)."""
+    """What this snapshot says about the attempt. A success of its own wins over everything; a
+    disruption wins over a failure (an evicted pod's containers fail too) and over a stop by
+    deletion (an eviction is a deletion that says why)."""
     status = pod.get("status") or {}
     phase = status.get("phase", "Pending")
     node_name = pod.get("spec", {}).get("nodeName")
     checkpoint = annotation_of(pod, api.ANNOTATION_CHECKPOINT)
     exit_code, container_reason = _exit(status)
+    stopped = is_deleting(pod) and is_finished(pod) and not _ended_before_deletion(pod)
 
     def report(state: PodState, reason: str | None) -> PodReport:
         return PodReport(state, exit_code, reason, node_name, checkpoint)
 
-    if phase == "Succeeded":
+    if phase == "Succeeded" and not stopped:
         return report("Succeeded", container_reason or status.get("reason"))
     if _is_disrupted(pod):
         return report("Disrupted", status.get("reason") or "DisruptionTarget")
+    if stopped:
+        return report("Stopped", "PodDeleted")
     if phase == "Failed":
         return report("Failed", container_reason or status.get("reason"))
     if is_deleting(pod):
@@ -139,17 +171,64 @@ def _is_disrupted(pod: Pod) -> bool:
     )
 
 
+def _ended_before_deletion(pod: Pod) -> bool:
+    """Whether the finished, deleted pod's containers prove that it ended before its deletion was
+    requested: all had exited 0 by then (a success), or one had exited non-zero (a failure).
+
+    The request time is deletionTimestamp minus deletionGracePeriodSeconds, both as the API
+    server wrote them at the first, graceful deletion. A later deletion that shortens the grace
+    period moves deletionTimestamp to the time of that later call when the shortened deadline
+    would lie in the past, and leaves a grace period of 1 (or 0): the kubelet's own final
+    deletion (grace 0, after it has reported the terminal phase) always does so, as do force
+    deletes. With a grace period of 0 or 1 the request time is therefore unknown (it may be
+    earlier), and nothing is proven: the pod reads as stopped.
+    """
+    metadata, status = pod["metadata"], pod.get("status") or {}
+    grace = metadata.get("deletionGracePeriodSeconds")
+    deleted = _time(metadata.get("deletionTimestamp"))
+    if not isinstance(grace, int) or grace <= 1 or deleted is None:
+        return False
+    try:
+        requested = deleted - timedelta(seconds=grace)
+    except OverflowError:  # whatever the pod says, reading it never raises
+        return False
+    failed = status.get("phase") == "Failed"
+    deciding = [t for t in _terminated(status) if t.get("exitCode") != 0] if failed else _terminated(status)
+    ends = [end for end in (_time(t.get("finishedAt")) for t in deciding) if end is not None]
+    if not ends or len(ends) < len(deciding):
+        return False
+    # A failure is decided by the first container that failed; a success only by the last to end.
+    decided = min(ends) if failed else max(ends)
+    return decided < requested - CLOCK_SKEW_ALLOWANCE
+
+
+def _time(value: Any) -> datetime | None:
+    """An RFC 3339 time as Kubernetes writes it, or None if it is missing or not one."""
+    if not isinstance(value, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None else None
+
+
 def _exit(status: Mapping[str, Any]) -> tuple[int | None, str | None]:
     """Exit code and reason of the container that decided the pod's fate: the first one (init
     containers first) that exited non-zero, else the first that exited at all."""
-    terminated = [
-        container["state"]["terminated"]
-        for key in ("initContainerStatuses", "containerStatuses")
-        for container in status.get(key) or []
-        if (container.get("state") or {}).get("terminated")
-    ]
+    terminated = _terminated(status)
     failed = [t for t in terminated if t.get("exitCode") != 0]
     decisive = (failed or terminated or [None])[0]
     if decisive is None:
         return None, None
     return decisive.get("exitCode"), decisive.get("reason")
+
+
+def _terminated(status: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The terminated states of the pod's containers, init containers first."""
+    return [
+        container["state"]["terminated"]
+        for key in ("initContainerStatuses", "containerStatuses")
+        for container in status.get(key) or []
+        if (container.get("state") or {}).get("terminated")
+    ]

@@ -20,6 +20,11 @@ def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
+def stamp(moment: datetime) -> str:
+    """A time as the API server writes it (RFC 3339, whole seconds, UTC)."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def make_job(
     *,
     name: str = "ledger",
@@ -64,12 +69,23 @@ def make_pod(
     conditions: list[dict[str, str]] | None = None,
     node: str | None = "node-a",
     deleting: bool = False,
+    deleted_at: datetime | None = None,
+    grace: int = 30,
+    finished_at: datetime | None = None,
+    tracked: bool = False,
     resource_version: str = "1",
     checkpoint: str | None = None,
     heartbeat: str | None = None,
     annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """A pod of `attempt` as the API server shows it; `exit_code` terminates its container."""
+    """A pod of `attempt` as the API server shows it; `exit_code` terminates its container.
+
+    deleting / deleted_at: its deletion was requested (at T0 / at that time) with `grace` seconds
+    of grace, so deletionTimestamp is that time plus `grace`, as the API server writes it.
+    finished_at: when its terminated container ended (no finishedAt otherwise).
+    tracked: it carries Vigil's attempt-tracking finalizer, as every pod Vigil creates does until
+    Vigil releases it.
+    """
     metadata: dict[str, Any] = {
         "name": attempt_pod_name(job_name, attempt),
         "namespace": "work",
@@ -93,13 +109,18 @@ def make_pod(
                 "blockOwnerDeletion": True,
             }
         ]
-    if deleting:
-        metadata["deletionTimestamp"] = "2025-03-01T12:00:00Z"
+    if tracked:
+        metadata["finalizers"] = [api.FINALIZER_ATTEMPT_TRACKING]
+    if deleting or deleted_at is not None:
+        metadata["deletionTimestamp"] = stamp((deleted_at or T0) + timedelta(seconds=grace))
+        metadata["deletionGracePeriodSeconds"] = grace
     status: dict[str, Any] = {"phase": phase, "conditions": list(conditions or [])}
     if reason:
         status["reason"] = reason
     if exit_code is not None:
         terminated = {"exitCode": exit_code, "reason": container_reason or ("Completed" if exit_code == 0 else "Error")}
+        if finished_at is not None:
+            terminated["finishedAt"] = stamp(finished_at)
         status["containerStatuses"] = [{"name": "main", "state": {"terminated": terminated}}]
     elif phase == "Running":
         status["containerStatuses"] = [{"name": "main", "state": {"running": {"startedAt": "2025-03-01T12:00:00Z"}}}]

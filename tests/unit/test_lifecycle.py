@@ -27,6 +27,7 @@ from vigil.actions import (
     DeletePod,
     EmitEvent,
     PatchStatus,
+    ReleasePod,
     RequeueAfter,
     SetDeadLetterLabel,
 )
@@ -789,3 +790,210 @@ def test_a_pod_the_api_server_refuses_dead_letters_the_job_with_its_message() ->
 def test_a_refusal_for_an_attempt_that_is_no_longer_current_is_ignored() -> None:
     job, _ = step(make_job())
     assert reject_pod(job, 2, "invalid", at(1)).actions == ()
+
+
+# ------------------------------------------------------------------ the attempt-tracking finalizer
+
+NO_BACKOFF = {"retry": {"backoff": {"initialSeconds": 0}}}
+RELEASE_1 = ReleasePod("ledger-1", "pod-1")
+
+
+def test_the_pod_that_ends_an_attempt_is_released_after_the_status_write_that_records_it() -> None:
+    job, decision = step(running_job(), [make_pod(1, phase="Succeeded", exit_code=0, tracked=True)], at(30))
+
+    assert kinds(decision)[:2] == ["PatchStatus", "ReleasePod"]
+    assert decision.of_type(ReleasePod) == [RELEASE_1]
+    assert job["status"]["history"][-1]["exitCode"] == 0
+
+
+def test_a_failed_pod_is_released_before_the_next_attempts_pod_is_created() -> None:
+    _, decision = step(running_job(NO_BACKOFF), [make_pod(1, phase="Failed", exit_code=1, tracked=True)], at(5))
+    assert kinds(decision)[:3] == ["PatchStatus", "ReleasePod", "CreatePod"]
+
+
+def test_a_running_or_pending_pod_is_never_released() -> None:
+    job = running_job()
+    assert run(job, [make_pod(1, phase="Running", tracked=True)], at(5)).actions == ()
+    job, _ = step(make_job())
+    assert run(job, [make_pod(1, phase="Pending", tracked=True)], at(1)).of_type(ReleasePod) == []
+
+
+def test_a_released_pod_costs_nothing_more() -> None:
+    job, _ = step(running_job(), [make_pod(1, phase="Failed", exit_code=1, tracked=True)], at(5))
+    assert kinds(run(job, [make_pod(1, phase="Failed", exit_code=1)], at(6))) == ["RequeueAfter"]  # backing off
+
+
+def test_a_release_lost_in_a_crash_is_redone_behind_a_fence_that_writes_nothing() -> None:
+    job, _ = step(running_job(), [make_pod(1, phase="Succeeded", exit_code=0, tracked=True)], at(30))
+    # The shell died after the status write: the pod still carries the finalizer.
+    decision = run(job, [make_pod(1, phase="Succeeded", exit_code=0, tracked=True)], at(31))
+
+    assert kinds(decision) == ["PatchStatus", "ReleasePod"]
+    fence = decision.of_type(PatchStatus)[0]
+    assert merge_patch(job["status"], fence.status) == job["status"]
+    assert fence.resource_version == job["metadata"]["resourceVersion"]
+
+
+def test_a_pod_of_another_owner_is_never_released() -> None:
+    job, _ = step(make_job())
+    stranger = make_pod(1, phase="Failed", exit_code=1, owner_uid="someone-else", uid="s1", tracked=True)
+    assert run(job, [stranger], at(1)).of_type(ReleasePod) == []
+
+
+def test_the_pods_of_a_job_being_deleted_are_released_at_once() -> None:
+    job = running_job()
+    job["metadata"]["deletionTimestamp"] = "2025-03-01T12:01:00Z"
+    pods = [make_pod(1, phase="Running", tracked=True), make_pod(2, phase="Pending", uid="pod-2")]
+
+    decision = run(job, pods, at(60))
+
+    assert kinds(decision) == ["PatchStatus", "ReleasePod"]  # pod-2 carries no finalizer
+    assert decision.of_type(ReleasePod) == [RELEASE_1]
+    assert merge_patch(job["status"], status_of(decision)) == job["status"]
+
+
+# ---------------------------------------------------------------- pods deleted by someone else
+
+
+def test_a_pod_deleted_while_running_is_held_until_its_exit_code_is_recorded() -> None:
+    job = running_job()
+    deleting = make_pod(1, phase="Running", deleted_at=at(20), tracked=True)
+    job, decision = step(job, [deleting], at(20))
+    assert (job["status"]["history"][-1]["outcome"], job["status"]["history"][-1]["reason"]) == ("Lost", "PodDeleted")
+    assert job["status"]["history"][-1]["exitCode"] is None
+    assert decision.of_type(ReleasePod) == []
+
+    stopped = make_pod(1, phase="Failed", exit_code=143, deleted_at=at(20), finished_at=at(21), tracked=True)
+    job, decision = step(job, [stopped], at(22))
+
+    record = job["status"]["history"][-1]
+    assert (record["outcome"], record["reason"], record["exitCode"]) == ("Lost", "PodDeleted", 143)
+    assert kinds(decision)[:2] == ["PatchStatus", "ReleasePod"]
+    assert job["status"]["attempts"] == 1  # only the record changed
+    assert event_reasons(decision) == []
+
+
+def test_a_pod_deleted_by_someone_else_that_exits_0_on_sigterm_is_a_counted_failure() -> None:
+    job = running_job({"retry": {"maxAttempts": 3}})
+    stopped = make_pod(1, phase="Succeeded", exit_code=0, deleted_at=at(20), finished_at=at(21), tracked=True)
+
+    job, decision = step(job, [stopped], at(22))
+
+    status = job["status"]
+    record = status["history"][-1]
+    assert (record["outcome"], record["reason"], record["exitCode"]) == ("Lost", "PodDeleted", 0)
+    assert (status["phase"], status["reason"]) == ("BackingOff", "AttemptLost")
+    assert status["roundAttempts"] == 1
+    assert "was stopped by the deletion of its pod (exit code 0)" in status["message"]
+    assert decision.of_type(ReleasePod) == [RELEASE_1]
+
+
+def test_exit_0_after_the_deletion_was_seen_is_no_late_success() -> None:
+    job = running_job(NO_BACKOFF)
+    job, _ = step(job, [make_pod(1, phase="Running", deleted_at=at(20), tracked=True)], at(20))
+    stopped = make_pod(1, phase="Succeeded", exit_code=0, deleted_at=at(20), finished_at=at(21), tracked=True)
+
+    job, decision = step(job, [stopped, make_pod(2, phase="Running", uid="pod-2")], at(22))
+
+    assert job["status"]["phase"] == "Running"
+    assert job["status"]["history"][-1]["outcome"] == "Lost"
+    assert job["status"]["history"][-1]["exitCode"] == 0
+    assert decision.of_type(ReleasePod) == [RELEASE_1]
+
+
+def test_a_pod_that_had_finished_before_someone_deleted_it_succeeded() -> None:
+    job = running_job()
+    done = make_pod(1, phase="Succeeded", exit_code=0, deleted_at=at(20), finished_at=at(10), tracked=True)
+    job, decision = step(job, [done], at(22))
+    assert (job["status"]["phase"], job["status"]["reason"]) == ("Succeeded", "AttemptSucceeded")
+    assert decision.of_type(ReleasePod) == [RELEASE_1]
+
+
+def test_a_success_reported_after_the_deletion_was_seen_wins_if_it_came_first() -> None:
+    job = running_job()
+    job, _ = step(job, [make_pod(1, phase="Running", deleted_at=at(20), tracked=True)], at(20))
+    done = make_pod(1, phase="Succeeded", exit_code=0, deleted_at=at(20), finished_at=at(10), tracked=True)
+    job, decision = step(job, [done], at(22))
+    assert (job["status"]["phase"], job["status"]["reason"]) == ("Succeeded", "LateSuccess")
+    assert decision.of_type(ReleasePod) == [RELEASE_1]
+
+
+def test_a_force_deleted_pod_of_a_dead_node_is_released_with_its_attempt_closed() -> None:
+    job = running_job()
+    gone = make_pod(1, phase="Running", deleted_at=at(20), grace=0, tracked=True)
+    job, decision = step(job, [gone], at(21))
+    assert job["status"]["history"][-1]["reason"] == "PodDeleted"
+    assert kinds(decision)[:2] == ["PatchStatus", "ReleasePod"]
+
+
+def test_a_pod_the_garbage_collector_took_from_a_vanished_node_is_a_disruption_and_released() -> None:
+    job = running_job()
+    collected = make_pod(
+        1,
+        phase="Failed",
+        deleted_at=at(20),
+        grace=0,
+        conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "DeletionByPodGC"}],
+        tracked=True,
+    )
+    job, decision = step(job, [collected], at(21))
+    assert job["status"]["history"][-1]["outcome"] == "Disrupted"
+    assert decision.of_type(ReleasePod) == [RELEASE_1]
+
+
+# -------------------------------------------------------------- pods Vigil stopped on purpose
+
+
+@pytest.mark.parametrize(
+    ("change", "outcome"),
+    [({"suspend": True}, "Cancelled"), ({"attemptDeadlineSeconds": 10}, "DeadlineExceeded")],
+)
+def test_a_pod_vigil_stopped_keeps_its_outcome_and_is_released_once_it_ends(
+    change: dict[str, Any], outcome: str
+) -> None:
+    job = running_job()
+    job["spec"].update(change)
+    job, decision = step(job, [make_pod(1, phase="Running", tracked=True)], at(20))
+    assert decision.of_type(DeletePod) == [DeletePod("ledger-1", "pod-1")]
+    assert decision.of_type(ReleasePod) == []
+
+    terminating = make_pod(1, phase="Running", deleted_at=at(20), tracked=True)
+    assert run(job, [terminating], at(21)).of_type(ReleasePod) == []
+
+    exited = make_pod(1, phase="Succeeded", exit_code=0, deleted_at=at(20), finished_at=at(21), tracked=True)
+    job, decision = step(job, [exited], at(22))
+    record = job["status"]["history"][-1]
+    assert (record["outcome"], record["exitCode"]) == (outcome, 0)  # the outcome stays as recorded
+    assert job["status"]["phase"] != "Succeeded"
+    assert decision.of_type(ReleasePod) == [RELEASE_1]
+
+
+def test_an_unscheduled_pod_vigil_deleted_is_released_at_once() -> None:
+    job, _ = step(make_job())
+    job["spec"]["suspend"] = True
+    job, _ = step(job, [make_pod(1, phase="Pending", node=None, tracked=True)], at(5))
+    # The API server deletes a pod on no node with grace 0: no kubelet will report on it.
+    gone = make_pod(1, phase="Pending", node=None, deleted_at=at(5), grace=0, tracked=True)
+    assert run(job, [gone], at(6)).of_type(ReleasePod) == [RELEASE_1]
+
+
+def test_a_dead_lettered_jobs_stray_pod_is_released_once_it_ends() -> None:
+    job, _ = failed_attempt_1({"retry": {"maxAttempts": 1}})
+    stray = make_pod(1, phase="Failed", exit_code=1, tracked=True)  # the release was lost
+    assert kinds(run(job, [stray], at(100))) == ["PatchStatus", "ReleasePod"]
+
+
+def test_a_pod_whose_record_left_the_history_is_released_without_a_write() -> None:
+    spec = {"retry": {"maxAttempts": 100, "backoff": {"initialSeconds": 0}}}
+    job = running_job(spec)
+    for attempt in range(1, api.HISTORY_LIMIT + 3):
+        job, _ = step(job, [make_pod(attempt, phase="Failed", exit_code=1, uid=f"p{attempt}")], at(attempt))
+        job, _ = step(job, [], at(attempt))
+    assert job["status"]["history"][0]["number"] == 3
+    old = make_pod(1, phase="Failed", exit_code=1, uid="p1", tracked=True)
+    live = make_pod(api.HISTORY_LIMIT + 3, phase="Running", uid="live")
+
+    job_after, decision = step(job, [old, live], at(100))
+
+    assert decision.of_type(ReleasePod) == [ReleasePod("ledger-1", "p1")]
+    assert job_after["status"]["history"] == job["status"]["history"]

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from tests.unit.factories import T0, apply_to_job, at, condition, make_job, make_pod
+from tests.unit.factories import T0, apply_to_job, at, condition, make_job, make_pod, stamp
 from vigil import api
-from vigil.actions import AnnotatePod, CreatePod, Decision, DeletePod, EmitEvent
+from vigil.actions import AnnotatePod, CreatePod, Decision, DeletePod, EmitEvent, ReleasePod
 from vigil.lifecycle import decide
 from vigil.liveness import Verdict
 
@@ -300,7 +300,8 @@ def attempt_2_running(spec: dict[str, Any] | None = None) -> dict[str, Any]:
 
 def test_a_late_success_of_a_lost_attempt_wins_and_cancels_the_replacement() -> None:
     job = attempt_2_running()
-    late = make_pod(1, phase="Succeeded", exit_code=0, deleting=True)
+    # It had finished before Vigil deleted it at 70s; the report of that came late.
+    late = make_pod(1, phase="Succeeded", exit_code=0, deleted_at=at(70), finished_at=at(60))
     job, decision = step(job, [late, make_pod(2, phase="Running")], at(90))
 
     status = job["status"]
@@ -348,9 +349,17 @@ def test_a_pod_that_exits_0_after_vigil_stopped_it_on_purpose_is_no_late_success
     assert job["status"]["currentAttempt"]["number"] == 2
 
 
-def test_a_dead_lettered_job_is_not_revived_by_a_late_success() -> None:
+def test_a_dead_lettered_job_is_not_revived_by_a_late_success_but_records_it() -> None:
     job, _ = lost_attempt_1({"retry": {"maxAttempts": 1}})
-    assert run(job, [make_pod(1, phase="Succeeded", exit_code=0)], at(80)).actions == ()
+    late = make_pod(1, phase="Succeeded", exit_code=0, finished_at=at(65), deleted_at=at(70), tracked=True)
+
+    job, decision = step(job, [late], at(80))
+
+    assert (job["status"]["phase"], job["status"]["reason"]) == ("DeadLettered", "AttemptsExhausted")
+    record = job["status"]["history"][-1]
+    assert (record["outcome"], record["reason"], record["exitCode"]) == ("Lost", "HeartbeatLost", 0)
+    assert kinds(decision) == ["PatchStatus", "ReleasePod"]
+    assert events(decision) == []
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -407,3 +416,81 @@ def test_the_next_attempt_gets_the_last_good_checkpoint_not_a_later_bad_one() ->
     (create,) = decision.of_type(CreatePod)
     env = {e["name"]: e.get("value") for e in create.manifest["spec"]["containers"][0]["env"]}
     assert env["VIGIL_CHECKPOINT"] == '{"offset": 7}'
+
+
+# ------------------------------------------------- the finalizer on a lost attempt's pod
+
+
+LOST_AT = at(70)  # lost_attempt_1 deletes the pod then
+
+
+def lost_pod(**kwargs: Any) -> dict[str, Any]:
+    return make_pod(1, deleted_at=LOST_AT, annotations=SUPERSEDED, tracked=True, **kwargs)
+
+
+def test_a_lost_attempts_pod_is_held_until_its_final_phase_is_recorded() -> None:
+    job, decision = lost_attempt_1({"retry": {"backoff": {"initialSeconds": 100}}})
+    assert decision.of_type(ReleasePod) == []
+
+    assert run(job, [lost_pod(phase="Running")], at(75)).of_type(ReleasePod) == []  # it may still succeed
+
+    fenced = lost_pod(phase="Failed", exit_code=75, finished_at=at(71))  # its agent stopped it
+    job, decision = step(job, [fenced], at(76))
+    record = job["status"]["history"][-1]
+    assert (record["outcome"], record["reason"], record["exitCode"]) == ("Lost", "HeartbeatLost", 75)
+    assert kinds(decision) == ["PatchStatus", "ReleasePod", "RequeueAfter"]
+
+
+def test_a_lost_pod_that_exits_0_on_the_sigterm_of_its_deletion_is_no_late_success() -> None:
+    job = attempt_2_running()
+    stopped = lost_pod(phase="Succeeded", exit_code=0, finished_at=at(72))
+
+    job, decision = step(job, [stopped, make_pod(2, phase="Running")], at(90))
+
+    assert job["status"]["phase"] == "Running"
+    assert job["status"]["currentAttempt"]["number"] == 2
+    assert job["status"]["history"][-1]["outcome"] == "Lost"
+    assert decision.of_type(ReleasePod) == [ReleasePod("ledger-1", "pod-1")]
+
+
+def test_a_late_success_is_recorded_before_its_pod_is_released() -> None:
+    job = attempt_2_running()
+    late = lost_pod(phase="Succeeded", exit_code=0, finished_at=at(60))
+
+    job, decision = step(job, [late, make_pod(2, phase="Running", tracked=True)], at(90))
+
+    assert (job["status"]["phase"], job["status"]["reason"]) == ("Succeeded", "LateSuccess")
+    assert kinds(decision)[:3] == ["PatchStatus", "DeletePod", "ReleasePod"]
+    assert decision.of_type(ReleasePod) == [ReleasePod("ledger-1", "pod-1")]  # attempt 2's pod still runs
+
+    cancelled = make_pod(2, phase="Failed", exit_code=143, deleted_at=at(90), finished_at=at(91), tracked=True)
+    released = make_pod(1, phase="Succeeded", exit_code=0, finished_at=at(60), deleted_at=LOST_AT)
+    job, decision = step(job, [released, cancelled], at(92))
+    assert job["status"]["history"][-1]["outcome"] == "Cancelled"
+    assert job["status"]["history"][-1]["exitCode"] == 143
+    assert decision.of_type(ReleasePod) == [ReleasePod("ledger-2", "pod-2")]
+
+
+def test_a_late_success_seen_only_after_the_kubelets_final_deletion_is_not_proven() -> None:
+    # The kubelet deletes a finished pod with grace 0, and the API server then moves
+    # deletionTimestamp to that moment: whether the pod ended before Vigil deleted it is lost, so
+    # the success is not counted (at least once: attempt 2 does the work).
+    job = attempt_2_running()
+    late = make_pod(1, phase="Succeeded", exit_code=0, finished_at=at(60), annotations=SUPERSEDED, tracked=True)
+    late["metadata"].update(deletionTimestamp=stamp(at(88)), deletionGracePeriodSeconds=0)
+
+    job, decision = step(job, [late, make_pod(2, phase="Running")], at(90))
+
+    assert job["status"]["phase"] == "Running"
+    assert job["status"]["history"][-1]["exitCode"] == 0
+    assert decision.of_type(ReleasePod) == [ReleasePod("ledger-1", "pod-1")]
+
+
+def test_under_no_overlap_a_stopped_but_held_pod_does_not_block_the_next_attempt() -> None:
+    job, _ = lost_attempt_1({"guarantee": "NoOverlap", **NO_BACKOFF})
+    held = lost_pod(phase="Failed", exit_code=143, finished_at=at(71))
+
+    job, decision = step(job, [held], at(72))
+
+    assert job["status"]["currentAttempt"]["number"] == 2
+    assert kinds(decision)[:3] == ["PatchStatus", "ReleasePod", "CreatePod"]

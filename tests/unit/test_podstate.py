@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
-import pytest
+from datetime import timedelta
 
-from tests.unit.factories import JOB_UID, make_pod
-from vigil.podstate import PodReport, attempt_of, freshest_by_uid, is_controlled_by, read_pod
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.unit.factories import JOB_UID, at, make_pod, stamp
+from vigil import api
+from vigil.podstate import (
+    CLOCK_SKEW_ALLOWANCE,
+    PodReport,
+    attempt_of,
+    freshest_by_uid,
+    is_controlled_by,
+    is_force_deleted,
+    is_tracked,
+    read_pod,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -77,3 +91,141 @@ def test_the_freshest_snapshot_is_the_one_furthest_along() -> None:
         freshest = {p["metadata"]["uid"]: p for p in freshest_by_uid(pods)}
         assert freshest == {"pod-1": failed, "pod-2": other}
     assert freshest_by_uid([running_later, running, pending]) == [running_later]
+
+
+# ------------------------------------------------------------------------ stopped by deletion
+
+DELETED_AT = at(100)
+BEFORE = DELETED_AT - CLOCK_SKEW_ALLOWANCE - timedelta(seconds=1)
+
+
+def deleted_pod(phase: str, ends: list[tuple[int, object]], *, grace: int = 30, **kwargs: object) -> dict:
+    """A pod whose deletion was requested at DELETED_AT, its containers ended as (exit code,
+    finishedAt: a datetime, a raw value, or None for none)."""
+    pod = make_pod(1, phase=phase, deleted_at=DELETED_AT, grace=grace, **kwargs)
+    statuses = []
+    for i, (code, end) in enumerate(ends):
+        terminated: dict = {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}
+        if end is not None:
+            terminated["finishedAt"] = stamp(end) if not isinstance(end, str) else end
+        statuses.append({"name": f"c{i}", "state": {"terminated": terminated}})
+    pod["status"]["containerStatuses"] = statuses
+    return pod
+
+
+STOPPED_0 = PodReport("Stopped", 0, "PodDeleted", "node-a")
+
+
+@pytest.mark.parametrize(
+    ("pod", "expected"),
+    [
+        pytest.param(
+            deleted_pod("Succeeded", [(0, BEFORE)]),
+            PodReport("Succeeded", 0, "Completed", "node-a"),
+            id="success before the deletion request",
+        ),
+        pytest.param(deleted_pod("Succeeded", [(0, DELETED_AT)]), STOPPED_0, id="exit 0 at the request: stopped"),
+        pytest.param(deleted_pod("Succeeded", [(0, at(102))]), STOPPED_0, id="exit 0 on SIGTERM: stopped"),
+        pytest.param(
+            deleted_pod("Succeeded", [(0, DELETED_AT - CLOCK_SKEW_ALLOWANCE)]),
+            STOPPED_0,
+            id="within the clock skew allowance: stopped",
+        ),
+        pytest.param(
+            deleted_pod("Succeeded", [(0, BEFORE), (0, at(101))]),
+            STOPPED_0,
+            id="a success is decided by the last container to end",
+        ),
+        pytest.param(
+            deleted_pod("Failed", [(3, BEFORE), (143, at(101))]),
+            PodReport("Failed", 3, "Error", "node-a"),
+            id="a failure by the first container that failed",
+        ),
+        pytest.param(
+            deleted_pod("Failed", [(143, at(101))]),
+            PodReport("Stopped", 143, "PodDeleted", "node-a"),
+            id="killed by SIGTERM: stopped",
+        ),
+        pytest.param(deleted_pod("Succeeded", [(0, None)]), STOPPED_0, id="no finishedAt proves nothing"),
+        pytest.param(deleted_pod("Succeeded", [(0, "yesterday")]), STOPPED_0, id="an unreadable one neither"),
+        pytest.param(deleted_pod("Succeeded", [(0, "2025-03-01T12:00:00")]), STOPPED_0, id="nor one without zone"),
+        pytest.param(
+            deleted_pod("Failed", []),
+            PodReport("Stopped", None, "PodDeleted", "node-a"),
+            id="a failed pod without container states",
+        ),
+        pytest.param(
+            deleted_pod("Succeeded", [(0, BEFORE)], grace=0),
+            STOPPED_0,
+            id="grace 0: the request time is unknown",
+        ),
+        pytest.param(
+            deleted_pod("Succeeded", [(0, BEFORE)], grace=1),
+            STOPPED_0,
+            id="grace 1: a shortened deletion, unknown too",
+        ),
+        pytest.param(
+            deleted_pod("Succeeded", [(0, at(101))], conditions=[{"type": "DisruptionTarget", "status": "True"}]),
+            PodReport("Disrupted", 0, "DisruptionTarget", "node-a"),
+            id="an eviction that stopped it is a disruption",
+        ),
+        pytest.param(
+            deleted_pod("Succeeded", [(0, BEFORE)], conditions=[{"type": "DisruptionTarget", "status": "True"}]),
+            PodReport("Succeeded", 0, "Completed", "node-a"),
+            id="a success before the eviction still wins",
+        ),
+    ],
+)
+def test_a_deleted_pod_that_ended_after_the_request_was_stopped(pod: dict, expected: PodReport) -> None:
+    assert read_pod(pod) == expected
+
+
+def test_the_kubelets_final_deletion_leaves_no_proof_of_an_earlier_end() -> None:
+    # As seen on kube-apiserver v1.36 with kwok's kubelet: deleted at 04:04:04 with 30s of grace,
+    # stopped at 04:04:05 with exit 0, then deleted with grace 0 by the kubelet, which moved
+    # deletionTimestamp to that moment (the API server never moves it into the past).
+    pod = make_pod(1, phase="Succeeded", exit_code=0, finished_at=at(5))
+    pod["metadata"].update(deletionTimestamp=stamp(at(5)), deletionGracePeriodSeconds=0)
+    assert read_pod(pod).state == "Stopped"
+
+
+def test_an_absurd_grace_period_proves_nothing_and_raises_nothing() -> None:
+    pod = deleted_pod("Succeeded", [(0, BEFORE)])
+    pod["metadata"]["deletionGracePeriodSeconds"] = 2**63 - 1
+    assert read_pod(pod) == STOPPED_0
+
+
+def test_a_finished_pod_deleted_later_is_read_as_it_ended() -> None:
+    failed = make_pod(1, phase="Failed", exit_code=2, finished_at=BEFORE, deleted_at=DELETED_AT)
+    assert read_pod(failed) == PodReport("Failed", 2, "Error", "node-a")
+
+
+def test_force_deletion_and_tracking_are_read_from_the_metadata() -> None:
+    assert not is_force_deleted(make_pod(1, phase="Running"))
+    assert not is_force_deleted(make_pod(1, phase="Running", deleting=True))
+    assert is_force_deleted(make_pod(1, phase="Running", deleting=True, grace=0))
+    assert is_tracked(make_pod(1, tracked=True))
+    assert not is_tracked(make_pod(1))
+    other = make_pod(1)
+    other["metadata"]["finalizers"] = ["example.com/other"]
+    assert not is_tracked(other)
+    assert api.FINALIZER_ATTEMPT_TRACKING == "vigil.dev/attempt-tracking"
+
+
+@given(
+    grace=st.sampled_from([0, 1, 2, 30]),
+    ends=st.lists(st.none() | st.integers(-60, 60), min_size=1, max_size=3),
+    disrupted=st.booleans(),
+)
+def test_a_deleted_pod_is_a_success_only_with_proof_that_it_ended_before_the_request(
+    grace: int, ends: list[int | None], disrupted: bool
+) -> None:
+    conditions = [{"type": "DisruptionTarget", "status": "True"}] if disrupted else []
+    times = [None if end is None else DELETED_AT + timedelta(seconds=end) for end in ends]
+    pod = deleted_pod("Succeeded", [(0, t) for t in times], grace=grace, conditions=conditions)
+    report = read_pod(pod)
+    ends = [t for t in times if t is not None]
+    proven = grace > 1 and len(ends) == len(times) and max(ends) < DELETED_AT - CLOCK_SKEW_ALLOWANCE
+    assert (report.state == "Succeeded") == proven
+    assert report.state in (("Succeeded",) if proven else ("Disrupted",) if disrupted else ("Stopped",))
+    assert report.exit_code == 0
