@@ -340,9 +340,6 @@ class Controller:
         if job is None:
             return
         namespace, job_uid = key[0], job["metadata"]["uid"]
-        if job["metadata"].get("deletionTimestamp"):
-            await self._release(self.pods.of_job(job_uid))  # or they would hold up its deletion
-            return
         await self._settle_unseen(namespace, job_uid)
         stranger = await self._recheck_stranger(key)
         extra = [stranger] if stranger is not None else []
