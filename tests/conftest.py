@@ -142,8 +142,28 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def install_crds(kube: Kube) -> None:
     kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+    extensions = client.ApiextensionsV1Api(kube.api)
+
+    def established(name: str) -> bool:
+        # Polled here: `kubectl wait` errors out on a CRD that has no status yet.
+        conditions = extensions.read_custom_resource_definition(name).status.conditions or []
+        return any(c.type == "Established" and c.status == "True" for c in conditions)
+
     for name in ("vigiljobs.vigil.dev", "vigilqueues.vigil.dev"):
-        kube.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+        wait_until(lambda name=name: established(name), 60, f"CRD {name} to be established")
+
+
+def release_attempt_pods(kube: Kube, namespace: str) -> None:
+    """Removes Vigil's attempt-tracking finalizer from every pod of `namespace`, for a test whose
+    operator has stopped before its namespace is deleted (else the namespace stays Terminating)."""
+    for pod in kube.core.list_namespaced_pod(namespace).items:
+        if "vigil.dev/attempt-tracking" in (pod.metadata.finalizers or []):
+            patch = {"metadata": {"$deleteFromPrimitiveList/finalizers": ["vigil.dev/attempt-tracking"]}}
+            try:
+                kube.core.patch_namespaced_pod(pod.metadata.name, namespace, patch)
+            except client.ApiException as err:
+                if err.status != 404:
+                    raise
 
 
 class OperatorProcess:

@@ -20,7 +20,7 @@ import pytest
 from kubernetes import client
 
 from testbed.faults import FaultProxy, kubeconfig_via
-from tests.conftest import Kube, OperatorProcess, install_crds, wait_until
+from tests.conftest import Kube, OperatorProcess, install_crds, release_attempt_pods, wait_until
 from tests.integration.test_agent import grant_heartbeat_rbac
 from tests.integration.test_heartbeats import HEARTBEAT, PodAgent, heartbeat_job
 from tests.integration.test_lifecycle import create, status, vigil_job, wait_phase
@@ -41,6 +41,7 @@ def lies_namespace(kube: Kube) -> Iterator[str]:
     try:
         yield name
     finally:
+        release_attempt_pods(kube, name)  # its operator is gone by now
         kube.core.delete_namespace(name, propagation_policy="Background")
 
 
