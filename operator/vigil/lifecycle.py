@@ -118,6 +118,7 @@ def decide(
     *,
     rng: random.Random,
     may_start: bool = True,
+    waiting: tuple[str, str] | None = None,
     liveness: Mapping[str, Verdict] | None = None,
 ) -> Decision:
     """The actions that move `job` on, given every pod observed for it at time `now`.
@@ -131,6 +132,10 @@ def decide(
     rng: the random source of backoff jitter; the same state gives the same decision.
     may_start: whether the job may start a new attempt now (the queue's say); when False a job
         that would start one stays Queued. Attempts already reserved go on.
+    waiting: (reason, message) saying why the queue holds it back (QueueSaturated,
+        RetryBudgetExhausted, QueueNotFound, ...), shown in status while may_start is False;
+        status and an event change only when the reason does, so a changing count in the
+        message costs no write.
     liveness: the failure detector's verdicts by pod UID (only the current attempt's is read).
         None, or a UID missing, means no information: Healthy, never Lost.
     """
@@ -146,7 +151,7 @@ def decide(
     _follow_current_attempt(draft, observed, rng)
     _apply_suspend(draft)
     _enforce_deadlines(draft, rng)
-    _run(draft, observed, may_start)
+    _run(draft, observed, may_start, waiting)
     _expire_after_ttl(draft)
     _stop_stray_pods(draft, observed)
     _record_final_states(draft, observed)
@@ -694,7 +699,7 @@ def _enforce_deadlines(draft: _Draft, rng: random.Random) -> None:
             _after_failure(draft, rng, summary)
 
 
-def _run(draft: _Draft, observed: _ObservedPods, may_start: bool) -> None:
+def _run(draft: _Draft, observed: _ObservedPods, may_start: bool, waiting: tuple[str, str] | None) -> None:
     """Make sure the current attempt has its pod, or start the next attempt when it is due."""
     status, retry = draft.status, draft.spec.retry
     if status.is_terminal or status.phase == "Suspended":
@@ -714,10 +719,11 @@ def _run(draft: _Draft, observed: _ObservedPods, may_start: bool) -> None:
         if draft.spec.guarantee == "NoOverlap" and _previous_pod_remains(draft, observed):
             return
         if not may_start:
-            if status.reason != "WaitingForQueue":
-                message = f"attempt {status.attempts + 1} waits for queue {draft.spec.queue} to admit it"
-                draft.set_phase("Queued", "WaitingForQueue", message)
-                draft.event("WaitingForQueue", message)
+            reason, why = waiting or ("WaitingForQueue", f"it waits for queue {draft.spec.queue} to admit it")
+            if status.reason != reason:
+                message = f"attempt {status.attempts + 1} waits: {why}"
+                draft.set_phase("Queued", reason, message)
+                draft.event(reason, message)
             return
         _reserve_next_attempt(draft)
 

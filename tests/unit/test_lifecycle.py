@@ -114,6 +114,18 @@ def test_a_job_the_queue_holds_back_stays_queued_and_says_so_once() -> None:
     assert run(job, now=at(60), may_start=False).actions == ()
 
 
+def test_the_queue_says_why_it_holds_a_job_back_and_a_new_count_costs_no_write() -> None:
+    full = ("QueueSaturated", "queue batch is full: 10 attempts run, maxRunning is 10")
+    job = apply_to_job(make_job(), decide(make_job(), [], T0, rng=random.Random(0), may_start=False, waiting=full))
+    assert (job["status"]["phase"], job["status"]["reason"]) == ("Queued", "QueueSaturated")
+    assert "maxRunning is 10" in job["status"]["message"]
+    busier = ("QueueSaturated", "queue batch is full: 11 attempts run, maxRunning is 10")
+    assert decide(job, [], at(5), rng=random.Random(0), may_start=False, waiting=busier).actions == ()
+    budget = ("RetryBudgetExhausted", "queue batch spent its retry budget")
+    decision = decide(job, [], at(9), rng=random.Random(0), may_start=False, waiting=budget)
+    assert [e.reason for e in decision.of_type(EmitEvent)] == ["RetryBudgetExhausted"]
+
+
 def test_a_queued_job_starts_when_the_queue_admits_it() -> None:
     job, _ = step(make_job(), may_start=False)
     decision = run(job, now=at(60))
