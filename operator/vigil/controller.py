@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from vigil import actions, api, confirm, failures, lifecycle, podstate
+from vigil.dispatcher import Dispatcher
 from vigil.kube import Conflict, Gone, Kube, Refused
 from vigil.liveness import HeartbeatTracker, beat_stamp_due, heard
 from vigil.podcache import PodCache, job_uid_of
@@ -128,6 +129,9 @@ class Controller:
         self.rng = rng or random.Random()
         self.hearing = hearing  # whether the pod watch is fresh (see vigil.informer)
         self.on_missed = on_missed  # a direct read showed what the pod watch missed: repair it
+        # Every job version taken into the caches (namespace, name, uid), and each deletion (uid
+        # None): the admission webhook's count of jobs it admitted that the watch has not shown.
+        self.on_job: Callable[[str, str, str | None], None] = lambda namespace, name, uid: None
         self.tracker = HeartbeatTracker()
         self.pods = PodCache()
         self.jobs: dict[Key, Mapping[str, Any]] = {}
@@ -136,6 +140,11 @@ class Controller:
         self._fingerprints: dict[str, int] = {}  # pod UID -> what of it, beats aside, decide() reads
         self._heartbeats: dict[Key, api.Heartbeat] = {}  # each job's spec.heartbeat, parsed
         self.queue: WorkQueue[Key] = WorkQueue()
+        self.dispatcher = Dispatcher(
+            wake=self.queue.add,
+            write_status=lambda namespace, name, status: self.kube.patch_queue_status(namespace, name, status),
+            clock=clock,
+        )
         self._failures: dict[Key, int] = {}
         self._strangers: dict[Key, Mapping[str, Any]] = {}  # pods bearing an attempt's name, not ours
         self._tasks: list[asyncio.Task] = []
@@ -149,6 +158,9 @@ class Controller:
             self.job_gone(delta.obj)
         else:
             self.job_seen(delta.obj)
+
+    def queue_delta(self, delta: Delta) -> None:
+        self.dispatcher.queue_delta(delta)
 
     def pod_delta(self, delta: Delta) -> None:
         self.pod_changed(delta.obj, deleted=delta.kind == "delete")
@@ -167,6 +179,8 @@ class Controller:
             self._job_uids[body["metadata"]["uid"]] = key
             # Parsed once per job version, not on every heartbeat of its pods.
             self._heartbeats[key] = _parse_heartbeat(body)
+            self.dispatcher.job_seen(body)
+            self.on_job(*key, body["metadata"]["uid"])
         if look:
             self.queue.add(key)
 
@@ -184,6 +198,8 @@ class Controller:
         job = self.jobs.pop(key, None)
         if job is not None:
             self._job_uids.pop(job["metadata"]["uid"], None)
+            self.dispatcher.job_gone(*key)
+            self.on_job(*key, None)
         self._heartbeats.pop(key, None)
         self.queue.forget(key)
         self._failures.pop(key, None)
@@ -254,12 +270,14 @@ class Controller:
         listed yet would look as if its pods had vanished)."""
         self._started = True
         self._tasks = [asyncio.create_task(self._work(), name=f"vigil-worker-{i}") for i in range(self.workers)]
+        self.dispatcher.start()
         known = {job["metadata"]["uid"] for job in self.jobs.values()}
         orphans = [pod for uid in self.pods.job_uids() if uid not in known for pod in self.pods.of_job(uid)]
         if orphans:
             self._in_background(lambda: self._release_orphans(orphans), "releasing pods whose job is gone")
 
     async def stop(self) -> None:
+        await self.dispatcher.stop()
         for task in [*self._tasks, *self._background]:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._background, return_exceptions=True)
@@ -366,7 +384,17 @@ class Controller:
             verdict = self.tracker.verdict(uid, heartbeat, now)
             liveness[uid] = heard(verdict, hearing)
             deaf = deaf or liveness[uid] is not verdict
-        decision = lifecycle.decide(job, pods, self.clock(), may_start=True, rng=self.rng, liveness=liveness)
+        admission = self.dispatcher.admission(*key)
+        decision = lifecycle.decide(
+            job,
+            pods,
+            self.clock(),
+            may_start=admission.may_start,
+            waiting=(admission.reason, admission.message),
+            rng=self.rng,
+            liveness=liveness,
+        )
+        self.dispatcher.decided(job, admission, decision)
         return decision, deaf
 
     def _schedule(self, key: Key, job_uid: str, deaf: bool) -> None:

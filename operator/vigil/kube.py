@@ -15,7 +15,7 @@ import uuid
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from vigil.api import FINALIZER_ATTEMPT_TRACKING, GROUP, LABEL_JOB_UID, PLURAL, VERSION
+from vigil.api import FINALIZER_ATTEMPT_TRACKING, GROUP, LABEL_JOB_UID, PLURAL, QUEUE_PLURAL, VERSION
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +160,25 @@ class Kube:
                 raise Conflict(f"{namespace}/{name} changed since resourceVersion {resource_version}") from err
             if err.status == 404:
                 raise Gone(f"{namespace}/{name} is gone") from err
+            raise
+
+    async def patch_queue_status(self, namespace: str, name: str, status: dict) -> dict | None:
+        """Merges `status` into a VigilQueue's status (Vigil alone writes it: no precondition);
+        None if the queue is gone."""
+        try:
+            return await asyncio.to_thread(
+                self.custom.patch_namespaced_custom_object_status,
+                GROUP,
+                VERSION,
+                namespace,
+                QUEUE_PLURAL,
+                name,
+                {"status": status},
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return None
             raise
 
     async def read_job(self, namespace: str, name: str) -> dict | None:

@@ -725,6 +725,18 @@ class QueueBook:
         """Every queue that exists or that some tracked job names."""
         return iter(list(self._queues))
 
+    def jobs_of(self, queue_key: QueueKey, standing: Standing) -> list[JobKey]:
+        """The jobs of the queue in `standing` (holding a start aside), O(jobs of the queue): for
+        the rare moments all of them must look again (the queue was created or deleted)."""
+        queue = self._queues.get(queue_key)
+        if queue is None:
+            return []
+        return [(queue_key[0], name) for name, job in queue.jobs.items() if job.tally == standing.value]
+
+    def mark_changed(self, queue_key: QueueKey) -> None:
+        """The queue's status is to be written again (the last write failed)."""
+        self._changed.add(queue_key)
+
     def take_changed(self) -> set[QueueKey]:
         """The queues whose status may have changed since the last call (the shell writes their
         status, batched, at its own pace; oldestQueuedSeconds also moves with time alone)."""

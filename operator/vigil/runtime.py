@@ -51,9 +51,9 @@ def watch_scopes(patterns: Collection[str]) -> tuple[list[str | None], Callable[
 def build_informers(
     reader: ApiReader, controller: Controller, namespaces: Collection[str]
 ) -> tuple[list[Informer], list[Informer]]:
-    """(job informers, pod informers), one of each per watched scope."""
+    """(job and queue informers, pod informers), one of each kind per watched scope."""
     scopes, accept = watch_scopes(namespaces)
-    jobs, pods = [], []
+    jobs, queues, pods = [], [], []
     for scope in scopes:
         where = scope or "all namespaces"
         jobs.append(
@@ -62,6 +62,15 @@ def build_informers(
                 resource_path(api.GROUP, api.VERSION, api.PLURAL, scope),
                 controller.job_delta,
                 name=f"jobs in {where}",
+                accept=accept,
+            )
+        )
+        queues.append(
+            Informer(
+                reader,
+                resource_path(api.GROUP, api.VERSION, api.QUEUE_PLURAL, scope),
+                controller.queue_delta,
+                name=f"queues in {where}",
                 accept=accept,
             )
         )
@@ -75,7 +84,7 @@ def build_informers(
                 accept=accept,
             )
         )
-    return jobs, pods
+    return jobs + queues, pods
 
 
 class OperatorRuntime:
@@ -122,8 +131,8 @@ class OperatorRuntime:
         api_client = client.ApiClient(configuration)
         reader = ApiReader(configuration)
         controller = Controller(Kube(api_client), workers=self.workers)
-        job_informers, pod_informers = build_informers(reader, controller, self.namespaces)
-        informers = job_informers + pod_informers
+        object_informers, pod_informers = build_informers(reader, controller, self.namespaces)
+        informers = object_informers + pod_informers
         controller.hearing = lambda: all(informer.fresh() for informer in pod_informers)
 
         def repair(reason: str) -> None:

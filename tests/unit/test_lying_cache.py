@@ -124,6 +124,7 @@ class World:
             hearing=lambda: self.hearing,
         )
         self.controller.job_seen(copy.deepcopy(self.fake.job))
+        self.controller.dispatcher.listed()  # no VigilQueue: the job's default queue is unlimited
 
     def reconcile(self) -> None:
         asyncio.run(self.controller.reconcile(KEY))
