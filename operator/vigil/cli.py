@@ -13,7 +13,15 @@ from vigil import __version__
 def _operator(args: argparse.Namespace) -> int:
     from vigil.runtime import OperatorRuntime
 
-    runtime = OperatorRuntime(namespaces=args.namespace, workers=args.workers, health_address=args.health_address)
+    webhook = None
+    if args.webhook_address:
+        if not (args.webhook_cert_file and args.webhook_key_file):
+            print("vigil operator: --webhook-address needs --webhook-cert-file and --webhook-key-file", file=sys.stderr)
+            return 2
+        webhook = (args.webhook_address, args.webhook_cert_file, args.webhook_key_file)
+    runtime = OperatorRuntime(
+        namespaces=args.namespace, workers=args.workers, health_address=args.health_address, webhook=webhook
+    )
 
     def stop(signum: int, _frame: object) -> None:
         logging.getLogger("vigil").info("received %s: stopping", signal.Signals(signum).name)
@@ -50,6 +58,15 @@ def main(argv: list[str] | None = None) -> int:
         help="serve http://HOST:PORT/healthz (the process works) and /readyz (every watch has listed "
         "and is fresh) (default: none)",
     )
+    operator.add_argument(
+        "--webhook-address",
+        metavar="HOST:PORT",
+        default=None,
+        help="serve the admission webhook (queue backpressure, maxQueued) over HTTPS at "
+        "https://HOST:PORT/validate-vigiljob (default: none; see docs/admission.md)",
+    )
+    operator.add_argument("--webhook-cert-file", metavar="FILE", help="the webhook's TLS certificate (PEM)")
+    operator.add_argument("--webhook-key-file", metavar="FILE", help="the webhook's TLS key (PEM)")
     operator.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default: info"
     )

@@ -17,15 +17,19 @@ import fnmatch
 import logging
 import threading
 from collections.abc import Callable, Collection, Mapping
+from typing import Any
 
 from aiohttp import web
 from kubernetes import client, config
 
 from vigil import api
+from vigil.admission import Pending
 from vigil.controller import Controller
 from vigil.informer import Informer
 from vigil.kube import Kube
+from vigil.queueing import Standing
 from vigil.streaming import ApiReader, resource_path
+from vigil.webhook import WebhookServer
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +94,17 @@ def build_informers(
 class OperatorRuntime:
     """Vigil's watches plus its controller, in a thread; start and stop from anywhere."""
 
-    def __init__(self, namespaces: Collection[str] = (), workers: int = 4, health_address: str | None = None) -> None:
+    def __init__(
+        self,
+        namespaces: Collection[str] = (),
+        workers: int = 4,
+        health_address: str | None = None,
+        webhook: tuple[str, str, str] | None = None,
+    ) -> None:
         self.namespaces = tuple(namespaces)
         self.workers = workers
         self.health_address = health_address
+        self.webhook = webhook  # (HOST:PORT, certificate file, key file) of the admission webhook
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
@@ -142,6 +153,7 @@ class OperatorRuntime:
         controller.on_missed = repair
         watches = [asyncio.create_task(informer.run(), name=informer.name) for informer in informers]
         health = await _serve_health(self.health_address, informers) if self.health_address else None
+        webhook = await _serve_webhook(self.webhook, controller) if self.webhook else None
         try:
             synced = asyncio.gather(*(informer.synced.wait() for informer in informers))
             stopping = asyncio.ensure_future(self._stopping.wait())
@@ -161,8 +173,30 @@ class OperatorRuntime:
             await controller.stop()
             if health is not None:
                 await health.cleanup()
+            if webhook is not None:
+                await webhook.stop()
             await reader.close()
             api_client.close()
+
+
+async def _serve_webhook(where: tuple[str, str, str], controller: Controller) -> WebhookServer:
+    """The admission webhook, answering from the controller's queue book: a job is refused while
+    its queue holds maxQueued waiting jobs, counting those admitted but not yet watched."""
+    book, pending = controller.dispatcher.book, Pending()
+
+    def lookup(namespace: str, queue: str) -> tuple[Any, int]:  # memory only, no await (admission.py)
+        key = (namespace, queue)
+        return book.spec(key), book.count(key, Standing.QUEUED)
+
+    def seen(namespace: str, name: str, uid: str | None) -> None:
+        pending.seen(namespace, name, uid or "")
+
+    controller.on_job = seen
+    server = WebhookServer(lookup, pending, exists=lambda namespace, name: (namespace, name) in controller.jobs)
+    address, cert_file, key_file = where
+    await server.start(address, cert_file, key_file)
+    log.info("admission webhook listening on %s", address)
+    return server
 
 
 async def _serve_health(address: str, informers: list[Informer]) -> web.AppRunner:
