@@ -47,10 +47,11 @@ class ApiReader:
 
     def _headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json", "User-Agent": "vigil-operator"}
-        # Called per request: an in-cluster token is re-read by the Configuration's refresh hook.
-        token = self.configuration.get_api_key_with_prefix("authorization")
-        if token:
-            headers["Authorization"] = token
+        # Asked per request, as the official client does: an in-cluster token is re-read by the
+        # Configuration's refresh hook.
+        bearer = self.configuration.auth_settings().get("BearerToken")
+        if bearer and bearer.get("value"):
+            headers["Authorization"] = bearer["value"]
         return headers
 
     @property
