@@ -20,7 +20,11 @@ def _operator(args: argparse.Namespace) -> int:
             return 2
         webhook = (args.webhook_address, args.webhook_cert_file, args.webhook_key_file)
     runtime = OperatorRuntime(
-        namespaces=args.namespace, workers=args.workers, health_address=args.health_address, webhook=webhook
+        namespaces=args.namespace,
+        workers=args.workers,
+        health_address=args.health_address,
+        webhook=webhook,
+        metrics_address=args.metrics_address,
     )
 
     def stop(signum: int, _frame: object) -> None:
@@ -57,6 +61,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="serve http://HOST:PORT/healthz (the process works) and /readyz (every watch has listed "
         "and is fresh) (default: none)",
+    )
+    operator.add_argument(
+        "--metrics-address",
+        metavar="HOST:PORT",
+        default=None,
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (default: none)",
     )
     operator.add_argument(
         "--webhook-address",

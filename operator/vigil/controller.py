@@ -26,6 +26,7 @@ from vigil import actions, api, confirm, failures, lifecycle, podstate
 from vigil.dispatcher import Dispatcher
 from vigil.kube import Conflict, Gone, Kube, Refused
 from vigil.liveness import HeartbeatTracker, beat_stamp_due, heard
+from vigil.metrics import CONTROLLER, Metrics, count_transition
 from vigil.podcache import PodCache, job_uid_of
 from vigil.seen import Delta
 from vigil.workqueue import WorkQueue
@@ -121,8 +122,10 @@ class Controller:
         rng: random.Random | None = None,
         hearing: Callable[[], bool] = lambda: True,
         on_missed: Callable[[str], None] = lambda reason: None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.kube = kube
+        self.metrics = metrics or getattr(kube, "metrics", None) or Metrics()
         self.workers = workers
         self.clock = clock
         self.monotonic = monotonic
@@ -139,11 +142,15 @@ class Controller:
         self._orphan_checks: set[str] = set()  # pod UIDs whose job is being looked up
         self._fingerprints: dict[str, int] = {}  # pod UID -> what of it, beats aside, decide() reads
         self._heartbeats: dict[Key, api.Heartbeat] = {}  # each job's spec.heartbeat, parsed
-        self.queue: WorkQueue[Key] = WorkQueue()
+        self.queue: WorkQueue[Key] = WorkQueue(
+            on_add=self.metrics.workqueue_adds.labels(CONTROLLER).inc,
+            on_wait=self.metrics.workqueue_queue_duration.labels(CONTROLLER).observe,
+        )
         self.dispatcher = Dispatcher(
             wake=self.queue.add,
             write_status=lambda namespace, name, status: self.kube.patch_queue_status(namespace, name, status),
             clock=clock,
+            metrics=self.metrics,
         )
         self._failures: dict[Key, int] = {}
         self._strangers: dict[Key, Mapping[str, Any]] = {}  # pods bearing an attempt's name, not ours
@@ -219,7 +226,12 @@ class Controller:
             if not self.pods.watched(pod):
                 return  # older than what a direct read showed
             self._check_orphan(pod)
+            beats = self.tracker.beats
             beat = self.tracker.observe(pod, self.monotonic(), self.clock())
+            if self.tracker.beats > beats:
+                self.metrics.heartbeats.inc()
+                if self.tracker.last_gap is not None:  # not the pod's first beat
+                    self.metrics.heartbeat_gap.observe(self.tracker.last_gap)
             fingerprint = _fingerprint(pod)
             only_a_beat = self._fingerprints.get(uid) == fingerprint
             # A beat alone makes the job worth a look only if the job is in doubt (resume it now,
@@ -302,8 +314,11 @@ class Controller:
         task.add_done_callback(self._background.discard)
 
     async def _work(self) -> None:
+        m = self.metrics
         while True:
             key = await self.queue.get()
+            m.workqueue_depth.labels(CONTROLLER).set(len(self.queue))
+            began, result = time.monotonic(), "success"
             try:
                 await self.reconcile(key)
                 if self._failures.pop(key, None):
@@ -313,14 +328,22 @@ class Controller:
                 self._drop(key)
             except Conflict as err:
                 log.debug("conflict on %s/%s, looking again: %s", *key, err)
+                result = "requeue"
                 self._retry(key, conflict=True)
             except Exception as err:
+                result = "error"
+                m.reconcile_errors.labels(CONTROLLER).inc()
                 await self._report_failure(key, err)
                 self._retry(key)
             finally:
                 self.queue.done(key)
+                elapsed = time.monotonic() - began
+                m.reconcile_total.labels(CONTROLLER, result).inc()
+                m.reconcile_time.labels(CONTROLLER).observe(elapsed)
+                m.workqueue_work_duration.labels(CONTROLLER).observe(elapsed)
 
     def _retry(self, key: Key, *, conflict: bool = False) -> None:
+        self.metrics.workqueue_retries.labels(CONTROLLER).inc()
         count = self._failures[key] = self._failures.get(key, 0) + 1
         self.queue.add_after(key, failures.retry_delay(count, self.rng, conflict=conflict))
 
@@ -453,6 +476,15 @@ class Controller:
         match action:
             case actions.PatchStatus(status=status, resource_version=rv):
                 updated = await self.kube.patch_job_status(namespace, name, rv or "", status)
+                spec = job.get("spec") or {}
+                count_transition(
+                    self.metrics,
+                    job.get("status") or {},
+                    updated.get("status") or {},
+                    queue=(namespace, spec.get("queue") or api.DEFAULT_QUEUE),
+                    created=job["metadata"].get("creationTimestamp"),
+                    now=self.clock(),
+                )
                 self.job_seen(updated)
                 return updated
             case actions.CreatePod(manifest=manifest):

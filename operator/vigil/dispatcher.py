@@ -19,6 +19,7 @@ from typing import Any
 from vigil import api, queueing
 from vigil.actions import Decision, PatchStatus
 from vigil.conditions import set_condition
+from vigil.metrics import Metrics
 from vigil.queueing import Admission, QueueBook, QueueKey, Standing, queue_status, view_of
 from vigil.seen import Delta
 
@@ -48,8 +49,10 @@ class Dispatcher:
         wake: Callable[[Key], None],
         write_status: Callable[[str, str, dict[str, Any]], Awaitable[Any]],
         clock: Callable[[], dt.datetime],
+        metrics: Metrics | None = None,
     ) -> None:
         self.book = QueueBook()
+        self.metrics = metrics or Metrics()
         self.wake = wake  # puts a job's key in the work queue
         self.write_status = write_status  # (namespace, queue, status patch)
         self.clock = clock
@@ -103,7 +106,22 @@ class Dispatcher:
     def admission(self, namespace: str, name: str) -> Admission:
         if not self._started:  # never before every watch listed: running would be undercounted
             return Admission(False, "WaitingForQueue", "the operator is still listing what runs")
-        return self.book.admission(namespace, name, self._now())
+        admission = self.book.admission(namespace, name, self._now())
+        if admission.reason == "RetryBudgetExhausted":
+            queue = self.book.queue_of(namespace, name)
+            if queue is not None:
+                self.metrics.queue_budget_delays.labels(*queue).inc()
+        return admission
+
+    def queue_numbers(self) -> list[tuple[str, str, dict[str, int]]]:
+        """(namespace, queue, numbers) of every VigilQueue, for the metrics collector."""
+        now, numbers = self._now(), []
+        for key in list(self.queues):
+            status = queue_status(self.book, key, now)
+            spec = self.book.spec(key)
+            if status is not None and spec is not None:
+                numbers.append((*key, {**status.numbers(), "maxRunning": spec.max_running}))
+        return numbers
 
     def decided(self, job: Mapping[str, Any], admission: Admission, decision: Decision) -> None:
         """Gives a start back when the decision reserved no attempt with it (a NoOverlap pod that

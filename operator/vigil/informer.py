@@ -78,8 +78,10 @@ class Informer:
         progress_deadline: float = PROGRESS_DEADLINE_SECONDS,
         monotonic: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        on_relist: Callable[[], None] = lambda: None,
     ) -> None:
         self.reader, self.path, self.on_delta, self.name = reader, path, on_delta, name
+        self.on_relist = on_relist
         self.params = dict(params or {})
         self.accept = accept  # a client-side filter (namespace globs)
         self.watch_seconds = watch_seconds
@@ -149,6 +151,7 @@ class Informer:
         deltas = self.seen.relist(strip(item) for item in items if self.accept(item))
         if self.synced.is_set():
             self.relists += 1
+            self.on_relist()
             gone = sum(delta.kind == "delete" for delta in deltas)
             log.info("%s: listed again at %s: %d changes, %d gone meanwhile", self.name, version, len(deltas), gone)
         self._resource_version = version

@@ -11,11 +11,13 @@ import datetime as dt
 import json
 import logging
 import uuid
+from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from vigil.api import FINALIZER_ATTEMPT_TRACKING, GROUP, LABEL_JOB_UID, PLURAL, QUEUE_PLURAL, VERSION
+from vigil.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +55,16 @@ def _refusal(err: ApiException) -> Refused:
 class Kube:
     """Vigil's writes. Each method returns once the write is done or found already done."""
 
-    def __init__(self, api: client.ApiClient):
+    def __init__(self, api: client.ApiClient, metrics: Metrics | None = None):
         self.api = api
+        self.metrics = metrics or Metrics()
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
+
+    async def _call(self, verb: str, resource: str, function: Any, *args: Any, **kwargs: Any) -> Any:
+        """One call of the synchronous client, in a thread, timed and counted by verb."""
+        with self.metrics.timed_request(verb, resource):
+            return await asyncio.to_thread(function, *args, **kwargs)
 
     # --- pods ---------------------------------------------------------------------------
 
@@ -64,8 +72,8 @@ class Kube:
         """Creates the pod; None when a pod of that name exists already (deterministic names
         make that the same attempt, or a stranger the core will refuse to adopt)."""
         try:
-            pod = await asyncio.to_thread(
-                self.core.create_namespaced_pod, namespace, manifest, _request_timeout=REQUEST_TIMEOUT
+            pod = await self._call(
+                "create", "pods", self.core.create_namespaced_pod, namespace, manifest, _request_timeout=REQUEST_TIMEOUT
             )
         except ApiException as err:
             if err.status == 409:
@@ -77,8 +85,8 @@ class Kube:
 
     async def read_pod(self, namespace: str, name: str) -> dict | None:
         try:
-            pod = await asyncio.to_thread(
-                self.core.read_namespaced_pod, name, namespace, _request_timeout=REQUEST_TIMEOUT
+            pod = await self._call(
+                "get", "pods", self.core.read_namespaced_pod, name, namespace, _request_timeout=REQUEST_TIMEOUT
             )
         except ApiException as err:
             if err.status == 404:
@@ -89,7 +97,9 @@ class Kube:
     async def list_job_pods(self, namespace: str, job_uid: str) -> list[dict]:
         """The job's pods as the API server has them now (a consistent read, not the watch cache):
         the source of truth Vigil asks before anything destructive."""
-        pods = await asyncio.to_thread(
+        pods = await self._call(
+            "list",
+            "pods",
             self.core.list_namespaced_pod,
             namespace,
             label_selector=f"{LABEL_JOB_UID}={job_uid}",
@@ -102,8 +112,14 @@ class Kube:
         replaced is left alone."""
         patch = {"metadata": {"uid": uid, "$deleteFromPrimitiveList/finalizers": [FINALIZER_ATTEMPT_TRACKING]}}
         try:
-            await asyncio.to_thread(
-                self.core.patch_namespaced_pod, name, namespace, patch, _request_timeout=REQUEST_TIMEOUT
+            await self._call(
+                "patch",
+                "pods",
+                self.core.patch_namespaced_pod,
+                name,
+                namespace,
+                patch,
+                _request_timeout=REQUEST_TIMEOUT,
             )
         except ApiException as err:
             if err.status in (404, 409):
@@ -118,8 +134,14 @@ class Kube:
             propagation_policy="Background",
         )
         try:
-            await asyncio.to_thread(
-                self.core.delete_namespaced_pod, name, namespace, body=body, _request_timeout=REQUEST_TIMEOUT
+            await self._call(
+                "delete",
+                "pods",
+                self.core.delete_namespaced_pod,
+                name,
+                namespace,
+                body=body,
+                _request_timeout=REQUEST_TIMEOUT,
             )
         except ApiException as err:
             if err.status in (404, 409):
@@ -130,8 +152,14 @@ class Kube:
         """Merges annotations into the pod of that uid; a pod gone or replaced is left alone."""
         patch = {"metadata": {"uid": uid, "annotations": annotations}}  # the uid acts as a precondition
         try:
-            await asyncio.to_thread(
-                self.core.patch_namespaced_pod, name, namespace, patch, _request_timeout=REQUEST_TIMEOUT
+            await self._call(
+                "patch",
+                "pods",
+                self.core.patch_namespaced_pod,
+                name,
+                namespace,
+                patch,
+                _request_timeout=REQUEST_TIMEOUT,
             )
         except ApiException as err:
             if err.status in (404, 409):
@@ -145,7 +173,9 @@ class Kube:
         The precondition is what makes a decision taken on a stale read harmless."""
         patch = {"metadata": {"resourceVersion": resource_version}, "status": status}
         try:
-            return await asyncio.to_thread(
+            return await self._call(
+                "patch",
+                "vigiljobs/status",
                 self.custom.patch_namespaced_custom_object_status,
                 GROUP,
                 VERSION,
@@ -166,7 +196,9 @@ class Kube:
         """Merges `status` into a VigilQueue's status (Vigil alone writes it: no precondition);
         None if the queue is gone."""
         try:
-            return await asyncio.to_thread(
+            return await self._call(
+                "patch",
+                "vigilqueues/status",
                 self.custom.patch_namespaced_custom_object_status,
                 GROUP,
                 VERSION,
@@ -183,7 +215,9 @@ class Kube:
 
     async def read_job(self, namespace: str, name: str) -> dict | None:
         try:
-            return await asyncio.to_thread(
+            return await self._call(
+                "get",
+                "vigiljobs",
                 self.custom.get_namespaced_custom_object,
                 GROUP,
                 VERSION,
@@ -199,7 +233,9 @@ class Kube:
 
     async def patch_job_labels(self, namespace: str, name: str, labels: dict[str, str | None]) -> dict | None:
         try:
-            return await asyncio.to_thread(
+            return await self._call(
+                "patch",
+                "vigiljobs",
                 self.custom.patch_namespaced_custom_object,
                 GROUP,
                 VERSION,
@@ -217,7 +253,9 @@ class Kube:
     async def delete_job(self, namespace: str, name: str, uid: str) -> None:
         body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid), propagation_policy="Background")
         try:
-            await asyncio.to_thread(
+            await self._call(
+                "delete",
+                "vigiljobs",
                 self.custom.delete_namespaced_custom_object,
                 GROUP,
                 VERSION,
@@ -260,8 +298,13 @@ class Kube:
             reporting_instance="vigil",
         )
         try:
-            await asyncio.to_thread(
-                self.core.create_namespaced_event, meta["namespace"], event, _request_timeout=REQUEST_TIMEOUT
+            await self._call(
+                "create",
+                "events",
+                self.core.create_namespaced_event,
+                meta["namespace"],
+                event,
+                _request_timeout=REQUEST_TIMEOUT,
             )
         except ApiException as err:
             log.warning("could not post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], err.reason)

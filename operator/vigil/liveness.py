@@ -121,6 +121,10 @@ class HeartbeatTracker:
 
     def __init__(self) -> None:
         self._pods: dict[str, _Seen] = {}
+        # Seconds between the last beat observe() saw and the one before it of the same pod (None
+        # for a pod's first beat), for the heartbeat-gap histogram.
+        self.last_gap: float | None = None
+        self.beats = 0  # new heartbeat values observed, in all
 
     def __len__(self) -> int:
         return len(self._pods)
@@ -154,6 +158,8 @@ class HeartbeatTracker:
             seen.running_since = now
             changed = True
         if beat is not None and beat != seen.beat:
+            self.last_gap = now - seen.beat_at if seen.beat_at is not None else None
+            self.beats += 1
             seen.beat = beat
             # max(): a caller that passes an earlier `now` late must not move silence backwards
             seen.beat_at = now if seen.beat_at is None else max(now, seen.beat_at)

@@ -21,12 +21,14 @@ from typing import Any
 
 from aiohttp import web
 from kubernetes import client, config
+from prometheus_client.aiohttp import make_aiohttp_handler
 
 from vigil import api
 from vigil.admission import Pending
 from vigil.controller import Controller
 from vigil.informer import Informer
 from vigil.kube import Kube
+from vigil.metrics import Metrics, StateCollector
 from vigil.queueing import Standing
 from vigil.streaming import ApiReader, resource_path
 from vigil.webhook import WebhookServer
@@ -55,6 +57,7 @@ def watch_scopes(patterns: Collection[str]) -> tuple[list[str | None], Callable[
 def build_informers(
     reader: ApiReader, controller: Controller, namespaces: Collection[str]
 ) -> tuple[list[Informer], list[Informer]]:
+    relists = controller.metrics.watch_relists
     """(job and queue informers, pod informers), one of each kind per watched scope."""
     scopes, accept = watch_scopes(namespaces)
     jobs, queues, pods = [], [], []
@@ -67,6 +70,7 @@ def build_informers(
                 controller.job_delta,
                 name=f"jobs in {where}",
                 accept=accept,
+                on_relist=relists.labels(api.PLURAL).inc,
             )
         )
         queues.append(
@@ -76,6 +80,7 @@ def build_informers(
                 controller.queue_delta,
                 name=f"queues in {where}",
                 accept=accept,
+                on_relist=relists.labels(api.QUEUE_PLURAL).inc,
             )
         )
         pods.append(
@@ -86,6 +91,7 @@ def build_informers(
                 params={"labelSelector": api.LABEL_JOB_UID},
                 name=f"pods in {where}",
                 accept=accept,
+                on_relist=relists.labels("pods").inc,
             )
         )
     return jobs + queues, pods
@@ -100,11 +106,13 @@ class OperatorRuntime:
         workers: int = 4,
         health_address: str | None = None,
         webhook: tuple[str, str, str] | None = None,
+        metrics_address: str | None = None,
     ) -> None:
         self.namespaces = tuple(namespaces)
         self.workers = workers
         self.health_address = health_address
         self.webhook = webhook  # (HOST:PORT, certificate file, key file) of the admission webhook
+        self.metrics_address = metrics_address
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
@@ -141,7 +149,12 @@ class OperatorRuntime:
         configuration = _client_configuration()
         api_client = client.ApiClient(configuration)
         reader = ApiReader(configuration)
-        controller = Controller(Kube(api_client), workers=self.workers)
+        metrics = Metrics()
+        controller = Controller(Kube(api_client, metrics), workers=self.workers, metrics=metrics)
+        metrics.collect_from(
+            StateCollector(lambda: list(controller.jobs.values()), controller.dispatcher.queue_numbers)
+        )
+        metrics.leader.labels("vigil").set(1)  # no election yet: this process acts
         object_informers, pod_informers = build_informers(reader, controller, self.namespaces)
         informers = object_informers + pod_informers
         controller.hearing = lambda: all(informer.fresh() for informer in pod_informers)
@@ -154,6 +167,7 @@ class OperatorRuntime:
         watches = [asyncio.create_task(informer.run(), name=informer.name) for informer in informers]
         health = await _serve_health(self.health_address, informers) if self.health_address else None
         webhook = await _serve_webhook(self.webhook, controller) if self.webhook else None
+        scrape = await _serve_metrics(self.metrics_address, metrics) if self.metrics_address else None
         try:
             synced = asyncio.gather(*(informer.synced.wait() for informer in informers))
             stopping = asyncio.ensure_future(self._stopping.wait())
@@ -175,6 +189,8 @@ class OperatorRuntime:
                 await health.cleanup()
             if webhook is not None:
                 await webhook.stop()
+            if scrape is not None:
+                await scrape.cleanup()
             await reader.close()
             api_client.close()
 
@@ -197,6 +213,17 @@ async def _serve_webhook(where: tuple[str, str, str], controller: Controller) ->
     await server.start(address, cert_file, key_file)
     log.info("admission webhook listening on %s", address)
     return server
+
+
+async def _serve_metrics(address: str, metrics: Metrics) -> web.AppRunner:
+    """/metrics in Prometheus' text format."""
+    app = web.Application()
+    app.add_routes([web.get("/metrics", make_aiohttp_handler(metrics.registry))])
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    host, _, port = address.rpartition(":")
+    await web.TCPSite(runner, host or "0.0.0.0", int(port)).start()
+    return runner
 
 
 async def _serve_health(address: str, informers: list[Informer]) -> web.AppRunner:

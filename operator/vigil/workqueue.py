@@ -6,14 +6,22 @@ afterwards. Delayed adds keep only the earliest pending time per key.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable
+import time
+from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 
 
 class WorkQueue(Generic[K]):
-    def __init__(self) -> None:
+    """`on_add()` is called for every add that enqueues, `on_wait(seconds)` with how long a key
+    waited when a worker takes it (for the workqueue_* metrics)."""
+
+    def __init__(
+        self, on_add: Callable[[], None] = lambda: None, on_wait: Callable[[float], None] = lambda seconds: None
+    ) -> None:
+        self.on_add, self.on_wait = on_add, on_wait
+        self._added_at: dict[K, float] = {}
         self._queue: asyncio.Queue[K] = asyncio.Queue()
         self._waiting: set[K] = set()  # in _queue
         self._processing: set[K] = set()
@@ -25,7 +33,9 @@ class WorkQueue(Generic[K]):
             self._dirty.add(key)
         elif key not in self._waiting:
             self._waiting.add(key)
+            self._added_at[key] = time.monotonic()
             self._queue.put_nowait(key)
+            self.on_add()
 
     def add_after(self, key: K, seconds: float) -> None:
         """Adds the key after `seconds`, unless an earlier delayed add is already pending."""
@@ -48,6 +58,9 @@ class WorkQueue(Generic[K]):
     async def get(self) -> K:
         key = await self._queue.get()
         self._waiting.discard(key)
+        added = self._added_at.pop(key, None)
+        if added is not None:
+            self.on_wait(time.monotonic() - added)
         self._processing.add(key)
         return key
 

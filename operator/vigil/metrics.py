@@ -1,0 +1,262 @@
+"""Prometheus metrics of the operator, with prometheus-client.
+
+Generic controller metrics under the names dashboards for Kubernetes controllers already use
+(client-go's workqueue, controller-runtime's reconcile, leader election), and Vigil's own under
+`vigil_`. No label ever has unbounded cardinality: never a job or pod name; queues are labelled
+by namespace and queue name (a handful per namespace, chosen by people).
+
+`Metrics` holds every metric on its own registry, so that two operators in one process (tests)
+do not collide. Counts that are states (jobs by phase, queue depth) are read from the caches at
+scrape time by collectors, so they can never drift from what the operator holds. Counts of
+events are incremented where they happen; `count_transition` derives them from a job's status
+before and after a write, purely.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from datetime import datetime
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from vigil import api
+
+disable_created_metrics()  # the *_created series double what is scraped and no dashboard reads them
+
+CONTROLLER = "vigiljob"
+# Seconds: from a hundredth of a second (a watch's latency) to an hour (a long queue wait).
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+DURATION_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
+GAP_BUCKETS = (0.5, 1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 300)
+
+
+class Metrics:
+    """Every metric of one operator, on `registry`."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        # client-go workqueue (label `name`), controller-runtime reconcile (label `controller`)
+        self.workqueue_depth = Gauge("workqueue_depth", "Current depth of the work queue.", ["name"], registry=r)
+        self.workqueue_adds = Counter("workqueue_adds_total", "Adds handled by the work queue.", ["name"], registry=r)
+        self.workqueue_queue_duration = Histogram(
+            "workqueue_queue_duration_seconds",
+            "How long a key stays in the work queue before it is processed.",
+            ["name"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.workqueue_work_duration = Histogram(
+            "workqueue_work_duration_seconds",
+            "How long processing a key takes.",
+            ["name"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.workqueue_retries = Counter(
+            "workqueue_retries_total", "Retries (rate-limited re-adds) handled by the work queue.", ["name"], registry=r
+        )
+        self.reconcile_total = Counter(
+            "controller_runtime_reconcile_total",
+            "Reconciliations per controller and result (success, error, requeue).",
+            ["controller", "result"],
+            registry=r,
+        )
+        self.reconcile_errors = Counter(
+            "controller_runtime_reconcile_errors_total", "Reconciliation errors.", ["controller"], registry=r
+        )
+        self.reconcile_time = Histogram(
+            "controller_runtime_reconcile_time_seconds",
+            "Time per reconciliation.",
+            ["controller"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.leader = Gauge(
+            "leader_election_master_status",
+            "1 while this process leads (or runs without election), 0 while it stands by.",
+            ["name"],
+            registry=r,
+        )
+        # Vigil's own
+        self.attempts_started = Counter("vigil_attempts_started_total", "Attempts started.", registry=r)
+        self.attempts_finished = Counter(
+            "vigil_attempts_finished_total", "Attempts finished, by outcome.", ["outcome"], registry=r
+        )
+        self.attempt_duration = Histogram(
+            "vigil_attempt_duration_seconds",
+            "From an attempt's start to its outcome, by outcome.",
+            ["outcome"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.retries = Counter(
+            "vigil_retries_total", "Retries scheduled, by the outcome that caused them.", ["reason"], registry=r
+        )
+        self.uncertain = Counter(
+            "vigil_attempts_uncertain_total", "Times an attempt became Uncertain (heartbeats late).", registry=r
+        )
+        self.lost = Counter("vigil_attempts_lost_total", "Attempts declared Lost, by reason.", ["reason"], registry=r)
+        self.dead_letters = Counter(
+            "vigil_dead_letters_total", "Jobs dead-lettered, by reason.", ["reason"], registry=r
+        )
+        self.heartbeats = Counter("vigil_heartbeats_total", "Heartbeats observed (new annotation values).", registry=r)
+        self.heartbeat_gap = Histogram(
+            "vigil_heartbeat_gap_seconds",
+            "Seconds between two beats of one attempt, on the operator's clock: the leading indicator "
+            "of trouble (gaps grow before attempts become Uncertain).",
+            buckets=GAP_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "vigil_queue_wait_seconds",
+            "From when a job could start (created, or its backoff over) to its attempt's start.",
+            ["namespace", "queue"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_starts = Counter(
+            "vigil_queue_starts_total", "Starts a queue gave.", ["namespace", "queue"], registry=r
+        )
+        self.queue_budget_delays = Counter(
+            "vigil_queue_retry_budget_delays_total",
+            "Looks at a due retry that waited for the queue's retry budget.",
+            ["namespace", "queue"],
+            registry=r,
+        )
+        self.queue_refusals = Counter(
+            "vigil_queue_admission_refusals_total",
+            "New jobs refused by admission because their queue was full (maxQueued).",
+            ["namespace", "queue"],
+            registry=r,
+        )
+        self.api_latency = Histogram(
+            "vigil_api_request_duration_seconds",
+            "Latency of the operator's requests to the API server, by verb and resource.",
+            ["verb", "resource"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.api_errors = Counter(
+            "vigil_api_request_errors_total",
+            "Requests to the API server that failed, by verb, resource and HTTP code (0: no answer).",
+            ["verb", "resource", "code"],
+            registry=r,
+        )
+        self.watch_relists = Counter(
+            "vigil_watch_relists_total",
+            "Lists after the first, by resource: each a moment the watch was not trusted.",
+            ["resource"],
+            registry=r,
+        )
+
+    def collect_from(self, collector: Collector) -> None:
+        self.registry.register(collector)
+
+    def timed_request(self, verb: str, resource: str) -> _Timed:
+        """`with metrics.timed_request("patch", "pods"):` times the call and counts its failure."""
+        return _Timed(self, verb, resource)
+
+
+class _Timed:
+    def __init__(self, metrics: Metrics, verb: str, resource: str) -> None:
+        self.metrics, self.verb, self.resource = metrics, verb, resource
+
+    def __enter__(self) -> _Timed:
+        self.began = time.monotonic()
+        return self
+
+    def __exit__(self, kind: Any, error: Any, _trace: Any) -> None:
+        self.metrics.api_latency.labels(self.verb, self.resource).observe(time.monotonic() - self.began)
+        if error is not None:
+            code = str(getattr(error, "status", 0) or 0)
+            self.metrics.api_errors.labels(self.verb, self.resource, code).inc()
+
+
+class StateCollector(Collector):
+    """Gauges read from the caches at scrape time: jobs by phase, attempts Uncertain, queues."""
+
+    def __init__(
+        self,
+        jobs: Callable[[], Iterable[Mapping[str, Any]]],
+        queues: Callable[[], Iterable[tuple[str, str, Mapping[str, int]]]],
+    ) -> None:
+        self.jobs, self.queues = jobs, queues
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        phases = Tally(((job.get("status") or {}).get("phase") or "New") for job in self.jobs())
+        by_phase = GaugeMetricFamily("vigil_jobs", "VigilJobs the operator holds, by phase.", labels=["phase"])
+        for phase in ("New", *api.Phase.__args__):  # every phase, zeros included: absent is not zero
+            by_phase.add_metric([phase], phases.get(phase, 0))
+        yield by_phase
+        uncertain = GaugeMetricFamily("vigil_attempts_uncertain", "Attempts Uncertain now.")
+        uncertain.add_metric([], phases.get("Uncertain", 0))
+        yield uncertain
+        families = {
+            "queued": GaugeMetricFamily("vigil_queue_depth", "Jobs waiting to start.", labels=["namespace", "queue"]),
+            "running": GaugeMetricFamily("vigil_queue_running", "Attempts running.", labels=["namespace", "queue"]),
+            "backingOff": GaugeMetricFamily(
+                "vigil_queue_backing_off", "Jobs in backoff.", labels=["namespace", "queue"]
+            ),
+            "oldestQueuedSeconds": GaugeMetricFamily(
+                "vigil_queue_oldest_wait_seconds", "Wait of the first job in line.", labels=["namespace", "queue"]
+            ),
+            "maxRunning": GaugeMetricFamily(
+                "vigil_queue_max_running", "The queue's spec.maxRunning.", labels=["namespace", "queue"]
+            ),
+        }
+        for namespace, queue, numbers in self.queues():
+            for field, family in families.items():
+                if field in numbers:
+                    family.add_metric([namespace, queue], numbers[field])
+        yield from families.values()
+
+
+def count_transition(
+    metrics: Metrics,
+    before: Mapping[str, Any],
+    after: Mapping[str, Any],
+    *,
+    queue: tuple[str, str],
+    created: Any,
+    now: datetime,
+) -> None:
+    """Counts what a status write did to a job: attempts started and finished, retries, Lost,
+    Uncertain, dead letters, the queue wait of a start. `before` and `after` are statuses;
+    `created` is the job's creationTimestamp (a first attempt could start from then on)."""
+    started = int(after.get("attempts") or 0) - int(before.get("attempts") or 0)
+    if started > 0:
+        metrics.attempts_started.inc(started)
+        metrics.queue_starts.labels(*queue).inc(started)
+        ready = before.get("nextAttemptAt") or (created if not before.get("attempts") else None)
+        if ready:
+            metrics.queue_wait.labels(*queue).observe(max(0.0, (now - _time(ready)).total_seconds()))
+    known = {record.get("number") for record in before.get("history") or []}
+    for record in after.get("history") or []:
+        if record.get("number") in known:
+            continue
+        outcome = record.get("outcome") or "Unknown"
+        metrics.attempts_finished.labels(outcome).inc()
+        if record.get("startedAt") and record.get("finishedAt"):
+            seconds = (_time(record["finishedAt"]) - _time(record["startedAt"])).total_seconds()
+            metrics.attempt_duration.labels(outcome).observe(max(0.0, seconds))
+        if outcome == "Lost":
+            metrics.lost.labels(record.get("reason") or "Unknown").inc()
+    phase, was = after.get("phase"), before.get("phase")
+    if phase == was:
+        return
+    if phase == "BackingOff" and after.get("history"):
+        metrics.retries.labels(after["history"][-1].get("outcome") or "Unknown").inc()
+    elif phase == "Uncertain":
+        metrics.uncertain.inc()
+    elif phase == "DeadLettered":
+        metrics.dead_letters.labels(after.get("reason") or "Unknown").inc()
+
+
+def _time(value: Any) -> datetime:
+    return value if isinstance(value, datetime) else datetime.fromisoformat(str(value))

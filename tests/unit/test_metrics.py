@@ -1,0 +1,82 @@
+"""Metrics: what a status write counts, and what a scrape shows of the caches."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from prometheus_client import generate_latest
+
+from vigil.metrics import Metrics, StateCollector, count_transition
+
+pytestmark = pytest.mark.unit
+
+NOW = datetime(2025, 3, 1, 12, 1, 0, tzinfo=UTC)
+
+
+def value(metrics: Metrics, name: str, **labels: str) -> float:
+    return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def record(number: int, outcome: str, reason: str = "Error") -> dict:
+    return {
+        "number": number,
+        "outcome": outcome,
+        "reason": reason,
+        "startedAt": "2025-03-01T12:00:00+00:00",
+        "finishedAt": "2025-03-01T12:00:30+00:00",
+    }
+
+
+def test_a_start_a_failure_a_retry_and_a_dead_letter_are_counted_once_each():
+    m = Metrics()
+    queue = {"queue": ("ns", "batch"), "created": "2025-03-01T12:00:50+00:00", "now": NOW}
+    count_transition(m, {}, {"attempts": 1, "phase": "Starting"}, **queue)
+    assert value(m, "vigil_attempts_started_total") == 1
+    assert value(m, "vigil_queue_wait_seconds_sum", namespace="ns", queue="batch") == 10.0
+    failed = {"attempts": 1, "phase": "BackingOff", "history": [record(1, "Failed")]}
+    count_transition(m, {"attempts": 1, "phase": "Running"}, failed, **queue)
+    lost = {
+        "attempts": 2,
+        "phase": "DeadLettered",
+        "reason": "AttemptsExhausted",
+        "history": [record(1, "Failed"), record(2, "Lost", "HeartbeatLost")],
+    }
+    count_transition(m, {**failed, "attempts": 2, "phase": "Running"}, lost, **queue)
+    assert value(m, "vigil_attempts_finished_total", outcome="Failed") == 1, "a record is counted when it appears"
+    assert value(m, "vigil_attempts_finished_total", outcome="Lost") == 1
+    assert value(m, "vigil_attempts_lost_total", reason="HeartbeatLost") == 1
+    assert value(m, "vigil_retries_total", reason="Failed") == 1
+    assert value(m, "vigil_dead_letters_total", reason="AttemptsExhausted") == 1
+    assert value(m, "vigil_attempt_duration_seconds_sum", outcome="Lost") == 30.0
+
+
+def test_a_scrape_shows_jobs_by_phase_and_queues_without_any_job_name():
+    m = Metrics()
+    jobs = [
+        {"metadata": {"name": f"secret-job-{i}"}, "status": {"phase": phase}}
+        for i, phase in enumerate(["Running", "Running", "Uncertain", "Queued"])
+    ]
+    m.collect_from(
+        StateCollector(lambda: jobs, lambda: [("ns", "batch", {"queued": 4, "running": 2, "maxRunning": 2})])
+    )
+    assert value(m, "vigil_jobs", phase="Running") == 2
+    assert value(m, "vigil_jobs", phase="DeadLettered") == 0, "every phase is shown, zeros included"
+    assert value(m, "vigil_attempts_uncertain") == 1
+    assert value(m, "vigil_queue_depth", namespace="ns", queue="batch") == 4
+    assert value(m, "vigil_queue_max_running", namespace="ns", queue="batch") == 2
+    assert b"secret-job" not in generate_latest(m.registry), "never labelled by job"
+
+
+def test_api_calls_are_timed_and_failures_counted_by_code():
+    m = Metrics()
+
+    class Refused(Exception):
+        status = 403
+
+    with pytest.raises(Refused), m.timed_request("create", "pods"):
+        raise Refused()
+    with m.timed_request("get", "pods"):
+        pass
+    assert value(m, "vigil_api_request_errors_total", verb="create", resource="pods", code="403") == 1
+    assert value(m, "vigil_api_request_duration_seconds_count", verb="get", resource="pods") == 1
