@@ -208,7 +208,12 @@ async def _serve_webhook(where: tuple[str, str, str], controller: Controller) ->
         pending.seen(namespace, name, uid or "")
 
     controller.on_job = seen
-    server = WebhookServer(lookup, pending, exists=lambda namespace, name: (namespace, name) in controller.jobs)
+    server = WebhookServer(
+        lookup,
+        pending,
+        exists=lambda namespace, name: (namespace, name) in controller.jobs,
+        on_refused=lambda namespace, queue: controller.metrics.queue_refusals.labels(namespace, queue).inc(),
+    )
     address, cert_file, key_file = where
     await server.start(address, cert_file, key_file)
     log.info("admission webhook listening on %s", address)

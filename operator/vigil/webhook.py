@@ -63,8 +63,10 @@ class WebhookServer:
         exists: Callable[[str, str], bool] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         reload_seconds: float = CERT_RELOAD_SECONDS,
+        on_refused: Callable[[str, str], None] = lambda namespace, queue: None,
     ) -> None:
         self.lookup = lookup
+        self.on_refused = on_refused  # (namespace, queue) of each refusal, for the metrics
         self.pending = pending if pending is not None else admission.Pending()
         self.exists = exists
         self.monotonic = monotonic
@@ -121,6 +123,8 @@ class WebhookServer:
         self.reviews += 1
         if not answer["response"]["allowed"]:
             self.refusals += 1
+            submission = admission.parse(body)
+            self.on_refused(submission.namespace, submission.queue)
         return web.json_response(answer)
 
     async def _reload(self, context: ssl.SSLContext, cert_file: Path, key_file: Path) -> None:
