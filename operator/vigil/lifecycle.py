@@ -349,6 +349,11 @@ class _Draft:
             "Succeeded": (succeeded, reason, message),
             "DeadLettered": (_bool(status.phase == "DeadLettered"), reason, message),
             "Running": (_bool(status.phase == "Running"), reason, message),
+            # kstatus (Flux, kubectl wait, cli-utils) reads these two: InProgress while Reconciling,
+            # Failed while Stalled, Current when neither is True (observedGeneration caught up).
+            # A suspended job is where its spec asks it to be: not reconciling.
+            "Reconciling": (_bool(status.phase not in ("Succeeded", "DeadLettered", "Suspended")), reason, message),
+            "Stalled": (_bool(status.phase == "DeadLettered"), reason, message),
         }
         conditions = list(status.conditions)
         if not self.spec.heartbeat.required:  # liveness is the pod phase alone: nothing to say

@@ -92,7 +92,16 @@ def test_a_new_job_reserves_attempt_1_in_status_before_creating_its_pod() -> Non
 def test_a_new_job_gets_conditions_in_metav1_shape() -> None:
     status = status_of(run(make_job(generation=3)))
 
-    assert {c["type"] for c in status["conditions"]} == {"Succeeded", "DeadLettered", "Running", "HeartbeatHealthy"}
+    assert {c["type"] for c in status["conditions"]} == {
+        "Succeeded",
+        "DeadLettered",
+        "Running",
+        "HeartbeatHealthy",
+        "Reconciling",
+        "Stalled",
+    }
+    assert condition(status, "Reconciling")["status"] == "True", "kstatus: InProgress"
+    assert condition(status, "Stalled")["status"] == "False"
     assert condition(status, "Succeeded")["status"] == "Unknown"
     assert condition(status, "DeadLettered")["status"] == "False"
     assert condition(status, "Running")["status"] == "False"
@@ -307,6 +316,20 @@ def test_the_backoff_delay_grows_with_each_failure() -> None:
         job, _ = step(job, [], next_at)  # starts the next attempt
         now = next_at
     assert delays == [10.0, 30.0, 90.0]
+
+
+def test_kstatus_reads_in_progress_then_current_or_failed() -> None:
+    """Reconciling=True while a job is not finished (InProgress), Stalled=True once dead-lettered
+    (Failed), neither once it succeeded (Current), as cli-utils' kstatus and Flux read them."""
+    running = running_job()["status"]
+    assert (condition(running, "Reconciling")["status"], condition(running, "Stalled")["status"]) == ("True", "False")
+    done, _ = step(running_job(), [make_pod(1, phase="Succeeded", exit_code=0)], at(30))
+    kstatus = (condition(done["status"], "Reconciling")["status"], condition(done["status"], "Stalled")["status"])
+    assert kstatus == ("False", "False")
+    poison, _ = failed_attempt_1({"retry": {"nonRetryableExitCodes": [4]}}, exit_code=4)
+    kstatus = (condition(poison["status"], "Reconciling")["status"], condition(poison["status"], "Stalled")["status"])
+    assert kstatus == ("False", "True")
+    assert poison["status"]["observedGeneration"] == poison["metadata"]["generation"]
 
 
 def test_a_non_retryable_exit_code_dead_letters_at_once() -> None:
