@@ -1,0 +1,74 @@
+"""The Argo CD health checks (Lua, in gitops/argocd/) run against VigilJobs and VigilQueues in
+each phase, as the decision core writes them, with a real Lua interpreter (lupa)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import lupa  # in the test extra
+import pytest
+
+from tests.unit.factories import apply_to_job, at, make_job, make_pod
+from vigil.lifecycle import decide
+
+pytestmark = pytest.mark.unit
+
+ARGO = Path(__file__).resolve().parents[2] / "gitops" / "argocd" / "vigil.dev"
+
+
+def health(kind: str, obj: dict[str, Any]) -> tuple[str, str]:
+    lua = lupa.LuaRuntime(unpack_returned_tuples=True)
+    lua.globals().obj = lua.table_from(obj, recursive=True)
+    result = lua.execute((ARGO / kind / "health.lua").read_text())
+    return result["status"], result["message"]
+
+
+def after(job: dict[str, Any], pods: list, seconds: float, **kwargs: Any) -> dict[str, Any]:
+    return apply_to_job(job, decide(job, pods, at(seconds), rng=random.Random(0), **kwargs))
+
+
+def test_a_job_in_each_phase():
+    new = make_job()
+    assert health("VigilJob", {**new, "status": None})[0] == "Progressing"
+    queued = after(new, [], 0, may_start=False)
+    assert health("VigilJob", queued) == ("Progressing", f"Queued: {queued['status']['message']}")
+    running = after(after(new, [], 0), [make_pod(1, phase="Running")], 1)
+    assert health("VigilJob", running)[0] == "Progressing"
+    succeeded = after(running, [make_pod(1, phase="Succeeded", exit_code=0)], 30)
+    assert health("VigilJob", succeeded)[0] == "Healthy"
+    poison = make_job(spec={"retry": {"nonRetryableExitCodes": [4]}})
+    started = after(after(poison, [], 0), [make_pod(1, phase="Running")], 1)
+    dead = after(started, [make_pod(1, phase="Failed", exit_code=4)], 30)
+    status, message = health("VigilJob", dead)
+    assert status == "Degraded" and "nonRetryableExitCodes" in message
+    suspended = after(make_job(spec={"suspend": True}), [], 0)
+    assert health("VigilJob", suspended)[0] == "Suspended"
+    edited = {**succeeded, "metadata": {**succeeded["metadata"], "generation": 2}}
+    assert health("VigilJob", edited)[0] == "Progressing", "a spec Vigil has not observed yet"
+
+
+def queue(paused: bool = False, status: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "vigil.dev/v1alpha1",
+        "kind": "VigilQueue",
+        "metadata": {"name": "batch", "namespace": "etl", "generation": 1},
+        "spec": {"maxRunning": 10, "paused": paused},
+        "status": status,
+    }
+
+
+def test_a_queue_in_each_state():
+    assert health("VigilQueue", queue())[0] == "Progressing"
+    saturated = {
+        "observedGeneration": 1,
+        "queued": 40,
+        "running": 10,
+        "conditions": [{"type": "Saturated", "status": "True", "message": "10 attempts run, maxRunning is 10"}],
+    }
+    status, message = health("VigilQueue", queue(status=saturated))
+    assert status == "Healthy" and "40 queued, 10 running" in message and "Saturated" in message
+    assert health("VigilQueue", queue(paused=True, status=saturated))[0] == "Suspended"
+    behind = queue(status={**saturated, "observedGeneration": 0})
+    assert health("VigilQueue", behind)[0] == "Progressing"
