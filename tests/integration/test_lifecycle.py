@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from kubernetes.client.rest import ApiException
 
-from tests.conftest import Kube, OperatorProcess, simulated_pod_spec, wait_until
+from tests.conftest import Kube, OperatorProcess, pod_phase, simulated_pod_spec, wait_until
 
 pytestmark = pytest.mark.e2e  # the operator end to end, as a process, on a real cluster
 
@@ -323,3 +323,20 @@ def test_deleting_a_job_deletes_its_pods(kube: Kube, vigil: OperatorProcess, nam
         GROUP, VERSION, namespace, PLURAL, "gone", propagation_policy="Background"
     )
     wait_until(lambda: not pods_of(kube, namespace, job), 60, "the garbage collector to delete the job's pod")
+
+
+@pytest.mark.parametrize("exit_on_term", ["143", "0"])
+def test_a_pod_deleted_by_someone_else_is_a_lost_attempt_with_its_exit_code_even_an_exit_0(
+    kube: Kube, vigil: OperatorProcess, namespace: str, exit_on_term: str
+):
+    job = vigil_job("deleted", exit_code=None, run_for=None, retry={"maxAttempts": 3, "backoff": FAST_BACKOFF})
+    job["spec"]["template"]["metadata"]["annotations"]["sim.vigil.dev/exit-on-term"] = exit_on_term
+    create(kube, namespace, job)
+    wait_phase(kube, namespace, "deleted", "Running")
+    kube.kubectl("delete", "pod", "deleted-1", "-n", namespace, "--wait=false")
+    # The finalizer keeps the pod until its exit code is in status; then it goes.
+    wait_until(lambda: pod_phase(kube, namespace, "deleted-1") is None, 60, "the deleted pod to be released")
+    history = wait_until(lambda: status(kube, namespace, "deleted").get("history"), 30, "attempt 1's record")
+    assert (history[0]["outcome"], history[0]["reason"]) == ("Lost", "PodDeleted"), history
+    assert history[0]["exitCode"] == int(exit_on_term), "stopped, not finished: an exit 0 is no success"
+    wait_until(lambda: pod_phase(kube, namespace, "deleted-2") is not None, 30, "attempt 2")
