@@ -41,7 +41,7 @@ def run_examples(cluster: testbed.Cluster, timeout: float) -> bool:
     testbed.kubectl(cluster, "apply", "-f", examples)
     deadline, shown = time.monotonic() + timeout, ""
     while time.monotonic() < deadline:
-        table = testbed.kubectl(cluster, "get", "vj")
+        table = testbed.kubectl(cluster, "get", "vj") + "\n" + testbed.kubectl(cluster, "get", "vq")
         if table != shown:
             print(table, flush=True)
             shown = table
