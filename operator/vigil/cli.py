@@ -7,7 +7,7 @@ import logging
 import signal
 import sys
 
-from vigil import __version__
+from vigil import __version__, election
 
 
 def _operator(args: argparse.Namespace) -> int:
@@ -19,12 +19,20 @@ def _operator(args: argparse.Namespace) -> int:
             print("vigil operator: --webhook-address needs --webhook-cert-file and --webhook-key-file", file=sys.stderr)
             return 2
         webhook = (args.webhook_address, args.webhook_cert_file, args.webhook_key_file)
+    lease = None
+    if args.leader_elect:
+        try:
+            lease = (election.config_from_flags(args), election.lease_namespace(args), args.lease_name)
+        except election.ConfigError as err:
+            print(f"vigil operator: {err}", file=sys.stderr)
+            return 2
     runtime = OperatorRuntime(
         namespaces=args.namespace,
         workers=args.workers,
         health_address=args.health_address,
         webhook=webhook,
         metrics_address=args.metrics_address,
+        lease=lease,
     )
 
     def stop(signum: int, _frame: object) -> None:
@@ -80,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     operator.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default: info"
     )
+    election.add_flags(operator)
     operator.set_defaults(run=_operator)
 
     args = parser.parse_args(argv)

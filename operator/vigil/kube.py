@@ -58,11 +58,17 @@ class Kube:
     def __init__(self, api: client.ApiClient, metrics: Metrics | None = None):
         self.api = api
         self.metrics = metrics or Metrics()
+        # Called before every write: raises while this process may not act (leader election's
+        # fence: no write leaves a leader that could not renew within its renew deadline).
+        self.fence: Any = lambda: None
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
 
     async def _call(self, verb: str, resource: str, function: Any, *args: Any, **kwargs: Any) -> Any:
-        """One call of the synchronous client, in a thread, timed and counted by verb."""
+        """One call of the synchronous client, in a thread, timed and counted by verb; a write
+        passes the fence first."""
+        if verb not in ("get", "list"):
+            self.fence()
         with self.metrics.timed_request(verb, resource):
             return await asyncio.to_thread(function, *args, **kwargs)
 

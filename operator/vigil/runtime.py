@@ -26,6 +26,7 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from vigil import api
 from vigil.admission import Pending
 from vigil.controller import Controller
+from vigil.election import ElectionConfig, LeaderElector
 from vigil.informer import Informer
 from vigil.kube import Kube
 from vigil.metrics import Metrics, StateCollector
@@ -97,6 +98,10 @@ def build_informers(
     return jobs + queues, pods
 
 
+class LeadershipLost(RuntimeError):
+    """The lease could not be renewed in time, or another process took it: this one stops."""
+
+
 class OperatorRuntime:
     """Vigil's watches plus its controller, in a thread; start and stop from anywhere."""
 
@@ -107,12 +112,14 @@ class OperatorRuntime:
         health_address: str | None = None,
         webhook: tuple[str, str, str] | None = None,
         metrics_address: str | None = None,
+        lease: tuple[ElectionConfig, str, str] | None = None,
     ) -> None:
         self.namespaces = tuple(namespaces)
         self.workers = workers
         self.health_address = health_address
         self.webhook = webhook  # (HOST:PORT, certificate file, key file) of the admission webhook
         self.metrics_address = metrics_address
+        self.lease = lease  # (timings, namespace, name) of the Lease to lead; None: act alone
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
@@ -150,11 +157,19 @@ class OperatorRuntime:
         api_client = client.ApiClient(configuration)
         reader = ApiReader(configuration)
         metrics = Metrics()
-        controller = Controller(Kube(api_client, metrics), workers=self.workers, metrics=metrics)
+        kube = Kube(api_client, metrics)
+        controller = Controller(kube, workers=self.workers, metrics=metrics)
         metrics.collect_from(
             StateCollector(lambda: list(controller.jobs.values()), controller.dispatcher.queue_numbers)
         )
-        metrics.leader.labels("vigil").set(1)  # no election yet: this process acts
+        elector = None
+        if self.lease is not None:
+            timings, lease_namespace, lease_name = self.lease
+            elector = LeaderElector.for_lease(configuration, lease_namespace, lease_name, timings)
+            kube.fence = elector.check  # no write leaves this process unless it leads, renewed in time
+            metrics.leader.labels(lease_name).set_function(lambda: 1.0 if elector.deadline_ok() else 0.0)
+        else:
+            metrics.leader.labels("vigil").set(1)  # no election: this process acts
         object_informers, pod_informers = build_informers(reader, controller, self.namespaces)
         informers = object_informers + pod_informers
         controller.hearing = lambda: all(informer.fresh() for informer in pod_informers)
@@ -168,23 +183,43 @@ class OperatorRuntime:
         health = await _serve_health(self.health_address, informers) if self.health_address else None
         webhook = await _serve_webhook(self.webhook, controller) if self.webhook else None
         scrape = await _serve_metrics(self.metrics_address, metrics) if self.metrics_address else None
+        campaign = asyncio.ensure_future(elector.run()) if elector is not None else None
+        ends = [*watches, *([campaign] if campaign is not None else [])]
+        led = False
         try:
             synced = asyncio.gather(*(informer.synced.wait() for informer in informers))
             stopping = asyncio.ensure_future(self._stopping.wait())
-            await asyncio.wait([synced, stopping, *watches], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([synced, stopping, *ends], return_when=asyncio.FIRST_COMPLETED)
             if synced.done():
-                controller.start()
-                self.ready.set()
-                log.info("listed %d jobs and %d pods; reconciling", len(controller.jobs), len(controller.pods))
-            await asyncio.wait([stopping, *watches], return_when=asyncio.FIRST_COMPLETED)
-            for watch in watches:
-                if watch.done() and watch.exception() is not None:
-                    raise watch.exception()  # type: ignore[misc]
+                self.ready.set()  # leader or warm standby: the caches are listed and watched
+                log.info("listed %d jobs and %d pods", len(controller.jobs), len(controller.pods))
+                if elector is not None:  # a standby keeps its caches warm and writes nothing
+                    leading = asyncio.ensure_future(elector.leading.wait())
+                    await asyncio.wait([leading, stopping, *ends], return_when=asyncio.FIRST_COMPLETED)
+                    leading.cancel()
+                if elector is None or elector.leading.is_set():
+                    led = True
+                    controller.start()
+                    log.info("reconciling")
+            await asyncio.wait([stopping, *ends], return_when=asyncio.FIRST_COMPLETED)
+            for task in ends:
+                if task.done() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+            if campaign is not None and campaign.done() and campaign.result().lost:
+                # Its pod restarts it as a standby; the fence already stopped every write.
+                raise LeadershipLost(f"lost the lease ({campaign.result().value}): exiting to restart as a standby")
         finally:
             for task in watches:
                 task.cancel()
             await asyncio.gather(*watches, return_exceptions=True)
-            await controller.stop()
+            await controller.stop()  # in-flight writes end before the lease is given up
+            if elector is not None:
+                if campaign is not None and not campaign.done():
+                    if led:
+                        await elector.release()
+                    campaign.cancel()
+                    await asyncio.gather(campaign, return_exceptions=True)
+                elector.close()
             if health is not None:
                 await health.cleanup()
             if webhook is not None:
