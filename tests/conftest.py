@@ -169,8 +169,16 @@ def release_attempt_pods(kube: Kube, namespace: str) -> None:
 class OperatorProcess:
     """`vigil operator` as a separate process, as it runs for real; killable at any instant."""
 
-    def __init__(self, kube: Kube, namespaces: list[str], log_path: Path, kubeconfig: Path | None = None):
+    def __init__(
+        self,
+        kube: Kube,
+        namespaces: list[str],
+        log_path: Path,
+        kubeconfig: Path | None = None,
+        extra_args: tuple[str, ...] = (),
+    ):
         self.kube, self.namespaces, self.log_path = kube, namespaces, log_path
+        self.extra_args = extra_args  # more flags of `vigil operator`
         self.kubeconfig = kubeconfig or kube.kubeconfig  # whose identity the operator acts with
         self.proc: subprocess.Popen | None = None
 
@@ -179,6 +187,7 @@ class OperatorProcess:
         args = [str(vigil), "operator", "--log-level", os.environ.get("VIGIL_TEST_OPERATOR_LOG_LEVEL", "info")]
         for pattern in self.namespaces:
             args += ["--namespace", pattern]
+        args += self.extra_args
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "KUBECONFIG": str(self.kubeconfig)}

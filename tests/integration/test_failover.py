@@ -1,0 +1,122 @@
+"""Two `vigil operator --leader-elect` processes on one Lease: the leader is SIGKILLed while jobs
+run and the standby takes over after about a lease duration; every job finishes and no attempt
+gets two pods. A leader stopped with SIGTERM releases the Lease, and the standby takes over
+within a few retry periods, not a lease duration.
+
+Timings: lease 4 s, renew deadline 3 s, retry 1 s.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from tests.conftest import Kube, OperatorProcess, install_crds, release_attempt_pods, wait_until
+from tests.integration.test_lifecycle import FAST_BACKOFF, create, status, vigil_job
+
+pytestmark = pytest.mark.e2e
+
+LEASE = ["--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1"]
+JOBS = 20
+
+
+def electing(kube: Kube, namespace: str, log_path: Path) -> OperatorProcess:
+    """An operator process that campaigns for the namespace's Lease."""
+    return OperatorProcess(
+        kube, [namespace], log_path, extra_args=("--leader-elect", "--lease-namespace", namespace, *LEASE)
+    )
+
+
+def identity(operator: OperatorProcess) -> str | None:
+    """The identity the process campaigns under, from its first log line about the election."""
+    for line in operator.log_path.read_text(errors="replace").splitlines():
+        if "leader election on" in line and " as " in line:
+            return line.split(" as ", 1)[1].split(":", 1)[0]
+    return None
+
+
+@pytest.fixture
+def elect_namespace(kube: Kube) -> Iterator[str]:
+    name = f"e-{uuid.uuid4().hex[:10]}"  # outside the session operator's t-*
+    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    wait_until(lambda: kube.core.list_namespaced_service_account(name).items, 30, f"ServiceAccount in {name}")
+    try:
+        yield name
+    finally:
+        release_attempt_pods(kube, name)
+        kube.core.delete_namespace(name, propagation_policy="Background")
+
+
+def holder(kube: Kube, namespace: str) -> str | None:
+    try:
+        lease = client.CoordinationV1Api(kube.api).read_namespaced_lease("vigil-operator", namespace)
+    except client.ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+    return lease.spec.holder_identity or None
+
+
+def pods_per_attempt(kube: Kube, namespace: str) -> dict[tuple[str, str], int]:
+    seen: dict[tuple[str, str], int] = {}
+    for pod in kube.core.list_namespaced_pod(namespace).items:
+        labels = pod.metadata.labels or {}
+        key = (labels.get("vigil.dev/job-uid", ""), labels.get("vigil.dev/attempt", ""))
+        seen[key] = seen.get(key, 0) + 1
+    return seen
+
+
+def test_a_killed_leader_is_replaced_and_a_stopped_one_hands_over_at_once(
+    kube: Kube, elect_namespace: str, tmp_path: Path
+):
+    install_crds(kube)
+    operators = [electing(kube, elect_namespace, tmp_path / f"operator-{i}.log") for i in range(2)]
+    for operator in operators:
+        operator.start()
+    try:
+        first = wait_until(lambda: holder(kube, elect_namespace), 30, "a leader")
+        for i in range(JOBS):
+            job = vigil_job(f"j{i}", exit_code="1,0", run_for="3s", retry={"maxAttempts": 3, "backoff": FAST_BACKOFF})
+            create(kube, elect_namespace, job)
+        wait_until(
+            lambda: sum(bool(status(kube, elect_namespace, f"j{i}").get("attempts")) for i in range(JOBS)) > 5,
+            60,
+            "jobs running under the first leader",
+        )
+        leader = next(op for op in operators if identity(op) == first)
+        standby = next(op for op in operators if op is not leader)
+        killed_at = time.monotonic()
+        leader.kill()
+        second = wait_until(lambda: (h := holder(kube, elect_namespace)) != first and h, 30, "the standby to lead")
+        takeover = time.monotonic() - killed_at
+        assert takeover < 4 + 4, f"took {takeover:.1f}s for a 4 s lease"
+        wait_until(
+            lambda: all(status(kube, elect_namespace, f"j{i}").get("phase") == "Succeeded" for i in range(JOBS)),
+            120,
+            "every job to finish under the new leader",
+        )
+        assert all(count == 1 for count in pods_per_attempt(kube, elect_namespace).values())
+        assert all(status(kube, elect_namespace, f"j{i}")["attempts"] == 2 for i in range(JOBS))
+        print(f"takeover after SIGKILL: {takeover:.2f}s (lease 4 s)")
+
+        # A graceful stop releases the Lease: a fresh standby takes over in about a retry period.
+        newcomer = electing(kube, elect_namespace, tmp_path / "operator-3.log")
+        newcomer.start()
+        operators.append(newcomer)
+        wait_until(lambda: identity(newcomer), 30, "the newcomer to campaign")
+        stopped_at = time.monotonic()
+        standby.proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: holder(kube, elect_namespace) not in (second, None), 15, "the newcomer to lead")
+        handover = time.monotonic() - stopped_at
+        assert handover < 4, f"a released lease took {handover:.1f}s to change hands"
+        assert standby.proc.wait(30) == 0
+        print(f"takeover after SIGTERM: {handover:.2f}s")
+    finally:
+        for operator in operators:
+            operator.stop()
