@@ -71,6 +71,8 @@ def test_the_operator_runs_with_nothing_but_the_charts_rbac(kube: Kube, namespac
         [namespace],
         tmp_path / "operator.log",
         kubeconfig=_token_kubeconfig(kube, release_ns, "vigil", tmp_path / "kubeconfig"),
+        # as the chart runs it: leading its own Lease, which its Role names
+        extra_args=("--leader-elect", "--lease-namespace", release_ns, "--lease-name", "vigil"),
     )
     operator.start()
     try:
