@@ -58,44 +58,28 @@ def watch_scopes(patterns: Collection[str]) -> tuple[list[str | None], Callable[
 def build_informers(
     reader: ApiReader, controller: Controller, namespaces: Collection[str]
 ) -> tuple[list[Informer], list[Informer]]:
-    relists = controller.metrics.watch_relists
-    """(job and queue informers, pod informers), one of each kind per watched scope."""
+    """(job and queue informers, pod informers), one of each kind per watched scope. Pods are
+    filtered by the API server: only those labelled with a job's UID reach the operator."""
     scopes, accept = watch_scopes(namespaces)
-    jobs, queues, pods = [], [], []
+    kinds = (  # (name, group, version, plural, handler, query)
+        ("jobs", api.GROUP, api.VERSION, api.PLURAL, controller.job_delta, {}),
+        ("queues", api.GROUP, api.VERSION, api.QUEUE_PLURAL, controller.queue_delta, {}),
+        ("pods", "", "v1", "pods", controller.pod_delta, {"labelSelector": api.LABEL_JOB_UID}),
+    )
+    objects, pods = [], []
     for scope in scopes:
-        where = scope or "all namespaces"
-        jobs.append(
-            Informer(
+        for name, group, version, plural, handler, query in kinds:
+            informer = Informer(
                 reader,
-                resource_path(api.GROUP, api.VERSION, api.PLURAL, scope),
-                controller.job_delta,
-                name=f"jobs in {where}",
+                resource_path(group, version, plural, scope),
+                handler,
+                params=query,
+                name=f"{name} in {scope or 'all namespaces'}",
                 accept=accept,
-                on_relist=relists.labels(api.PLURAL).inc,
+                on_relist=controller.metrics.watch_relists.labels(plural).inc,
             )
-        )
-        queues.append(
-            Informer(
-                reader,
-                resource_path(api.GROUP, api.VERSION, api.QUEUE_PLURAL, scope),
-                controller.queue_delta,
-                name=f"queues in {where}",
-                accept=accept,
-                on_relist=relists.labels(api.QUEUE_PLURAL).inc,
-            )
-        )
-        pods.append(
-            Informer(
-                reader,
-                resource_path("", "v1", "pods", scope),
-                controller.pod_delta,
-                params={"labelSelector": api.LABEL_JOB_UID},
-                name=f"pods in {where}",
-                accept=accept,
-                on_relist=relists.labels("pods").inc,
-            )
-        )
-    return jobs + queues, pods
+            (pods if plural == "pods" else objects).append(informer)
+    return objects, pods
 
 
 class LeadershipLost(RuntimeError):
