@@ -28,6 +28,7 @@ from vigil.kube import Conflict, Gone, Kube, Refused
 from vigil.liveness import HeartbeatTracker, beat_stamp_due, heard
 from vigil.metrics import CONTROLLER, Metrics, count_transition
 from vigil.podcache import PodCache, job_uid_of
+from vigil.queueing import Admission
 from vigil.seen import Delta
 from vigil.workqueue import WorkQueue
 
@@ -384,22 +385,28 @@ class Controller:
         await self._settle_unseen(namespace, job_uid)
         stranger = await self._recheck_stranger(key)
         extra = [stranger] if stranger is not None else []
-        decision, deaf = self._decide(key, job, self.pods.of_job(job_uid) + extra)
+        decision, deaf, admission = self._decide(key, job, self.pods.of_job(job_uid) + extra)
         why = confirm.doubt(job, decision)
         if why is not None:
             # Never on a rumour: decide again on what the API server says now.
             truth = await self.kube.list_job_pods(namespace, job_uid)
             self._take_truth(job_uid, truth)
-            decision = self._decide(key, job, truth + extra)[0]
+            decision, _, admission = self._decide(key, job, truth + extra)
             if confirm.doubt(job, decision) != why:  # the watch missed a beat, a pod, a deletion
                 self.on_missed(f"a direct read of {namespace}/{key[1]}'s pods contradicts the watch: {why}")
+        wait = self.dispatcher.pace(job, admission, decision)
+        if wait is not None:  # the queue's start rate: this start goes a little later
+            self.queue.add_after(key, wait)
+            return
         for action in decision.actions:
             job = await self._execute(job, action)
         self._schedule(key, job_uid, deaf)
 
-    def _decide(self, key: Key, job: Mapping[str, Any], pods: list[Mapping[str, Any]]) -> tuple[Any, bool]:
-        """The core's decision on these pods; and whether a Lost verdict was held back because
-        the pod watch is not fresh."""
+    def _decide(
+        self, key: Key, job: Mapping[str, Any], pods: list[Mapping[str, Any]]
+    ) -> tuple[actions.Decision, bool, Admission]:
+        """The core's decision on these pods; whether a Lost verdict was held back because the
+        pod watch is not fresh; and the queue's say it was taken with."""
         heartbeat, now, hearing = self._heartbeats[key], self.monotonic(), self.hearing()
         liveness, deaf = {}, False
         for pod in pods:
@@ -418,7 +425,7 @@ class Controller:
             liveness=liveness,
         )
         self.dispatcher.decided(job, admission, decision)
-        return decision, deaf
+        return decision, deaf, admission
 
     def _schedule(self, key: Key, job_uid: str, deaf: bool) -> None:
         """Wake when some attempt's silence crosses its next threshold (one timer per job), or

@@ -1,11 +1,14 @@
 """The shell around the queueing core: keeps the `QueueBook` fed from the watches, wakes the
-jobs it gives a start, and writes each VigilQueue's status in batches.
+jobs it gives a start, spaces the starts of rate-limited queues, and writes each VigilQueue's
+status in batches.
 
 The controller tells it what the watches show (`job_seen`, `job_gone`, `queue_delta`), asks it
-before each decision whether the job may start (`admission`) and tells it afterwards whether the
-start was used (`decided`). It remembers, besides the book: the VigilQueues as last seen (for
-their status's conditions), the status last written per queue (so an unchanged one costs no
-write), and one wake-up timer per queue. All of it is rebuilt from the watches after a restart.
+before each decision whether the job may start (`admission`), tells it afterwards whether the
+start was used (`decided`), and asks whether the start must wait for the queue's rate (`pace`).
+It remembers, besides the book: the VigilQueues as last seen (for their status's conditions), the
+status last written per queue (so an unchanged one costs no write), one wake-up timer per queue,
+and when a rate-limited queue's next start may go. All of it is rebuilt from the watches after a
+restart.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ class Dispatcher:
         self.queues: dict[QueueKey, Mapping[str, Any]] = {}
         self._written: dict[QueueKey, dict[str, Any]] = {}
         self._timers: dict[QueueKey, asyncio.TimerHandle] = {}
+        self._next_start: dict[QueueKey, float] = {}  # per rate-limited queue, when a start may go next
         self._started = False
         self._writer: asyncio.Task | None = None
 
@@ -133,6 +137,27 @@ class Dispatcher:
         queue = self.book.queue_of(meta["namespace"], meta["name"])
         if queue is not None:
             self._dispatch(queue)
+
+    def pace(self, job: Mapping[str, Any], admission: Admission, decision: Decision) -> float | None:
+        """Seconds a start must still wait under its queue's maxStartsPerSecond, or None to go now.
+
+        The token bucket spaces the starts `dispatch` gives; the workers carry them out later, and
+        a busy worker pool would bunch them up again. So the start itself (the status write that
+        reserves the attempt) is spaced too, at most one per 1/rate seconds per queue; a start
+        told to wait keeps its hold and is looked at again then.
+        """
+        if admission.reason != "Admitted" or not _reserves_attempt(job, decision):
+            return None
+        queue = self.book.queue_of(job["metadata"]["namespace"], job["metadata"]["name"])
+        spec = self.book.spec(queue) if queue is not None else None
+        if queue is None or spec is None or spec.max_starts_per_second is None:
+            return None
+        now = self._now()
+        due = self._next_start.get(queue, 0.0)
+        if now < due:
+            return due - now
+        self._next_start[queue] = now + 1.0 / spec.max_starts_per_second
+        return None
 
     # --- dispatching --------------------------------------------------------------------------
 
