@@ -176,15 +176,16 @@ class OperatorRuntime:
             await asyncio.wait([synced, stopping, *ends], return_when=asyncio.FIRST_COMPLETED)
             if synced.done():
                 self.ready.set()  # leader or warm standby: the caches are listed and watched
-                log.info("listed %d jobs and %d pods", len(controller.jobs), len(controller.pods))
+                listed = f"listed {len(controller.jobs)} jobs and {len(controller.pods)} pods"
                 if elector is not None:  # a standby keeps its caches warm and writes nothing
+                    log.info("%s; standing by until this process leads", listed)
                     leading = asyncio.ensure_future(elector.leading.wait())
                     await asyncio.wait([leading, stopping, *ends], return_when=asyncio.FIRST_COMPLETED)
                     leading.cancel()
                 if elector is None or elector.leading.is_set():
                     led = True
                     controller.start()
-                    log.info("reconciling")
+                    log.info("%s; reconciling", "leading" if elector is not None else listed)
             await asyncio.wait([stopping, *ends], return_when=asyncio.FIRST_COMPLETED)
             for task in ends:
                 if task.done() and task.exception() is not None:
