@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -329,6 +330,37 @@ def stop(cluster: Cluster, component: str, timeout: float = 15.0, sig: int = sig
     pidfile.unlink(missing_ok=True)
 
 
+def _ports_of(cluster: Cluster, component: str) -> list[int]:
+    ports = cluster.ports
+    return {
+        "etcd": [ports.etcd_client, ports.etcd_peer],
+        "kube-apiserver": [ports.apiserver],
+        "kube-controller-manager": [ports.controller_manager],
+        "kube-scheduler": [ports.scheduler],
+        "kwok": [ports.kwok],
+    }.get(component, [])
+
+
+def _wait_ports_free(ports: list[int], timeout: float = 15.0) -> None:
+    """Waits until nothing listens on `ports` any more. A killed multi-threaded process shows as a
+    zombie as soon as its main thread exits, while its other threads may still hold its sockets:
+    starting its successor then would fail with "address already in use"."""
+    deadline = time.monotonic() + timeout
+    for port in ports:
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    probe.bind(("127.0.0.1", port))
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise ClusterError(
+                            f"port {port} is still in use {timeout:.0f}s after its process stopped"
+                        ) from None
+            time.sleep(0.05)
+
+
 def wait_for(what: str, check, timeout: float, cluster: Cluster, component: str) -> None:
     """Polls check() until it is true; fails early if the component died, pointing at its log."""
     deadline = time.monotonic() + timeout
@@ -598,6 +630,7 @@ def restart(cluster: Cluster, component: str, *, kill: bool = False, timeout: fl
     began = time.monotonic()
     durable = _etcd_durable(cluster)
     stop(cluster, component, sig=signal.SIGKILL if kill else signal.SIGTERM)
+    _wait_ports_free(_ports_of(cluster, component))
     starters = {
         "etcd": lambda: start_etcd(cluster, durable),
         "kube-apiserver": lambda: start_apiserver(cluster),
