@@ -116,21 +116,9 @@ class Kube:
     async def release_pod(self, namespace: str, name: str, uid: str) -> None:
         """Removes Vigil's attempt-tracking finalizer from the pod of that uid; a pod gone or
         replaced is left alone."""
-        patch = {"metadata": {"uid": uid, "$deleteFromPrimitiveList/finalizers": [FINALIZER_ATTEMPT_TRACKING]}}
-        try:
-            await self._call(
-                "patch",
-                "pods",
-                self.core.patch_namespaced_pod,
-                name,
-                namespace,
-                patch,
-                _request_timeout=REQUEST_TIMEOUT,
-            )
-        except ApiException as err:
-            if err.status in (404, 409):
-                return
-            raise
+        await self._patch_pod(
+            namespace, name, uid, {"$deleteFromPrimitiveList/finalizers": [FINALIZER_ATTEMPT_TRACKING]}
+        )
 
     async def delete_pod(self, namespace: str, name: str, uid: str | None, grace_seconds: int | None = None) -> None:
         """Deletes the pod of that uid; a pod already gone, or replaced by another uid, is left."""
@@ -156,7 +144,12 @@ class Kube:
 
     async def annotate_pod(self, namespace: str, name: str, uid: str, annotations: dict[str, str | None]) -> None:
         """Merges annotations into the pod of that uid; a pod gone or replaced is left alone."""
-        patch = {"metadata": {"uid": uid, "annotations": annotations}}  # the uid acts as a precondition
+        await self._patch_pod(namespace, name, uid, {"annotations": annotations})
+
+    async def _patch_pod(self, namespace: str, name: str, uid: str, metadata: dict) -> None:
+        """A strategic merge patch of the pod's metadata, only if it is still the pod of that uid
+        (the uid in the patch acts as a precondition); NotFound and a conflict mean it is gone."""
+        patch = {"metadata": {"uid": uid, **metadata}}
         try:
             await self._call(
                 "patch",

@@ -49,7 +49,8 @@ def via(kube: Kube, proxy: FaultProxy, tmp_path: Path) -> Path:
 def bed(kube: Kube) -> testbed.Cluster:
     # Restarting the control plane needs the local test bed; on a cluster given by $KUBECONFIG
     # there is nothing of ours to restart.
-    assert kube.on_testbed, "restarting components needs the local test bed (unset KUBECONFIG)"
+    if not kube.on_testbed:  # the same reason, and the same behaviour, as the fault matrix's
+        pytest.skip("restarting the control plane needs the local test bed")
     return SUITE_CLUSTER
 
 
