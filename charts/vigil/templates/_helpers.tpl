@@ -24,3 +24,38 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{ toYaml . }}
 {{- end }}
 {{- end -}}
+
+{{- /*
+Checks what values.schema.json cannot: relations between values. Included by deployment.yaml, so
+`helm install` and `helm template` stop with a message that says what to change.
+*/ -}}
+{{- define "vigil.validate" -}}
+{{- $v := .Values }}
+{{- if and (gt (int $v.replicas) 1) (not $v.leaderElection.enabled) }}
+{{- fail (printf "replicas=%d needs leaderElection.enabled=true: without leader election every replica would act on the same jobs. Set leaderElection.enabled=true, or replicas=1" (int $v.replicas)) }}
+{{- end }}
+{{- if $v.leaderElection.enabled }}
+{{- $lease := float64 $v.leaderElection.leaseDurationSeconds }}
+{{- $renew := float64 $v.leaderElection.renewDeadlineSeconds }}
+{{- $retry := float64 $v.leaderElection.retryPeriodSeconds }}
+{{- if le $lease $renew }}
+{{- fail (printf "leaderElection.leaseDurationSeconds (%v) must be greater than leaderElection.renewDeadlineSeconds (%v): a leader that cannot renew must stop acting before its lease can expire at the standbys" $v.leaderElection.leaseDurationSeconds $v.leaderElection.renewDeadlineSeconds) }}
+{{- end }}
+{{- if le $renew (mulf 1.2 $retry) }}
+{{- fail (printf "leaderElection.renewDeadlineSeconds (%v) must be greater than 1.2 x leaderElection.retryPeriodSeconds (%v): the leader needs room for more than one attempt to renew" $v.leaderElection.renewDeadlineSeconds $v.leaderElection.retryPeriodSeconds) }}
+{{- end }}
+{{- end }}
+{{- $ports := dict (toString $v.operator.healthPort) "operator.healthPort" }}
+{{- if $v.metrics.enabled }}
+{{- if hasKey $ports (toString $v.metrics.port) }}
+{{- fail (printf "metrics.port (%v) is already taken by %s: give each a port of its own" $v.metrics.port (get $ports (toString $v.metrics.port))) }}
+{{- end }}
+{{- $_ := set $ports (toString $v.metrics.port) "metrics.port" }}
+{{- end }}
+{{- if and $v.webhook.enabled (hasKey $ports (toString $v.webhook.port)) }}
+{{- fail (printf "webhook.port (%v) is already taken by %s: give each a port of its own" $v.webhook.port (get $ports (toString $v.webhook.port))) }}
+{{- end }}
+{{- if and $v.metrics.serviceMonitor.enabled (not $v.metrics.enabled) }}
+{{- fail "metrics.serviceMonitor.enabled=true needs metrics.enabled=true (there is nothing to scrape otherwise)" }}
+{{- end }}
+{{- end -}}
