@@ -1,9 +1,22 @@
 #!/usr/bin/env bash
 # Prepares the cluster of the current kubeconfig (a kind cluster, say) for Vigil's test suite:
-# kwok with the project's stages, and fake nodes. Then: KUBECONFIG=... make test
+# kwok with the project's stages, and fake nodes; and, when Docker and kind are there, Vigil's
+# image built from the Dockerfile and loaded into the kind cluster (to run the chart in it:
+# helm install vigil charts/vigil -n vigil-system --create-namespace --set image.repository=vigil
+# --set image.tag=dev). Then: KUBECONFIG=... make test
+#   NODES=3 KIND_CLUSTER=vigil IMAGE=vigil:dev e2e/kind/setup.sh    (IMAGE= skips the image)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 NODES=${NODES:-3}
+KIND_CLUSTER=${KIND_CLUSTER:-vigil}
+IMAGE=${IMAGE-vigil:dev}
+
+if [[ -n $IMAGE ]]; then
+  command -v docker >/dev/null && command -v kind >/dev/null \
+    || { echo "setup.sh: docker and kind are needed to build and load $IMAGE (IMAGE= skips it)" >&2; exit 1; }
+  docker build -t "$IMAGE" .
+  kind load docker-image "$IMAGE" --name "$KIND_CLUSTER"
+fi
 
 kubectl apply -f e2e/kind/kwok.yaml
 kubectl -n vigil-kwok create configmap kwok-stages --from-file=stages.yaml=testbed/kwok-stages.yaml \
