@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the local control plane from the Go module proxy into a cache outside the checkout:
-#   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm.
+#   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm, promtool,
+#   and the prometheus-operator CRDs the chart's optional objects need.
 # Binaries land in $VIGIL_CACHE/bin/<name>-<version>; a second run finds them and does nothing.
 # Usage: testbed/build.sh [--print-bin-dir]
 set -euo pipefail
@@ -9,6 +10,11 @@ KUBE_VERSION=${VIGIL_KUBE_VERSION:-v1.36.3}
 ETCD_VERSION=${VIGIL_ETCD_VERSION:-v3.6.16}
 KWOK_VERSION=${VIGIL_KWOK_VERSION:-v0.8.0}
 HELM_VERSION=${VIGIL_HELM_VERSION:-v3.22.0}
+# Tools the tests need besides the cluster: promtool (tests the alert rules), and the
+# prometheus-operator CRDs (ServiceMonitor, PrometheusRule) so the chart's optional objects are
+# checked by a real API server. v0.316.0 is Prometheus 3.16's Go module version.
+PROMETHEUS_VERSION=${VIGIL_PROMETHEUS_VERSION:-v0.316.0}
+PROMETHEUS_OPERATOR_VERSION=${VIGIL_PROMETHEUS_OPERATOR_VERSION:-v0.85.0}
 CACHE=${VIGIL_CACHE:-$HOME/.cache/vigil}
 BIN=$CACHE/bin
 SRC=$CACHE/src
@@ -109,15 +115,33 @@ build_plain() { # name module/cmd/path version ldflags
   mv "$gobin/$name" "$BIN/$name-$version"; rmdir "$gobin"
 }
 
+# The CRDs that prometheus-operator ships, copied from its module (no binary is built).
+fetch_prometheus_operator_crds() {
+  local dest=$CACHE/crds/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION
+  [[ -f $dest/monitoring.coreos.com_servicemonitors.yaml ]] && { log "prometheus-operator CRDs $PROMETHEUS_OPERATOR_VERSION: cached"; return; }
+  log "prometheus-operator CRDs $PROMETHEUS_OPERATOR_VERSION: fetching module"
+  local mod=github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION
+  run_go "download $mod" go mod download "$mod"
+  local dir; dir=$(go mod download -json "$mod" | sed -nE 's/.*"Dir": "(.*)",?/\1/p')
+  mkdir -p "$dest.tmp"
+  cp "$dir"/example/prometheus-operator-crd/monitoring.coreos.com_{servicemonitors,prometheusrules}.yaml "$dest.tmp/"
+  chmod u+w "$dest.tmp"/*; rm -rf "$dest"; mv "$dest.tmp" "$dest"
+  ln -sfn "prometheus-operator-$PROMETHEUS_OPERATOR_VERSION" "$CACHE/crds/prometheus-operator"
+}
+
 start=$SECONDS
 build_etcd
 build_kubernetes
 build_plain kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION" "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
 build_plain helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+build_plain promtool github.com/prometheus/prometheus/cmd/promtool "$PROMETHEUS_VERSION" \
+  "-s -w -X github.com/prometheus/common/version.Version=$PROMETHEUS_VERSION"
+fetch_prometheus_operator_crds
 
 # Stable names for the chosen versions, so PATH=$BIN works.
 for pair in "etcd $ETCD_VERSION" "kube-apiserver $KUBE_VERSION" "kube-controller-manager $KUBE_VERSION" \
-            "kube-scheduler $KUBE_VERSION" "kubectl $KUBE_VERSION" "kwok $KWOK_VERSION" "helm $HELM_VERSION"; do
+            "kube-scheduler $KUBE_VERSION" "kubectl $KUBE_VERSION" "kwok $KWOK_VERSION" "helm $HELM_VERSION" \
+            "promtool $PROMETHEUS_VERSION"; do
   set -- $pair; ln -sfn "$1-$2" "$BIN/$1"
 done
 log "done in $((SECONDS - start))s: binaries in $BIN"
