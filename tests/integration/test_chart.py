@@ -1,14 +1,19 @@
-"""The Helm chart: it lints, it grants no wildcard, and its RBAC is all the operator needs.
+"""The Helm chart: it lints, it grants no wildcard, and its RBAC is all the operator needs; the
+API server takes everything it renders (every optional part on); install, upgrade and uninstall
+work; bad values are refused naming the value.
 
 The operator runs here as a process with the token of the chart's ServiceAccount, so every
-request it makes is authorized by the chart's ClusterRole exactly as in a cluster.
+request it makes is authorized by the chart's ClusterRole exactly as in a cluster. The chart's
+own pods run on kwok's fake kubelets (they become Ready without running the image).
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,19 +38,53 @@ pytestmark = pytest.mark.e2e  # the operator end to end, as a process, on a real
 CHART = ROOT / "charts" / "vigil"
 
 
+KUBE_VERSION = "1.36.3"
+# prometheus-operator's CRDs, fetched by testbed/build.sh, for the ServiceMonitor and PrometheusRule.
+MONITORING_CRDS = [
+    testbed.CACHE / "crds" / "prometheus-operator" / f"monitoring.coreos.com_{plural}.yaml"
+    for plural in ("servicemonitors", "prometheusrules")
+]
+
+
+def run_helm(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(testbed.BIN / "helm"), *args], capture_output=True, text=True)
+
+
 def helm(*args: str) -> str:
-    result = subprocess.run([str(testbed.BIN / "helm"), *args], capture_output=True, text=True)
+    result = run_helm(*args)
     assert result.returncode == 0, f"helm {' '.join(args)}: {result.stderr}"
     return result.stdout
 
 
-def render(release_namespace: str) -> list[dict]:
-    out = helm("template", "vigil", str(CHART), "--namespace", release_namespace, "--kube-version", "1.36.3")
+def render(release_namespace: str, *args: str, release: str = "vigil") -> list[dict]:
+    out = helm("template", release, str(CHART), "--namespace", release_namespace, "--kube-version", KUBE_VERSION, *args)
     return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
+def as_list(objects: list[dict]) -> str:
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
+
+
+def values_file(path: Path, values: dict) -> Path:
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def on_kwok(namespace: str) -> dict:
+    """Values for a release whose pods run on the bed's fake nodes, and whose cluster-wide
+    admission (the webhook and the heartbeat policy) is limited to its own namespace, so that it
+    cannot slow or refuse what other tests do meanwhile."""
+    only_here = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+    return {
+        "nodeSelector": {"type": "kwok"},
+        "tolerations": [{**testbed.FAKE_NODE_TAINT, "operator": "Equal"}],
+        "webhook": {"namespaceSelector": only_here},
+        "heartbeat": {"policy": {"namespaceSelector": only_here}},
+    }
+
+
 def test_the_chart_lints_and_grants_no_wildcard():
-    helm("lint", "--strict", str(CHART), "--kube-version", "1.36.3")
+    helm("lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION)
     [role] = [doc for doc in render("vigil-system") if doc["kind"] == "ClusterRole"]
     for rule in role["rules"]:
         for field in ("verbs", "resources", "apiGroups"):
@@ -114,3 +153,243 @@ def test_the_operator_runs_with_nothing_but_the_charts_rbac(kube: Kube, namespac
         kube.core.delete_namespace(release_ns)
     log = operator.log_path.read_text()
     assert "Forbidden" not in log and "403" not in log, log[-3000:]
+
+
+# ----------------------------------------------------------------- every optional part, on the API server
+
+EVERYTHING_ON = {
+    "replicas": 3,
+    "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}}},
+    "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+    "grafanaDashboard": {"enabled": True, "annotations": {"grafana_folder": "Vigil"}},
+    "podDisruptionBudget": {"enabled": True, "minAvailable": 2},
+    "serviceAccount": {"annotations": {"example.com/role": "vigil"}},
+    "podAnnotations": {"example.com/team": "batch"},
+    "podLabels": {"example.com/tier": "control"},
+    "commonLabels": {"example.com/owner": "platform"},
+    "topologySpreadConstraints": [
+        {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway"}
+    ],
+    "operator": {"watchNamespaces": ["team-*", "batch"], "logLevel": "debug"},
+}
+
+
+def install_monitoring_crds(kube: Kube) -> None:
+    missing = [str(path) for path in MONITORING_CRDS if not path.exists()]
+    if missing:
+        pytest.fail(f"prometheus-operator CRDs not found ({', '.join(missing)}): run testbed/build.sh")
+    for path in MONITORING_CRDS:
+        kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
+    for path in MONITORING_CRDS:
+        name = yaml.safe_load(path.read_text())["metadata"]["name"]
+        kube.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
+
+
+@pytest.fixture
+def release_namespace(kube: Kube) -> Iterator[str]:
+    name = f"vigil-rel-{uuid.uuid4().hex[:8]}"
+    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    yield name
+    kube.core.delete_namespace(name, propagation_policy="Background")
+
+
+def test_every_optional_part_is_accepted_by_the_api_server(kube: Kube, release_namespace: str, tmp_path: Path):
+    install_crds(kube)
+    install_monitoring_crds(kube)
+    values = values_file(tmp_path / "values.yaml", {**EVERYTHING_ON, "heartbeat": {"namespaces": [release_namespace]}})
+    release = "team-a"  # not containing the chart's name: objects are "team-a-vigil"
+    objects = render(release_namespace, "-f", str(values), release=release)
+    kinds = {doc["kind"] for doc in objects}
+    assert {
+        "ServiceMonitor", "PrometheusRule", "ConfigMap", "PodDisruptionBudget", "Deployment", "Service",
+        "ClusterRole", "Role", "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy",
+    } <= kinds, kinds  # fmt: skip
+
+    # Everything namespaced is in the release's namespace and named after the release; what refers
+    # to the release's objects across namespaces names that namespace.
+    cluster_scoped = {
+        "ClusterRole", "ClusterRoleBinding", "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }  # fmt: skip
+    for doc in objects:
+        meta = doc["metadata"]
+        if doc["kind"] in cluster_scoped:
+            assert "namespace" not in meta, doc["kind"]
+            assert meta["name"].startswith("team-a-vigil"), (doc["kind"], meta["name"])
+        else:
+            assert meta["namespace"] == release_namespace, (doc["kind"], meta["name"])
+        assert meta["labels"]["app.kubernetes.io/instance"] == release, (doc["kind"], meta["name"])
+        assert meta["labels"]["example.com/owner"] == "platform", (doc["kind"], meta["name"])
+    by_kind = {(doc["kind"], doc["metadata"]["name"]): doc for doc in objects}
+    binding = by_kind["ClusterRoleBinding", "team-a-vigil"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "team-a-vigil", "namespace": release_namespace}]
+    monitor = by_kind["ServiceMonitor", "team-a-vigil"]
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [release_namespace]}
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    metrics_service = by_kind["Service", "team-a-vigil-metrics"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= metrics_service["metadata"]["labels"].items()
+    assert (
+        not monitor["spec"]["selector"]["matchLabels"].items()
+        <= by_kind["Service", "team-a-vigil-webhook"]["metadata"]["labels"].items()
+    )
+    assert [p["name"] for p in metrics_service["spec"]["ports"]] == ["metrics"]
+    hook = by_kind["ValidatingWebhookConfiguration", "team-a-vigil"]["webhooks"][0]
+    assert hook["clientConfig"]["service"]["namespace"] == release_namespace
+    lease_role = by_kind["Role", "team-a-vigil-leader-election"]
+    assert lease_role["rules"][0]["resourceNames"] == ["team-a-vigil"]
+    deployment = by_kind["Deployment", "team-a-vigil"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert "--lease-name=team-a-vigil" in container["args"]
+    assert "--metrics-address=0.0.0.0:8081" in container["args"]
+    assert {"name": "metrics", "containerPort": 8081} in container["ports"]
+    assert by_kind["PodDisruptionBudget", "team-a-vigil"]["spec"]["minAvailable"] == 2
+    assert "maxUnavailable" not in by_kind["PodDisruptionBudget", "team-a-vigil"]["spec"]
+    assert by_kind["PrometheusRule", "team-a-vigil"]["spec"]["groups"], "the PrometheusRule has no rules"
+
+    # The API server validates all of it (schemas of the CRDs included), storing nothing.
+    out = kube.kubectl("apply", "--dry-run=server", "-f", "-", input=as_list(objects)).stdout
+    assert out.count("(server dry run)") == len(objects), out
+
+
+def test_the_pods_are_safe_by_default_and_spread_over_nodes():
+    [deployment] = [doc for doc in render("vigil-system") if doc["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    [term] = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert {p["name"] for p in container["ports"]} == {"health", "metrics", "webhook"}
+    # The user's affinity replaces the default; one replica gets no PodDisruptionBudget.
+    pool = {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["ops"]}]}
+    node_affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [pool]}}}
+    custom = render("vigil-system", "--set-json", f"affinity={json.dumps(node_affinity)}", "--set", "replicas=1")
+    assert [doc["spec"]["template"]["spec"]["affinity"] for doc in custom if doc["kind"] == "Deployment"] == [
+        node_affinity
+    ]
+    assert "PodDisruptionBudget" not in {doc["kind"] for doc in custom}
+
+
+# ------------------------------------------------------------------------------- install, upgrade, uninstall
+
+
+def helm_on(kube: Kube, *args: str) -> str:
+    return helm(*args, "--kubeconfig", str(kube.kubeconfig))
+
+
+def deployment_of(kube: Kube, namespace: str, name: str) -> client.V1Deployment | None:
+    try:
+        return client.AppsV1Api(kube.api).read_namespaced_deployment(name, namespace)
+    except client.ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+def test_install_upgrade_and_uninstall(kube: Kube, tmp_path: Path):
+    install_crds(kube)
+    namespace = f"vigil-inst-{uuid.uuid4().hex[:8]}"
+    release = f"vigil-{uuid.uuid4().hex[:6]}"  # contains the chart's name: objects are named as the release
+    values = values_file(tmp_path / "values.yaml", on_kwok(namespace))
+    apps = client.AppsV1Api(kube.api)
+    started = time.monotonic()
+    try:
+        # kwok makes the pods Ready, so helm can wait for the rollout as in a real cluster.
+        notes = helm_on(
+            kube, "install", release, str(CHART), "-n", namespace, "--create-namespace", "-f", str(values),
+            "--wait", "--timeout", "120s",
+        )  # fmt: skip
+        assert "kubectl get vj,vq -A" in notes and f"lease {release}" in notes and f"{release}-metrics" in notes, notes
+        deployment = apps.read_namespaced_deployment(release, namespace)
+        assert (deployment.spec.replicas, deployment.status.ready_replicas) == (2, 2)
+        pods = kube.core.list_namespaced_pod(namespace, label_selector=f"app.kubernetes.io/instance={release}").items
+        assert len({pod.spec.node_name for pod in pods}) == 2, "the anti-affinity did not spread the replicas"
+        pdb = client.PolicyV1Api(kube.api).read_namespaced_pod_disruption_budget(release, namespace)
+        assert pdb.spec.max_unavailable == 1
+        assert kube.core.read_namespaced_service(f"{release}-metrics", namespace).spec.ports[0].name == "metrics"
+        assert "--log-level=info" in deployment.spec.template.spec.containers[0].args
+
+        # An upgrade that changes a value rolls the Deployment.
+        helm_on(
+            kube, "upgrade", release, str(CHART), "-n", namespace, "-f", str(values),
+            "--set", "operator.logLevel=debug", "--set", "resources.limits.memory=768Mi", "--wait", "--timeout", "120s",
+        )  # fmt: skip
+        upgraded = apps.read_namespaced_deployment(release, namespace)
+        container = upgraded.spec.template.spec.containers[0]
+        assert "--log-level=debug" in container.args and "--log-level=info" not in container.args
+        assert container.resources.limits["memory"] == "768Mi"
+        assert upgraded.metadata.generation > deployment.metadata.generation
+        assert upgraded.status.updated_replicas == 2
+        history = json.loads(helm_on(kube, "history", release, "-n", namespace, "-o", "json"))
+        assert [entry["status"] for entry in history] == ["superseded", "deployed"]
+
+        # The cluster-scoped objects, to look for after the uninstall.
+        manifest = [
+            doc for doc in yaml.safe_load_all(helm_on(kube, "get", "manifest", release, "-n", namespace)) if doc
+        ]
+        assert len(manifest) >= 12
+    finally:
+        uninstalled = run_helm(
+            "uninstall", release, "-n", namespace, "--wait", "--timeout", "120s", "--kubeconfig", str(kube.kubeconfig)
+        )
+    assert uninstalled.returncode == 0, uninstalled.stderr
+    try:
+        # Everything the release made is gone, namespaced or not; the CRDs (and so the jobs) stay.
+        for doc in manifest:
+            kind, name = doc["kind"], doc["metadata"]["name"]
+            args = ["get", kind, name, "--ignore-not-found", "-o", "name"]
+            if "namespace" in doc["metadata"]:
+                args += ["-n", doc["metadata"]["namespace"]]
+            assert kube.kubectl(*args).stdout.strip() == "", f"{kind}/{name} outlived helm uninstall"
+        wait_until(lambda: not kube.core.list_namespaced_pod(namespace).items, 60, "the release's pods to be deleted")
+        for crd in ("vigiljobs.vigil.dev", "vigilqueues.vigil.dev"):
+            assert (
+                kube.kubectl("get", "crd", crd, "-o", "name").stdout.strip()
+                == f"customresourcedefinition.apiextensions.k8s.io/{crd}"
+            )
+    finally:
+        kube.core.delete_namespace(namespace, propagation_policy="Background")
+    print(f"install, upgrade and uninstall took {time.monotonic() - started:.1f}s")
+
+
+# ------------------------------------------------------------------------------- bad values
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--set", "replicas=-1"], ["/replicas", "minimum"]),
+        (["--set", "operator.logLevel=loud"], ["/operator/logLevel", "'debug', 'info', 'warning', 'error'"]),
+        (["--set", "webhook.failurePolicy=Sometimes"], ["/webhook/failurePolicy", "'Ignore', 'Fail'"]),
+        (["--set", "operator.workers=many"], ["/operator/workers", "want integer"]),
+        (["--set", "replica=3"], ["additional properties 'replica' not allowed"]),
+        (["--set", "metrics.serviceMonitor.interval=often"], ["/metrics/serviceMonitor/interval"]),
+        (["--set", "podDisruptionBudget.maxUnavailable=0"], ["/podDisruptionBudget/maxUnavailable"]),
+        (
+            ["--set", "replicas=2", "--set", "leaderElection.enabled=false"],
+            ["replicas=2 needs leaderElection.enabled=true", "or replicas=1"],
+        ),
+        (
+            ["--set", "leaderElection.renewDeadlineSeconds=20"],
+            ["leaderElection.leaseDurationSeconds (15) must be greater than leaderElection.renewDeadlineSeconds (20)"],
+        ),
+        (["--set", "metrics.port=8080"], ["metrics.port (8080) is already taken by operator.healthPort"]),
+    ],
+    ids=lambda value: " ".join(value) if isinstance(value, list) and value[0].startswith("--") else None,
+)
+def test_bad_values_are_refused_naming_the_value(kube: Kube, args: list[str], expected: list[str]):
+    namespace = f"vigil-bad-{uuid.uuid4().hex[:8]}"
+    result = run_helm(
+        "install", "vigil", str(CHART), "-n", namespace, "--create-namespace", "--kubeconfig", str(kube.kubeconfig),
+        *args,
+    )  # fmt: skip
+    assert result.returncode != 0, f"helm install {' '.join(args)} was accepted"
+    for text in expected:
+        assert text in result.stderr, result.stderr
+    # Refused before anything reached the cluster.
+    assert kube.kubectl("get", "namespace", namespace, "--ignore-not-found", "-o", "name").stdout == ""
