@@ -88,6 +88,11 @@ class Cluster:
         return self.dir / "kubeconfig"
 
     @property
+    def audit_log(self) -> Path:
+        """kube-apiserver's audit log (JSON lines): one event per write, see AUDIT_POLICY."""
+        return self.logs / "audit.log"
+
+    @property
     def server(self) -> str:
         return f"https://127.0.0.1:{self.ports.apiserver}"
 
@@ -444,8 +449,30 @@ def start_etcd(cluster: Cluster, durable: bool) -> None:
     wait_for("etcd health", lambda: _http_ok(f"http://127.0.0.1:{p.etcd_client}/health"), 60, cluster, "etcd")
 
 
+# The audit policy of the test bed: every write (who, which object, when received, the answer),
+# at level Metadata (no bodies), nothing for reads and watches, which are most requests and say
+# nothing about who changed what. A test tells who wrote from `user.username` and `userAgent`
+# (Vigil's clients name their process's holder identity there), e.g. that a leader that lost its
+# lease sent no write after it (tests/integration/test_split_brain.py). Written as JSON, which is
+# YAML too.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],  # ResponseComplete (or Panic) carries the same times and the code
+    "rules": [
+        {"level": "Metadata", "verbs": ["create", "update", "patch", "delete", "deletecollection"]},
+        {"level": "None"},
+    ],
+}
+AUDIT_LOG_MAX_MB = 100  # rotated at this size, keeping AUDIT_LOG_BACKUPS older files: at most 300 MB
+AUDIT_LOG_BACKUPS = 2
+
+
 def start_apiserver(cluster: Cluster) -> None:
     pki, p = cluster.pki, cluster.ports
+    policy = cluster.dir / "audit-policy.yaml"
+    policy.write_text(json.dumps(AUDIT_POLICY, indent=2) + "\n")
+    cluster.logs.mkdir(parents=True, exist_ok=True)
     start(
         cluster,
         "kube-apiserver",
@@ -469,6 +496,11 @@ def start_apiserver(cluster: Cluster) -> None:
             "--shutdown-send-retry-after=true",
             "--allow-privileged=true",
             "--profiling=false",
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={cluster.audit_log}",
+            "--audit-log-format=json",
+            f"--audit-log-maxsize={AUDIT_LOG_MAX_MB}",
+            f"--audit-log-maxbackup={AUDIT_LOG_BACKUPS}",
             "--v=1",
         ],
     )
