@@ -26,7 +26,7 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from vigil import api
 from vigil.admission import Pending
 from vigil.controller import Controller
-from vigil.election import ElectionConfig, LeaderElector
+from vigil.election import ElectionConfig, LeaderElector, default_identity, user_agent
 from vigil.informer import Informer
 from vigil.kube import Kube
 from vigil.metrics import Metrics, StateCollector
@@ -139,6 +139,10 @@ class OperatorRuntime:
             return
         configuration = _client_configuration()
         api_client = client.ApiClient(configuration)
+        # The holder identity is chosen before any request, so that every write of this process
+        # names it in its User-Agent: an audit log then tells the replicas apart (election.user_agent).
+        identity = default_identity() if self.lease is not None else None
+        api_client.user_agent = user_agent(identity)
         reader = ApiReader(configuration)
         metrics = Metrics()
         kube = Kube(api_client, metrics)
@@ -149,7 +153,7 @@ class OperatorRuntime:
         elector = None
         if self.lease is not None:
             timings, lease_namespace, lease_name = self.lease
-            elector = LeaderElector.for_lease(configuration, lease_namespace, lease_name, timings)
+            elector = LeaderElector.for_lease(configuration, lease_namespace, lease_name, timings, identity=identity)
             kube.fence = elector.check  # no write leaves this process unless it leads, renewed in time
             metrics.leader.labels(lease_name).set_function(lambda: 1.0 if elector.deadline_ok() else 0.0)
         else:
