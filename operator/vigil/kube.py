@@ -15,6 +15,7 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from urllib3.util.retry import Retry
 
 from vigil.api import FINALIZER_ATTEMPT_TRACKING, GROUP, LABEL_JOB_UID, PLURAL, QUEUE_PLURAL, VERSION
 from vigil.metrics import Metrics
@@ -52,6 +53,27 @@ def _refusal(err: ApiException) -> Refused:
     return Refused(err.status, body.get("reason", err.reason or ""), body.get("message", str(err.body)))
 
 
+class FencedRetry(Retry):
+    """urllib3's retries (the client's default: 3), except that a write is sent again only while
+    `fence()` allows it. urllib3 retries on its own, inside the call: PUT and DELETE even after a
+    read timed out, so without this a DELETE checked once could go out again 20 s and 40 s later,
+    long after the fence closed (a leader cut off, or frozen and woken)."""
+
+    def __init__(self, *args: Any, fence: Any = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fence = fence or (lambda: None)
+
+    def new(self, **kwargs: Any) -> FencedRetry:
+        retry = super().new(**kwargs)
+        retry.fence = self.fence
+        return retry
+
+    def increment(self, method: str | None = None, *args: Any, **kwargs: Any) -> Retry:
+        if method is None or method.upper() not in ("GET", "HEAD"):
+            self.fence()  # NotLeading ends the call here: nothing more is sent
+        return super().increment(method, *args, **kwargs)
+
+
 class Kube:
     """Vigil's writes. Each method returns once the write is done or found already done."""
 
@@ -63,14 +85,41 @@ class Kube:
         self.fence: Any = lambda: None
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
+        # Each retry urllib3 makes of a write passes the fence again (FencedRetry). The pools are
+        # made lazily, per host, from these keywords: set before the first request.
+        pools = api.rest_client.pool_manager
+        given = pools.connection_pool_kw.get("retries")
+        if given is None or (isinstance(given, Retry) and not isinstance(given, FencedRetry)):
+            base = given if isinstance(given, Retry) else Retry.DEFAULT
+            pools.connection_pool_kw["retries"] = FencedRetry(
+                total=base.total,
+                connect=base.connect,
+                read=base.read,
+                redirect=base.redirect,
+                status=base.status,
+                other=base.other,
+                allowed_methods=base.allowed_methods,
+                backoff_factor=base.backoff_factor,
+                fence=lambda: self.fence(),
+            )
 
     async def _call(self, verb: str, resource: str, function: Any, *args: Any, **kwargs: Any) -> Any:
-        """One call of the synchronous client, in a thread, timed and counted by verb; a write
-        passes the fence first."""
-        if verb not in ("get", "list"):
+        """One call of the synchronous client, in a thread, timed and counted by verb. A write
+        passes the fence before it is queued for a thread, again in the thread just before it is
+        sent (the default executor has a few threads: under load, or after the process was
+        frozen, a write can wait there well past the moment it was queued), and again before
+        any retry urllib3 makes (FencedRetry)."""
+        if verb in ("get", "list"):
+            call = function
+        else:
             self.fence()
+
+            def call(*args: Any, **kwargs: Any) -> Any:
+                self.fence()
+                return function(*args, **kwargs)
+
         with self.metrics.timed_request(verb, resource):
-            return await asyncio.to_thread(function, *args, **kwargs)
+            return await asyncio.to_thread(call, *args, **kwargs)
 
     # --- pods ---------------------------------------------------------------------------
 

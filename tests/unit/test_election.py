@@ -1072,3 +1072,84 @@ def test_shell_runs_once():
             await a.run()
 
     shell(scenario)
+
+
+# --- the fence in the operator's own client (vigil.kube) ---------------------------------------
+
+
+def _kube_against(url: str):
+    from kubernetes import client
+
+    from vigil.kube import Kube
+
+    conf = client.Configuration()
+    conf.host = url
+    return Kube(client.ApiClient(conf))
+
+
+def test_a_write_queued_before_the_fence_closed_is_checked_again_in_its_thread():
+    """A write passes the fence when queued for a worker thread, and again in the thread: one
+    that waited there while the fence closed (a busy pool, a frozen process) is never sent."""
+    kube = _kube_against("http://127.0.0.1:9")
+    checks, sent = [], []
+
+    def fence() -> None:
+        checks.append(1)
+        if len(checks) > 1:  # open when queued, closed by the time a thread runs it
+            raise NotLeading("the renew deadline passed while the write waited for a thread")
+
+    kube.fence = fence
+    with pytest.raises(NotLeading):
+        asyncio.run(kube._call("patch", "pods", lambda: sent.append(1)))
+    assert sent == [] and len(checks) == 2
+    assert asyncio.run(kube._call("get", "pods", lambda: "read")) == "read"  # reads are not fenced
+    assert len(checks) == 2
+
+
+def test_urllib3_retries_a_write_only_while_the_fence_is_open():
+    """urllib3 sends a DELETE again by itself after the connection broke (its default: 3
+    retries); each retry passes the fence, so none goes out once it has closed."""
+    import socket
+    import threading
+
+    from kubernetes.client.rest import ApiException  # noqa: F401 - the client's error type, for context
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    server.settimeout(5)
+    accepted: list[int] = []
+
+    def serve() -> None:  # accepts, reads the request, hangs up without an answer
+        try:
+            while True:
+                conn, _ = server.accept()
+                accepted.append(1)
+                conn.recv(65536)
+                conn.close()
+        except OSError:
+            return
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.getsockname()[1]}"
+        open_kube = _kube_against(url)  # the fence stays open: urllib3 tries 1 + 3 times
+        with pytest.raises(Exception):  # noqa: B017 - urllib3's MaxRetryError, whatever wraps it
+            asyncio.run(open_kube.delete_pod("ns", "p", "uid"))
+        assert len(accepted) == 4
+
+        accepted.clear()
+        kube = _kube_against(url)
+        checks: list[int] = []
+
+        def fence() -> None:
+            checks.append(1)
+            if len(checks) > 2:  # open when queued and when sent; closed before the first retry
+                raise NotLeading("closed")
+
+        kube.fence = fence
+        with pytest.raises(NotLeading):
+            asyncio.run(kube.delete_pod("ns", "p", "uid"))
+        assert len(accepted) == 1
+    finally:
+        server.close()
