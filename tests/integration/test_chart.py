@@ -393,3 +393,13 @@ def test_bad_values_are_refused_naming_the_value(kube: Kube, args: list[str], ex
         assert text in result.stderr, result.stderr
     # Refused before anything reached the cluster.
     assert kube.kubectl("get", "namespace", namespace, "--ignore-not-found", "-o", "name").stdout == ""
+
+
+def test_the_documented_crd_upgrade_works_and_client_side_apply_would_not(kube: Kube):
+    """docs/upgrading.md: `kubectl apply --server-side -f charts/vigil/crds/`, because client-side
+    apply's last-applied annotation cannot hold the VigilJob CRD."""
+    install_crds(kube)
+    out = kube.kubectl("apply", "--server-side", "-f", str(CHART / "crds")).stdout
+    assert "vigiljobs.vigil.dev serverside-applied" in out, out
+    client_side = kube.kubectl("apply", "--dry-run=server", "-f", str(CHART / "crds"), check=False)
+    assert client_side.returncode != 0 and "Too long" in client_side.stderr, client_side.stderr
