@@ -83,8 +83,10 @@ def on_kwok(namespace: str) -> dict:
     }
 
 
-def test_the_chart_lints_and_grants_no_wildcard():
+def test_the_chart_lints_and_grants_no_wildcard(tmp_path: Path):
     helm("lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION)
+    everything = values_file(tmp_path / "everything.yaml", EVERYTHING_ON)
+    helm("lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION, "-f", str(everything))
     [role] = [doc for doc in render("vigil-system") if doc["kind"] == "ClusterRole"]
     for rule in role["rules"]:
         for field in ("verbs", "resources", "apiGroups"):
