@@ -246,7 +246,12 @@ def test_every_optional_part_is_accepted_by_the_api_server(kube: Kube, release_n
     assert {"name": "metrics", "containerPort": 8081} in container["ports"]
     assert by_kind["PodDisruptionBudget", "team-a-vigil"]["spec"]["minAvailable"] == 2
     assert "maxUnavailable" not in by_kind["PodDisruptionBudget", "team-a-vigil"]["spec"]
-    assert by_kind["PrometheusRule", "team-a-vigil"]["spec"]["groups"], "the PrometheusRule has no rules"
+    rule = by_kind["PrometheusRule", "team-a-vigil"]
+    assert rule["spec"]["groups"], "the PrometheusRule has no rules"
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    dashboard = by_kind["ConfigMap", "team-a-vigil-dashboard"]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert dashboard["metadata"]["annotations"] == {"grafana_folder": "Vigil"}
 
     # The API server validates all of it (schemas of the CRDs included), storing nothing.
     out = kube.kubectl("apply", "--dry-run=server", "-f", "-", input=as_list(objects)).stdout
