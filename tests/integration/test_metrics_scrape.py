@@ -1,0 +1,248 @@
+"""/metrics scraped while jobs run, and after, compared with what the API server shows.
+
+Two `vigil operator --leader-elect` processes, each serving /metrics on a port of its own, run a
+mix of jobs through one VigilQueue (maxRunning 3; retry budget off, so that retries do not wait
+on its floor of 3 a minute): some succeed, some fail once and then succeed, one dead-letters on
+a poison exit code. The scrapes are parsed with prometheus-client's own parser and checked
+against the cluster:
+
+- gauges: `vigil_jobs{phase}` against a LIST of the VigilJobs grouped by status.phase,
+  `vigil_queue_depth` / `vigil_queue_running` against the VigilQueue's status (while the jobs run,
+  a moment where scrape, LIST and scrape agree is waited for; after, they must agree outright),
+  `leader_election_master_status` 1 on the leader and 0 on the standby;
+- counters: attempts started = attempt pods created = the jobs' status.attempts summed; attempts
+  finished by outcome = the outcomes in the jobs' histories; one dead letter; one retry per flaky
+  job; histograms (reconcile time, API request duration by verb, queue wait) have observations;
+- cardinality: no label value of any series is a job's or a pod's name, and the set of series
+  after 25 jobs is the set after 5 (the second batch repeats the first one's kinds of jobs).
+
+The heartbeat-gap histogram stays empty here: kwok's simulated pods run no vigil-agent (heartbeat
+required: false), so there are no beats to measure; tests/integration/test_heartbeats.py has them.
+A scrape taken during the run is saved to /tmp/metrics-sample.txt.
+"""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import Kube, install_crds, wait_until
+from tests.integration import test_failover
+from tests.integration.test_failover import electing, holder, identity
+from tests.integration.test_lifecycle import FAST_BACKOFF, create, vigil_job
+from tests.integration.test_queues import vigil_queue
+from vigil import api
+from vigil.api import GROUP, PLURAL, VERSION
+
+pytestmark = pytest.mark.e2e
+
+elect_namespace = test_failover.elect_namespace  # the fixture: a namespace outside the session operator's t-*
+
+QUEUE = "batch"
+SAMPLE = Path("/tmp/metrics-sample.txt")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return response.read().decode()
+
+
+def samples(text: str) -> list:
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
+def value(text: str, name: str, **labels: str) -> float:
+    """The sum of the samples called `name` whose labels include `labels` (0 when none)."""
+    return sum(
+        s.value for s in samples(text) if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def by_label(text: str, name: str, label: str) -> dict[str, float]:
+    return {s.labels[label]: s.value for s in samples(text) if s.name == name and s.value}
+
+
+def series(text: str) -> set[tuple]:
+    return {(s.name, tuple(sorted(s.labels.items()))) for s in samples(text)}
+
+
+def job(name: str, exit_code: str, **retry: object) -> dict:
+    retry = {"maxAttempts": 3, "backoff": FAST_BACKOFF, **retry}
+    return vigil_job(name, exit_code=exit_code, run_for="1s", queue=QUEUE, retry=retry)
+
+
+def batch(prefix: str, count: int, poison: bool) -> list[dict]:
+    """Jobs in a fixed mix: two in five succeed at once, two fail once first; one poison if asked."""
+    jobs = []
+    for i in range(count):
+        if poison and i == count - 1:
+            jobs.append(job(f"{prefix}-poison-{i}", "3", nonRetryableExitCodes=[3]))
+        elif i % 2:
+            jobs.append(job(f"{prefix}-flaky-{i}", "1,0"))
+        else:
+            jobs.append(job(f"{prefix}-ok-{i}", "0"))
+    return jobs
+
+
+class Cluster:
+    """What the API server shows of the test's namespace."""
+
+    def __init__(self, kube: Kube, namespace: str) -> None:
+        self.kube, self.namespace = kube, namespace
+
+    def jobs(self) -> list[dict]:
+        return self.kube.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL)["items"]
+
+    def phases(self) -> dict[str, int]:
+        return dict(Counter((j.get("status") or {}).get("phase") or "New" for j in self.jobs()))
+
+    def queue(self) -> dict:
+        queue = self.kube.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, api.QUEUE_PLURAL, QUEUE)
+        return queue.get("status") or {}
+
+    def pods(self) -> list:
+        return self.kube.core.list_namespaced_pod(self.namespace, label_selector=api.LABEL_JOB_UID).items
+
+    def finished(self) -> bool:
+        return all((j.get("status") or {}).get("phase") in ("Succeeded", "DeadLettered") for j in self.jobs())
+
+
+def phases_scraped(text: str) -> dict[str, int]:
+    return {phase: int(n) for phase, n in by_label(text, "vigil_jobs", "phase").items()}
+
+
+def queue_scraped(text: str, namespace: str) -> tuple[float, float]:
+    return (
+        value(text, "vigil_queue_depth", namespace=namespace, queue=QUEUE),
+        value(text, "vigil_queue_running", namespace=namespace, queue=QUEUE),
+    )
+
+
+def check_counters(text: str, cluster: Cluster, flaky: int, dead: int) -> None:
+    jobs, pods = cluster.jobs(), cluster.pods()
+    attempts = sum((j.get("status") or {}).get("attempts") or 0 for j in jobs)
+    assert value(text, "vigil_attempts_started_total") == len(pods) == attempts
+    outcomes = Counter(record.get("outcome") for j in jobs for record in (j.get("status") or {}).get("history") or [])
+    assert by_label(text, "vigil_attempts_finished_total", "outcome") == dict(outcomes)
+    assert value(text, "vigil_dead_letters_total") == dead
+    assert value(text, "vigil_dead_letters_total", reason="NonRetryableExitCode") == dead
+    assert value(text, "vigil_retries_total") == flaky
+    assert value(text, "vigil_queue_starts_total", namespace=cluster.namespace, queue=QUEUE) == attempts
+    # histograms with observations
+    assert value(text, "controller_runtime_reconcile_time_seconds_count") > 0
+    assert value(text, "vigil_queue_wait_seconds_count", namespace=cluster.namespace, queue=QUEUE) == attempts
+    for verb in ("create", "patch"):  # pods and events created; job status patched (the watches are not timed)
+        assert value(text, "vigil_api_request_duration_seconds_count", verb=verb) > 0, verb
+    assert value(text, "vigil_attempt_duration_seconds_count") == sum(outcomes.values())
+    assert value(text, "vigil_heartbeat_gap_seconds_count") == 0  # no agent in kwok's pods: no beats
+
+
+def check_names_are_no_labels(texts: list[str], cluster: Cluster) -> None:
+    names = {j["metadata"]["name"] for j in cluster.jobs()} | {p.metadata.name for p in cluster.pods()}
+    values = {v for text in texts for s in samples(text) for v in s.labels.values()}
+    assert not names & values, f"job or pod names used as label values: {sorted(names & values)}"
+
+
+def test_metrics_during_a_run_agree_with_the_cluster_and_do_not_grow_with_jobs(
+    kube: Kube, elect_namespace: str, tmp_path: Path
+):
+    namespace = elect_namespace
+    install_crds(kube)
+    cluster = Cluster(kube, namespace)
+    ports = [free_port(), free_port()]
+    operators = []
+    for i, port in enumerate(ports):
+        operator = electing(kube, namespace, tmp_path / f"operator-{i}.log")
+        operator.extra_args = (*operator.extra_args, "--metrics-address", f"127.0.0.1:{port}")
+        operators.append(operator)
+        operator.start()
+    try:
+        leader_id = wait_until(lambda: holder(kube, namespace), 30, "a leader")
+        wait_until(lambda: all(identity(op) for op in operators), 30, "both to campaign")
+        leader = next(i for i, op in enumerate(operators) if identity(op) == leader_id)
+        port, standby_port = ports[leader], ports[1 - leader]
+        wait_until(lambda: _answers(port) and _answers(standby_port), 30, "both to serve /metrics")
+        kube.custom.create_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            namespace,
+            api.QUEUE_PLURAL,
+            vigil_queue(QUEUE, maxRunning=3, retryBudget=1),  # budget off: retries as they come
+        )
+        assert value(scrape(port), "leader_election_master_status") == 1
+        assert value(scrape(standby_port), "leader_election_master_status") == 0
+
+        # 5 jobs: 2 succeed, 2 fail once first, 1 dead-letters.
+        first = batch("m1", 5, poison=True)
+        for j in first:
+            create(kube, namespace, j)
+        texts = []
+
+        def agrees_while_running() -> bool:
+            before, phases, queue, after = scrape(port), cluster.phases(), cluster.queue(), scrape(port)
+            texts.append(before)
+            running = any(p not in ("Succeeded", "DeadLettered") for p in phases)
+            agree = phases_scraped(before) == phases == phases_scraped(after)
+            queue_agrees = queue_scraped(before, namespace) == (queue.get("queued"), queue.get("running"))
+            return running and agree and queue_agrees and phases_scraped(before) != {}
+
+        wait_until(agrees_while_running, 30, "a scrape during the run that agrees with the cluster", interval=0.1)
+        during = texts[-1]
+        SAMPLE.write_text(during)
+        assert value(during, "vigil_attempts_started_total") > 0
+
+        wait_until(cluster.finished, 60, "the first 5 jobs to finish")
+        wait_until(
+            lambda: (
+                queue_scraped(scrape(port), namespace) == (0, 0)
+                and (cluster.queue().get("queued"), cluster.queue().get("running")) == (0, 0)
+            ),
+            15,
+            "the queue to be empty in the metrics and in its status",
+        )
+        at5 = scrape(port)
+        assert phases_scraped(at5) == cluster.phases() == {"Succeeded": 4, "DeadLettered": 1}
+        check_counters(at5, cluster, flaky=2, dead=1)
+        standby = scrape(standby_port)
+        assert value(standby, "leader_election_master_status") == 0
+        assert phases_scraped(standby) == cluster.phases()  # warm caches on the standby too
+        assert value(standby, "vigil_attempts_started_total") == 0  # and no work
+
+        # 20 more of the same kinds (no poison): the series stay the same.
+        for j in batch("m2", 20, poison=False):
+            create(kube, namespace, j)
+        wait_until(cluster.finished, 90, "all 25 jobs to finish")
+        wait_until(lambda: queue_scraped(scrape(port), namespace) == (0, 0), 15, "the queue gauges to settle")
+        at25 = scrape(port)
+        assert phases_scraped(at25) == cluster.phases() == {"Succeeded": 24, "DeadLettered": 1}
+        check_counters(at25, cluster, flaky=2 + 10, dead=1)
+        texts += [at5, at25, standby, scrape(standby_port)]
+        check_names_are_no_labels(texts, cluster)
+        grown = series(at25) - series(at5)
+        print(
+            f"\nmetrics: {len(series(at5))} series at 5 jobs, {len(series(at25))} at 25 jobs; "
+            f"new at 25: {sorted(grown)}; sample during the run saved to {SAMPLE}"
+        )
+        assert not grown, f"series appeared with more jobs: {sorted(grown)}"
+    finally:
+        for operator in operators:
+            operator.stop()
+
+
+def _answers(port: int) -> bool:
+    try:
+        scrape(port)
+    except OSError:
+        return False
+    return True
