@@ -129,6 +129,27 @@ fetch_prometheus_operator_crds() {
   ln -sfn "prometheus-operator-$PROMETHEUS_OPERATOR_VERSION" "$CACHE/crds/prometheus-operator"
 }
 
+# kstatus: sigs.k8s.io/cli-utils' status library (what Flux and kpt compute health with), behind
+# the tiny reader in testbed/tools/kstatus (JSON objects on stdin, one status line each; the
+# kstatus tests use it). The cli-utils version is the one its go.mod requires. Built in a copy
+# under $SRC, so -mod=mod never edits the checkout; the stamp holds a hash of the tool's files,
+# so an edit of the tool rebuilds it and nothing else does.
+KSTATUS_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/tools/kstatus
+KSTATUS_VERSION=$(sed -nE 's/^[[:space:]]*(require[[:space:]]+)?sigs\.k8s\.io\/cli-utils[[:space:]]+(v[^[:space:]]+).*/\2/p' "$KSTATUS_DIR/go.mod")
+build_kstatus() {
+  [[ -n $KSTATUS_VERSION ]] || die "no sigs.k8s.io/cli-utils version in $KSTATUS_DIR/go.mod"
+  local stamp; stamp=$(cd "$KSTATUS_DIR" && cat go.mod go.sum main.go | sha256sum | cut -c1-16)
+  if have kstatus "$KSTATUS_VERSION" && [[ $(cat "$BIN/kstatus-$KSTATUS_VERSION.stamp" 2>/dev/null) == "$stamp" ]]; then
+    log "kstatus (cli-utils $KSTATUS_VERSION): cached"; return
+  fi
+  local dir=$SRC/kstatus-$KSTATUS_VERSION
+  log "kstatus (cli-utils $KSTATUS_VERSION): building"
+  rm -rf "$dir"; mkdir -p "$dir"; cp "$KSTATUS_DIR"/{go.mod,go.sum,main.go} "$dir/"
+  (cd "$dir" && run_go "build kstatus" go build -trimpath -ldflags "-s -w" -o "$BIN/kstatus-$KSTATUS_VERSION.tmp" .)
+  mv "$BIN/kstatus-$KSTATUS_VERSION.tmp" "$BIN/kstatus-$KSTATUS_VERSION"
+  echo "$stamp" >"$BIN/kstatus-$KSTATUS_VERSION.stamp"
+}
+
 start=$SECONDS
 build_etcd
 build_kubernetes
@@ -137,11 +158,12 @@ build_plain helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" "-s -w -X helm.sh/helm
 build_plain promtool github.com/prometheus/prometheus/cmd/promtool "$PROMETHEUS_VERSION" \
   "-s -w -X github.com/prometheus/common/version.Version=$PROMETHEUS_VERSION"
 fetch_prometheus_operator_crds
+build_kstatus
 
 # Stable names for the chosen versions, so PATH=$BIN works.
 for pair in "etcd $ETCD_VERSION" "kube-apiserver $KUBE_VERSION" "kube-controller-manager $KUBE_VERSION" \
             "kube-scheduler $KUBE_VERSION" "kubectl $KUBE_VERSION" "kwok $KWOK_VERSION" "helm $HELM_VERSION" \
-            "promtool $PROMETHEUS_VERSION"; do
+            "promtool $PROMETHEUS_VERSION" "kstatus $KSTATUS_VERSION"; do
   set -- $pair; ln -sfn "$1-$2" "$BIN/$1"
 done
 log "done in $((SECONDS - start))s: binaries in $BIN"
