@@ -73,6 +73,17 @@ def wait_until(condition: Callable[[], object], timeout: float, what: str, inter
     pytest.fail(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
+def holds(check: Callable[[], None], seconds: float, interval: float = 0.5) -> None:
+    """Runs check() (which asserts) over and over for `seconds`: for the claims that something
+    does not happen for a while, where waiting the whole while is the point, not a guess."""
+    deadline = time.monotonic() + seconds
+    while True:
+        check()
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+
+
 def pod_phase(kube: Kube, namespace: str, name: str) -> str | None:
     """The pod's phase, or None when there is no such pod."""
     try:

@@ -18,7 +18,7 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from tests.conftest import Kube, OperatorProcess, pod_phase, wait_until
+from tests.conftest import Kube, OperatorProcess, holds, pod_phase, wait_until
 from tests.integration.test_agent import JOB_ACCOUNT, grant_heartbeat_rbac, pod_token, write_kubeconfig
 from tests.integration.test_lifecycle import FAST_BACKOFF, condition, create, get, status, vigil_job, wait_phase
 
@@ -116,13 +116,14 @@ def test_beats_keep_a_long_attempt_running(kube: Kube, vigil: OperatorProcess, n
     create(kube, namespace, heartbeat_job("steady"))
     agents("steady-1")
     wait_phase(kube, namespace, "steady", "Running")
-    began = time.monotonic()
+
     # Three timeouts long: never Uncertain, never a second attempt.
-    while time.monotonic() - began < 18:
+    def still_running_once() -> None:
         current = status(kube, namespace, "steady")
         assert current["phase"] == "Running", current
         assert current["attempts"] == 1
-        time.sleep(0.5)
+
+    holds(still_running_once, 18)
     job = get(kube, namespace, "steady")
     assert condition(job, "HeartbeatHealthy")["status"] == "True"
     assert job["status"]["currentAttempt"].get("lastHeartbeatAt"), "LAST-BEAT is shown"
@@ -208,10 +209,11 @@ def test_no_overlap_waits_for_a_pod_that_never_finishes_terminating(
     agent.signal(signal.SIGKILL)
     wait_until(lambda: status(kube, namespace, "stuck").get("reason") == "WaitingForPreviousPod", 30, "the job to wait")
     assert "stuck-1" in status(kube, namespace, "stuck")["message"]
-    began = time.monotonic()
-    while time.monotonic() - began < 8:
+
+    def no_second_pod() -> None:
         assert _pod(kube, namespace, "stuck-2") is None, "a second pod while the first still terminates"
-        time.sleep(0.5)
+
+    holds(no_second_pod, 8)
     kube.core.delete_namespaced_pod("stuck-1", namespace, grace_period_seconds=0)  # the node comes back
     wait_until(lambda: _pod(kube, namespace, "stuck-2") is not None, 30, "attempt 2 once the first pod is gone")
 

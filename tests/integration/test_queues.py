@@ -44,7 +44,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config, watch
 
-from tests.conftest import Kube, OperatorProcess, install_crds, release_attempt_pods, wait_until
+from tests.conftest import Kube, OperatorProcess, holds, install_crds, release_attempt_pods, wait_until
 from tests.integration.test_lifecycle import FAST_BACKOFF, GROUP, PLURAL, VERSION, vigil_job
 from vigil import api
 from vigil.webhook import PATH, WEBHOOK_NAME, make_self_signed, register, unregister, webhook_configuration
@@ -801,10 +801,10 @@ def test_pause_drains_resume_starts_and_a_job_waits_for_its_missing_queue(bed: Q
     assert (orphan.get("phase"), orphan.get("reason")) == ("Queued", "QueueNotFound"), orphan
     assert "VigilQueue later does not exist" in orphan.get("message", ""), orphan
     # A bounded check that nothing starts while paused: 3 s more, after the drain.
-    settled = time.monotonic() + 3
-    while time.monotonic() < settled:
+    def none_started() -> None:
         assert pods.started() == at_pause, "an attempt started while the queue was paused"
-        time.sleep(0.2)
+
+    holds(none_started, 3, interval=0.2)
     assert "orphan" not in {r.job for r in pods.in_order()}
 
     bed.create_queue("later")

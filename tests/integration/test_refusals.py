@@ -3,12 +3,10 @@ job, retried with backoff, and cleared once they pass."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from kubernetes import client
 
-from tests.conftest import Kube, OperatorProcess, wait_until
+from tests.conftest import Kube, OperatorProcess, holds, wait_until
 from tests.integration.test_lifecycle import create, get, pods_of, status, vigil_job, wait_phase
 
 pytestmark = pytest.mark.e2e
@@ -45,10 +43,10 @@ def test_a_pod_refused_by_a_quota_is_shown_on_the_job_retried_and_then_runs(
     assert refused["reason"] == "PodCreateRefused"
     assert "exceeded quota" in refused["message"] and "blocked-1" in refused["message"], refused["message"]
     # Retried with backoff (1 s, 2 s, 4 s, ... jittered), not in a loop: one event for the cause.
-    began = time.monotonic()
-    while time.monotonic() - began < 6:  # bounded on purpose: the event must not repeat meanwhile
+    def one_event() -> None:  # the event must not repeat meanwhile
         assert len(_events(kube, namespace, "blocked", "PodCreateRefused")) == 1
-        time.sleep(1)
+
+    holds(one_event, 6, interval=1)
     assert pods_of(kube, namespace, get(kube, namespace, "blocked")) == []
 
     kube.core.delete_namespaced_resource_quota("no-pods", namespace)
