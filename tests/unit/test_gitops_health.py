@@ -3,6 +3,7 @@ each phase, as the decision core writes them, with a real Lua interpreter (lupa)
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -72,3 +73,40 @@ def test_a_queue_in_each_state():
     assert health("VigilQueue", queue(paused=True, status=saturated))[0] == "Suspended"
     behind = queue(status={**saturated, "observedGeneration": 0})
     assert health("VigilQueue", behind)[0] == "Progressing"
+
+
+# Objects read from a live API server in each phase by tests/integration/test_kstatus.py
+# (VIGIL_RECORD_GITOPS_FIXTURES=1 records them again), with what kstatus (cli-utils v0.37.2)
+# computed for each at the time. The Lua checks must read them as Argo CD users expect.
+RECORDED = Path(__file__).resolve().parent / "fixtures" / "gitops"
+EXPECTED = {  # recording: (Argo CD health, kstatus status)
+    "job-running": ("Progressing", "InProgress"),
+    "job-queued": ("Progressing", "InProgress"),
+    "job-queued-paused": ("Progressing", "InProgress"),
+    "job-backing-off": ("Progressing", "InProgress"),
+    "job-succeeded": ("Healthy", "Current"),
+    "job-dead-lettered": ("Degraded", "Failed"),
+    "job-suspended": ("Suspended", "Current"),  # kstatus has no Suspended
+    "job-not-yet-seen": ("Progressing", "Current"),  # kstatus: no status at all reads Current
+    "job-generation-not-observed": ("Progressing", "InProgress"),
+    "job-succeeded-edited-observed": ("Healthy", "Current"),
+    "job-unseen-then-succeeded": ("Healthy", "Current"),
+    "queue-ready": ("Healthy", "Current"),
+    "queue-saturated": ("Healthy", "Current"),
+    "queue-paused": ("Suspended", "Current"),
+    "queue-not-yet-seen": ("Progressing", "Current"),
+    "queue-generation-not-observed": ("Progressing", "InProgress"),
+}
+
+
+def test_the_recordings_cover_every_expected_phase():
+    assert {path.stem for path in RECORDED.glob("*.json")} == set(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_recorded_objects_read_as_expected(name: str):
+    recording = json.loads((RECORDED / f"{name}.json").read_text())
+    obj = recording["object"]
+    argo, kstatus = EXPECTED[name]
+    assert health(obj["kind"], obj)[0] == argo
+    assert recording["argocd"] == argo and recording["kstatus"] == kstatus
