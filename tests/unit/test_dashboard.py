@@ -5,12 +5,22 @@ on-call person looks at first, and the chart ships it in a ConfigMap for Grafana
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.unit.test_alert_rules import CHART, STANDARD_METRICS, exported_metric_names, helm_template, metric_names
+from tests.unit.test_alert_rules import (
+    CHART,
+    STANDARD_METRICS,
+    exported_metric_names,
+    helm_template,
+    metric_names,
+    run,
+    tool,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -61,6 +71,21 @@ def test_every_query_reads_only_metrics_vigil_exports():
         used = metric_names(expr)
         assert used, f"{title}: no metric in {expr}"
         assert used <= exported, f"{title} reads metrics Vigil does not export: {sorted(used - exported)}"
+
+
+def test_every_query_is_promql_that_promtool_parses(tmp_path: Path):
+    """promtool has no command for a bare expression, so each query goes into a rule file as a
+    recording rule, with Grafana's variables replaced by values, and `promtool check rules` parses it."""
+
+    def concrete(expr: str) -> str:
+        expr = expr.replace("$__rate_interval", "1m")
+        return re.sub(r"\$\{?\w+\}?", ".*", expr)
+
+    rules = [{"record": f"dashboard:query_{i}", "expr": concrete(expr)} for i, (_, expr) in enumerate(queries())]
+    path = tmp_path / "dashboard-queries.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    result = run(tool("promtool"), "check", "rules", path)
+    assert result.returncode == 0, f"promtool could not parse a dashboard query:\n{result.stdout}\n{result.stderr}"
 
 
 def test_the_queue_panels_follow_the_namespace_and_queue_variables():
