@@ -187,9 +187,11 @@ class OperatorProcess:
         log_path: Path,
         kubeconfig: Path | None = None,
         extra_args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
     ):
         self.kube, self.namespaces, self.log_path = kube, namespaces, log_path
         self.extra_args = extra_args  # more flags of `vigil operator`
+        self.env = env or {}  # more environment, e.g. the POD_NAME the downward API gives in a pod
         self.kubeconfig = kubeconfig or kube.kubeconfig  # whose identity the operator acts with
         self.proc: subprocess.Popen | None = None
 
@@ -201,7 +203,10 @@ class OperatorProcess:
         args += self.extra_args
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env, "KUBECONFIG": str(self.kubeconfig)},
             )
 
     def kill(self) -> None:

@@ -162,6 +162,33 @@ class Kube:
         )
         return [self.api.sanitize_for_serialization(pod) for pod in pods.items]
 
+    async def list_pod_names(self, namespace: str, label_selector: str) -> list[str]:
+        pods = await self._call(
+            "list",
+            "pods",
+            self.core.list_namespaced_pod,
+            namespace,
+            label_selector=label_selector,
+            _request_timeout=REQUEST_TIMEOUT,
+        )
+        return [pod.metadata.name for pod in pods.items]
+
+    async def label_pod(self, namespace: str, name: str, labels: dict[str, str | None]) -> None:
+        """Sets (None: removes) labels of a pod by name; a pod gone meanwhile needs none."""
+        try:
+            await self._call(
+                "patch",
+                "pods",
+                self.core.patch_namespaced_pod,
+                name,
+                namespace,
+                {"metadata": {"labels": labels}},
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+        except ApiException as err:
+            if err.status != 404:
+                raise
+
     async def release_pod(self, namespace: str, name: str, uid: str) -> None:
         """Removes Vigil's attempt-tracking finalizer from the pod of that uid; a pod gone or
         replaced is left alone."""

@@ -29,6 +29,7 @@ from vigil.controller import Controller
 from vigil.election import ElectionConfig, LeaderElector, default_identity, user_agent
 from vigil.informer import Informer
 from vigil.kube import Kube
+from vigil.leadermark import LeaderMark, OwnPod
 from vigil.metrics import Metrics, StateCollector
 from vigil.queueing import Standing
 from vigil.streaming import ApiReader, resource_path
@@ -150,10 +151,12 @@ class OperatorRuntime:
         metrics.collect_from(
             StateCollector(lambda: list(controller.jobs.values()), controller.dispatcher.queue_numbers)
         )
-        elector = None
+        elector = mark = None
         if self.lease is not None:
             timings, lease_namespace, lease_name = self.lease
             elector = LeaderElector.for_lease(configuration, lease_namespace, lease_name, timings, identity=identity)
+            own_pod = OwnPod.from_environment()
+            mark = LeaderMark(kube, own_pod, lease_name) if own_pod is not None else None
             kube.fence = elector.check  # no write leaves this process unless it leads, renewed in time
             metrics.leader.labels(lease_name).set_function(lambda: 1.0 if elector.deadline_ok() else 0.0)
         else:
@@ -174,6 +177,7 @@ class OperatorRuntime:
         campaign = asyncio.ensure_future(elector.run()) if elector is not None else None
         ends = [*watches, *([campaign] if campaign is not None else [])]
         led = False
+        marking: asyncio.Future | None = None
         try:
             synced = asyncio.gather(*(informer.synced.wait() for informer in informers))
             stopping = asyncio.ensure_future(self._stopping.wait())
@@ -190,6 +194,8 @@ class OperatorRuntime:
                     led = True
                     controller.start()
                     log.info("%s; reconciling", "leading" if elector is not None else listed)
+                    if mark is not None:  # the webhook's Service selects the leader's pod alone
+                        marking = asyncio.ensure_future(mark.claim())
             await asyncio.wait([stopping, *ends], return_when=asyncio.FIRST_COMPLETED)
             for task in ends:
                 if task.done() and task.exception() is not None:
@@ -201,10 +207,15 @@ class OperatorRuntime:
             for task in watches:
                 task.cancel()
             await asyncio.gather(*watches, return_exceptions=True)
+            if marking is not None:
+                marking.cancel()
+                await asyncio.gather(marking, return_exceptions=True)
             await controller.stop()  # in-flight writes end before the lease is given up
             if elector is not None:
                 if campaign is not None and not campaign.done():
                     if led:
+                        if mark is not None:
+                            await mark.drop()
                         await elector.release()
                     campaign.cancel()
                     await asyncio.gather(campaign, return_exceptions=True)

@@ -1,0 +1,78 @@
+"""The leader's mark on its own pod, `vigil.dev/leader: <lease name>`, which the admission
+webhook's Service selects, so that one replica answers admission (docs/admission.md: with one
+process answering, a burst cannot overshoot maxQueued; with N answering, by up to (N-1) x maxQueued).
+
+The leader sets the mark on its pod as it begins to act, and removes it from every other pod
+that carries it: a deposed leader exits fenced, unable to write, and its restarted container
+(same pod) would otherwise keep the mark while it stands by. A leader that releases the Lease on
+SIGTERM removes its own mark first, so the Service empties until the next leader marks its pod
+(the webhook's failurePolicy decides meanwhile). The value is the Lease's name, so two
+installations in one namespace never clear each other's marks. A process not in a pod
+(POD_NAME and POD_NAMESPACE unset) has nothing to mark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from vigil.kube import Kube
+
+log = logging.getLogger(__name__)
+
+LEADER_LABEL = "vigil.dev/leader"
+RETRY_SECONDS = 2.0  # until the mark is placed; meanwhile the webhook's failurePolicy applies
+
+
+@dataclass(frozen=True)
+class OwnPod:
+    namespace: str
+    name: str
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.namespace, self.name
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] = os.environ) -> OwnPod | None:
+        """The pod this process runs in, from the downward API (the chart sets both)."""
+        namespace, name = environ.get("POD_NAMESPACE"), environ.get("POD_NAME")
+        return cls(namespace, name) if namespace and name else None
+
+
+def mark_changes(own: str, lease: str, marked: Iterable[str]) -> dict[str, str | None]:
+    """The label value each pod should get when `own` begins to lead: the lease name on its own
+    pod (first, so the Service is never left empty by the change), none on every other."""
+    return {own: lease, **{name: None for name in sorted(set(marked)) if name != own}}
+
+
+class LeaderMark:
+    """Places and removes the mark; every write is the leader's, so the fence lets it pass."""
+
+    def __init__(self, kube: Kube, pod: OwnPod, lease: str) -> None:
+        self.kube, self.pod, self.lease = kube, pod, lease
+
+    async def claim(self) -> None:
+        """Marks this pod and unmarks the others, retrying until done (cancel to give up)."""
+        while True:
+            try:
+                marked = await self.kube.list_pod_names(self.pod.namespace, f"{LEADER_LABEL}={self.lease}")
+                for name, value in mark_changes(self.pod.name, self.lease, marked).items():
+                    await self.kube.label_pod(self.pod.namespace, name, {LEADER_LABEL: value})
+                log.info("marked pod %s/%s as the leader (%s=%s)", *self.pod.key, LEADER_LABEL, self.lease)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # noqa: BLE001 - retried; the webhook's failurePolicy covers the gap
+                log.warning("could not mark this pod as the leader (retrying in %.0f s): %s", RETRY_SECONDS, err)
+                await asyncio.sleep(RETRY_SECONDS)
+
+    async def drop(self) -> None:
+        """Removes this pod's mark, once, before the Lease is released."""
+        try:
+            await self.kube.label_pod(self.pod.namespace, self.pod.name, {LEADER_LABEL: None})
+        except Exception as err:  # noqa: BLE001 - the next leader clears it
+            log.warning("could not remove the leader mark from this pod: %s", err)
