@@ -455,6 +455,55 @@ class Operator:
                 self.proc.wait()
 
 
+class Profiler:
+    """py-spy (the `bench` extra) sampling the operator for the run; `top` reads its stacks."""
+
+    def __init__(self, pid: int, path: Path):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        spy = Path(sys.executable).with_name("py-spy")
+        self.proc = subprocess.Popen(
+            [str(spy), "record", "--pid", str(pid), "--rate", "100", "--function", "--nonblocking"]
+            + ["--format", "raw", "--output", str(path)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def stop(self) -> None:
+        self.proc.send_signal(2)  # SIGINT: py-spy writes what it sampled and exits
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+    def top(self, count: int) -> dict[str, list[tuple[str, float]]]:
+        """The functions with the most samples: `self` (on top of the stack) and `total` (anywhere in
+        it), as shares of every sample of a busy thread."""
+        own: dict[str, int] = {}
+        inclusive: dict[str, int] = {}
+        total = 0
+        if not self.path.exists():
+            return {"self": [], "total": []}
+        for line in self.path.read_text().splitlines():
+            stack, _, samples = line.rpartition(" ")
+            if not stack or not samples.isdigit():
+                continue
+            n = int(samples)
+            frames = [f for f in stack.split(";") if not f.startswith("process ") and not f.startswith("thread ")]
+            if not frames:
+                continue
+            total += n
+            own[frames[-1]] = own.get(frames[-1], 0) + n
+            for frame in set(frames):
+                inclusive[frame] = inclusive.get(frame, 0) + n
+
+        def best(table: dict[str, int]) -> list[tuple[str, float]]:
+            ranked = sorted(table.items(), key=lambda kv: -kv[1])[:count]
+            return [(frame, round(n / total, 4)) for frame, n in ranked]
+
+        return {"samples": total, "self": best(own), "total": best(inclusive)}
+
+
 # --- one run -------------------------------------------------------------------------------------
 
 
@@ -508,6 +557,7 @@ def run_side(
     threads: int,
     timeout: float,
     workdir: Path,
+    profile: Path | None = None,
 ) -> dict:
     namespace = f"bench-{kind}-{workload}-{uuid.uuid4().hex[:4]}"
     log(f"{kind} / {workload}: {jobs} jobs in namespace {namespace}")
@@ -562,6 +612,7 @@ def run_side(
         cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         sampler = Sampler(pids)
         sampler.start()
+        profiler = Profiler(operator.pid, profile / f"profile-{workload}.txt") if operator and profile else None
 
         bodies = [
             (f"job-{i}", native_job(workload, i) if kind == "native" else vigil_job(workload, i)) for i in range(jobs)
@@ -599,6 +650,8 @@ def run_side(
             time.sleep(0.1)
         ended = time.monotonic()
         cpu_after = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        if profiler:
+            profiler.stop()
         peak = sampler.stop()
         requests_after = request_counts(api)
         uncertain = operator.metric("vigil_attempts_uncertain_total") if operator else None
@@ -655,6 +708,8 @@ def run_side(
     result["api_requests_by_verb_resource"] = {f"{verb} {res}": v for (verb, res), v in sorted(delta.items())}
     if uncertain is not None:
         result["vigil_attempts_uncertain_total"] = uncertain
+    if profiler:
+        result["profile"] = {"file": str(profiler.path), "top": profiler.top(15)}
     return result
 
 
@@ -732,6 +787,20 @@ def requests_table(native: dict, vigil: dict) -> str:
     return "\n".join(lines)
 
 
+def profile_text(profile: dict) -> str:
+    top = profile["top"]
+    lines = [
+        f"py-spy, the operator during the Vigil run ({top.get('samples', 0)} samples of busy threads at 100 Hz; "
+        f"stacks in {profile['file']})",
+        "",
+        "| # | function (self) | self | function (anywhere in the stack) | total |",
+        "| ---: | --- | ---: | --- | ---: |",
+    ]
+    for i, (own, inclusive) in enumerate(zip(top["self"], top["total"], strict=False), 1):
+        lines.append(f"| {i} | `{own[0]}` | {own[1]:.1%} | `{inclusive[0]}` | {inclusive[1]:.1%} |")
+    return "\n".join(lines)
+
+
 def setup_text(meta: dict) -> str:
     return "\n".join(
         [
@@ -806,6 +875,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="bench", help="the bench's own test bed (default bench)")
     parser.add_argument("--port-base", type=int, default=27443, help="its port base (default 27443)")
     parser.add_argument("--nodes", type=int, default=None, help="kwok nodes (default: N/110 + 1, at least 3)")
+    parser.add_argument(
+        "--profile", action="store_true", help="sample the operator with py-spy (pip install -e '.[bench]')"
+    )
     args = parser.parse_args(argv)
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
@@ -854,17 +926,26 @@ def main(argv: list[str] | None = None) -> int:
     }
     workdir = Path(tempfile.mkdtemp(prefix="vigil-bench-"))
     log(f"operator logs in {workdir}")
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    profile = args.out / f"{stamp}-profile" if args.profile else None
     results: dict[str, dict[str, dict]] = {}
     for workload in workloads:
         results[workload] = {}
         for kind in kinds:
-            results[workload][kind] = run_side(api, cluster, kind, workload, args.jobs, args.threads, timeout, workdir)
+            results[workload][kind] = run_side(
+                api, cluster, kind, workload, args.jobs, args.threads, timeout, workdir, profile
+            )
+            partial = args.out / f"{stamp}.partial.json"  # what has run so far, should a later run fail
+            args.out.mkdir(parents=True, exist_ok=True)
+            partial.write_text(json.dumps(no_nan({"meta": meta, "results": results}), indent=1) + "\n")
 
     report = [f"# Vigil vs the batch/v1 Job controller, N = {args.jobs:,}", "", setup_text(meta), ""]
     for workload in workloads:
         sides = results[workload]
         if set(sides) == set(KINDS):
             report += [table(sides["native"], sides["vigil"]), "", requests_table(sides["native"], sides["vigil"]), ""]
+            if "profile" in sides["vigil"]:
+                report += [profile_text(sides["vigil"]["profile"]), ""]
             if "vigil_attempts_uncertain_total" in sides["vigil"]:
                 report += [
                     f"vigil_attempts_uncertain_total: {sides['vigil']['vigil_attempts_uncertain_total']:.0f}",
@@ -876,8 +957,8 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(report)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     (args.out / f"{stamp}.md").write_text(text + "\n")
+    (args.out / f"{stamp}.partial.json").unlink(missing_ok=True)
     (args.out / f"{stamp}.json").write_text(json.dumps(no_nan({"meta": meta, "results": results}), indent=1) + "\n")
     log(f"wrote {args.out / (stamp + '.md')} and .json")
     return 0 if all(s["finished"] == s["jobs"] for w in results.values() for s in w.values()) else 1

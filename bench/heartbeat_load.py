@@ -1,0 +1,417 @@
+"""Heartbeat load: M attempts held Running, each beating every 10 s through the agent's own code.
+
+    .venv/bin/python -m bench.heartbeat_load --attempts 1000 --seconds 120
+
+Starts `vigil operator` (with --metrics-address and --health-address) for a fresh namespace,
+submits M VigilJobs whose pods run until deleted (kwok), and, as each pod becomes Running,
+starts beating for it: every `--interval` seconds (the agent's own +-10% jitter), the agent's
+`Heart.beat()` (vigil.agent.runner), which patches the pod's `vigil.dev/heartbeat` annotation
+through `PodHeartbeat.patch`, exactly the call `vigil-agent` makes. The agents run in-process on
+a thread pool (`--workers`) with the admin kubeconfig instead of M processes with their pods'
+service-account tokens. After every attempt beats, it measures for `--seconds`:
+
+- the operator's CPU seconds per 1,000 beats (utime + stime from /proc) and its peak RSS;
+- event-loop lag, from outside: the round trip of GET /healthz (served on the operator's event
+  loop) every 0.25 s, p50/p99/max. The operator has no lag gauge; a blocked loop shows here;
+- that no attempt became Uncertain falsely: vigil_attempts_uncertain_total from the operator's
+  /metrics, the VigilJobs' phases and HeartbeatHealthy conditions at the end, against the
+  largest gap between two renewals of one pod the agents themselves saw (a gap under the
+  timeout makes any Uncertain a false one);
+- what the control plane paid: kube-apiserver's and etcd's CPU (cores), and the API server's
+  own latency for PATCH pods (apiserver_request_duration_seconds, p50/p99 from its buckets), so
+  that a saturated API server or etcd shows in their figures rather than in a claim.
+
+The achieved beat rate is printed beside the intended one (M / interval): on a small machine the
+client side may not keep up, and then the figures are for the rate achieved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import copy
+import heapq
+import json
+import math
+import os
+import queue
+import random
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import urllib3  # noqa: E402
+from kubernetes import client, config  # noqa: E402
+
+from bench.compare import LABEL as METRIC_LABEL  # noqa: E402
+from bench.compare import (  # noqa: E402
+    Api,
+    Operator,
+    Sampler,
+    Watch,
+    cpu_seconds,
+    create_namespace,
+    delete_namespace,
+    install_crds,
+    log,
+    nodes_for,
+    own_cluster,
+    percentile,
+    pod_spec,
+    release_vigil_pods,
+    testbed_of,
+)
+from testbed import cluster as testbed  # noqa: E402
+from vigil.agent import fencing  # noqa: E402
+from vigil.agent.runner import Heart, PodHeartbeat, Settings  # noqa: E402
+
+JOB_LABEL = "bench.vigil.dev/heartbeat-load"
+
+
+def histogram(api: Api, name: str, match: dict[str, str]) -> dict[float, float]:
+    """Cumulative bucket counts of a histogram on the API server's /metrics, summed over the
+    series whose labels include `match`."""
+    buckets: dict[float, float] = {}
+    prefix = name + "_bucket{"
+    for line in api.get("/metrics").decode().splitlines():
+        if not line.startswith(prefix):
+            continue
+        labels_part, _, value = line.rpartition(" ")
+        labels = dict(METRIC_LABEL.findall(labels_part))
+        if all(labels.get(k) == v for k, v in match.items()):
+            le = math.inf if labels["le"] == "+Inf" else float(labels["le"])
+            buckets[le] = buckets.get(le, 0.0) + float(value)
+    return buckets
+
+
+def bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float:
+    """The q-quantile of the observations between two scrapes, as Prometheus' histogram_quantile
+    estimates it (linear within the bucket)."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = counts[-1] if counts else 0
+    if not total:
+        return math.nan
+    rank, lower, below = q * total, 0.0, 0.0
+    for bound, count in zip(bounds, counts, strict=True):
+        if count >= rank:
+            if math.isinf(bound):
+                return lower
+            return lower + (bound - lower) * ((rank - below) / max(count - below, 1e-9))
+        lower, below = bound, count
+    return lower
+
+
+class Agents:
+    """M agents' heartbeat loops on one scheduler thread and a pool of workers."""
+
+    def __init__(self, namespace: str, interval: float, timeout: float, workers: int, kubeconfig: Path):
+        # The agent loads $KUBECONFIG, which the kubernetes client reads once, when imported.
+        os.environ["KUBECONFIG"] = str(kubeconfig)
+        config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION = str(kubeconfig)
+        self.base = PodHeartbeat(Settings(pod_name="-", namespace=namespace), timeout=fencing.request_timeout(timeout))
+        # The agent's own client, with a pool as large as the workers (one agent uses one connection).
+        conf = copy.copy(self.base.core.api_client.configuration)
+        conf.connection_pool_maxsize = workers
+        self.base.core = client.CoreV1Api(client.ApiClient(conf))
+        self.namespace, self.interval, self.timeout = namespace, interval, timeout
+        self.pool = concurrent.futures.ThreadPoolExecutor(workers)
+        self.due: list[tuple[float, str]] = []
+        self.hearts: dict[str, Heart] = {}
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.halt = threading.Event()
+        self.events: queue.Queue = queue.Queue()
+        self.beats = 0
+        self.renewed = 0
+        self.errors: dict[str, int] = {}
+        self.lateness: list[float] = []  # seconds a beat started after it was due (the bench's own lag)
+        self.last_renewal: dict[str, float] = {}
+        self.max_gap = 0.0
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def add(self, pod: str) -> None:
+        with self.lock:
+            if pod in self.hearts:
+                return
+            settings = Settings(pod_name=pod, namespace=self.namespace, interval=self.interval, timeout=self.timeout)
+            beat_client = copy.copy(self.base)
+            beat_client.settings = settings
+            self.hearts[pod] = Heart(settings, beat_client, Path("/nonexistent/vigil-bench-checkpoint"), self.events)
+            heapq.heappush(self.due, (time.monotonic() + random.uniform(0, 2), pod))
+        self.wake.set()
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            with self.lock:
+                now = time.monotonic()
+                ready = []
+                while self.due and self.due[0][0] <= now:
+                    ready.append(heapq.heappop(self.due))
+                wait = (self.due[0][0] - now) if self.due else 1.0
+            for due, pod in ready:
+                self.pool.submit(self.beat, pod, due)
+            self.wake.wait(min(max(wait, 0.001), 1.0))
+            self.wake.clear()
+
+    def beat(self, pod: str, due: float) -> None:
+        if self.halt.is_set():
+            return
+        began = time.monotonic()
+        heart = self.hearts[pod]
+        try:
+            observed = heart.beat()  # the agent's own beat: PodHeartbeat.patch of the annotation
+        except Exception:  # as Heart.run does: a failed beat is an API error
+            observed = fencing.Observed.API_ERROR
+        ended = time.monotonic()
+        if observed is fencing.Observed.RENEWED:
+            delay = fencing.next_beat_delay(self.interval, random.random())
+        else:
+            delay = fencing.retry_delay(heart.failures, self.interval, self.timeout, random.random())
+        with self.lock:
+            self.beats += 1
+            self.lateness.append(began - due)
+            if observed is fencing.Observed.RENEWED:
+                self.renewed += 1
+                if pod in self.last_renewal:
+                    self.max_gap = max(self.max_gap, ended - self.last_renewal[pod])
+                self.last_renewal[pod] = ended
+            else:
+                self.errors[observed.value] = self.errors.get(observed.value, 0) + 1
+            heapq.heappush(self.due, (began + delay, pod))
+        self.wake.set()
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.wake.set()
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+class LoopProbe(threading.Thread):
+    """Round trips of GET /healthz on the operator every 0.25 s: its event loop's lag, from outside."""
+
+    def __init__(self, port: int):
+        super().__init__(daemon=True)
+        self.url = f"http://127.0.0.1:{port}/healthz"
+        self.http = urllib3.PoolManager()
+        self.samples: list[float] = []
+        self.failures = 0
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            began = time.monotonic()
+            try:
+                self.http.request("GET", self.url, timeout=30, retries=False)
+                self.samples.append(time.monotonic() - began)
+            except urllib3.exceptions.HTTPError:
+                self.failures += 1
+            self.halt.wait(0.25)
+
+    def stop(self) -> list[float]:
+        self.halt.set()
+        self.join()
+        return self.samples
+
+
+def vigil_job(i: int, interval: float, timeout: float, grace: float) -> dict:
+    return {
+        "apiVersion": "vigil.dev/v1alpha1",
+        "kind": "VigilJob",
+        "metadata": {"name": f"beat-{i}", "labels": {JOB_LABEL: "true"}},
+        "spec": {
+            "template": {"spec": pod_spec()},  # no sim annotations: the pod runs until deleted
+            "heartbeat": {
+                "intervalSeconds": int(interval),
+                "timeoutSeconds": int(timeout),
+                "startupGraceSeconds": grace,
+            },
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.heartbeat_load", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--attempts", "-m", type=int, default=200, help="M: attempts held Running (default 200)")
+    parser.add_argument("--interval", type=float, default=10, help="seconds between beats of one agent (default 10)")
+    parser.add_argument("--timeout", type=float, default=60, help="heartbeat.timeoutSeconds (default 60)")
+    parser.add_argument("--seconds", type=float, default=60, help="the measured window (default 60)")
+    parser.add_argument("--workers", type=int, default=16, help="threads that make the agents' patches (default 16)")
+    parser.add_argument("--threads", type=int, default=8, help="client threads that submit the jobs (default 8)")
+    parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
+    parser.add_argument("--kubeconfig", type=Path, help="run against this cluster instead of the bench's own")
+    parser.add_argument("--use-existing-cluster", action="store_true", help="run against $KUBECONFIG")
+    parser.add_argument("--name", default="bench")
+    parser.add_argument("--port-base", type=int, default=27443)
+    args = parser.parse_args(argv)
+    m = args.attempts
+
+    kubeconfig = args.kubeconfig
+    if args.use_existing_cluster and not kubeconfig:
+        kubeconfig = Path(os.environ["KUBECONFIG"])
+    if kubeconfig:
+        cluster = testbed_of(kubeconfig)
+        if cluster:
+            testbed.create_nodes(cluster, nodes_for(m))
+    else:
+        cluster = own_cluster(args.name, args.port_base, nodes_for(m), needs_bench_stages=False)
+        kubeconfig = cluster.kubeconfig
+    api = Api(kubeconfig, args.threads)
+    install_crds(api)
+    config.load_kube_config(str(kubeconfig))
+    namespace = f"bench-beat-{uuid.uuid4().hex[:4]}"
+    create_namespace(api, namespace)
+    workdir = Path(tempfile.mkdtemp(prefix="vigil-bench-beat-"))
+    operator = Operator(kubeconfig, namespace, workdir / "operator.log")
+    agents = probe = None
+    log(f"{m} attempts in {namespace}; operator log {operator.log_path}")
+    try:
+        operator.wait_ready()
+        agents = Agents(namespace, args.interval, args.timeout, args.workers, kubeconfig)
+        running: set[str] = set()
+
+        def on_pod(kind: str, pod: dict, now: float) -> None:
+            name = pod["metadata"]["name"]
+            if (pod.get("status") or {}).get("phase") == "Running" and name not in running:
+                running.add(name)
+                agents.add(name)
+
+        pods = Watch(api, f"/api/v1/namespaces/{namespace}/pods", on_pod)
+        pods.start()
+        pods.ready.wait(30)
+        grace = int(max(120, m / 5))  # every attempt beats before its startup grace runs out
+        began = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(args.threads) as pool:
+            list(
+                pool.map(
+                    lambda i: api.custom.create_namespaced_custom_object(
+                        "vigil.dev",
+                        "v1alpha1",
+                        namespace,
+                        "vigiljobs",
+                        vigil_job(i, args.interval, args.timeout, grace),
+                        _preload_content=False,
+                    ),
+                    range(m),
+                )
+            )
+        while len(running) < m:
+            if pods.error:
+                raise pods.error
+            if time.monotonic() - began > grace:
+                raise SystemExit(f"only {len(running)} of {m} pods Running after {grace} s")
+            time.sleep(0.5)
+        pods.stop()
+        log(f"all {m} pods Running and beating after {time.monotonic() - began:.0f} s; warming up one interval")
+        time.sleep(args.interval + 2)  # every agent has beaten at least once before the window
+
+        pids = {"operator": operator.pid}
+        if cluster:
+            for component in ("kube-apiserver", "etcd"):
+                if pid := testbed.running_pid(cluster, component):
+                    pids[component] = pid
+        sampler = Sampler(pids)
+        probe = LoopProbe(operator.health_port)
+        patch_match = {"verb": "PATCH", "resource": "pods", "subresource": ""}
+        hist_before = histogram(api, "apiserver_request_duration_seconds", patch_match)
+        uncertain_before = operator.metric("vigil_attempts_uncertain_total")
+        seen_before = operator.metric("vigil_heartbeats_total")
+        with agents.lock:
+            beats_before, renewed_before = agents.beats, agents.renewed
+            agents.lateness.clear()
+        cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        window_began = time.monotonic()
+        sampler.start()
+        probe.start()
+        log(f"measuring for {args.seconds:.0f} s")
+        time.sleep(args.seconds)
+        cpu_after = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        window = time.monotonic() - window_began
+        with agents.lock:
+            beats = agents.beats - beats_before
+            renewed = agents.renewed - renewed_before
+            lateness = list(agents.lateness)
+        peak = sampler.stop()
+        lags = probe.stop()
+        hist_after = histogram(api, "apiserver_request_duration_seconds", patch_match)
+        seen = operator.metric("vigil_heartbeats_total") - seen_before
+        uncertain_total = operator.metric("vigil_attempts_uncertain_total")
+        jobs = api.custom.list_namespaced_custom_object("vigil.dev", "v1alpha1", namespace, "vigiljobs")["items"]
+        phases: dict[str, int] = {}
+        unhealthy = 0
+        for job in jobs:
+            status = job.get("status") or {}
+            phases[status.get("phase") or "New"] = phases.get(status.get("phase") or "New", 0) + 1
+            for cond in status.get("conditions") or []:
+                if cond.get("type") == "HeartbeatHealthy" and cond.get("status") != "True":
+                    unhealthy += 1
+        operator_cpu = cpu_after["operator"] - cpu_before["operator"]
+        result = {
+            "attempts": m,
+            "interval_seconds": args.interval,
+            "window_seconds": window,
+            "beats_intended_per_second": m / args.interval,
+            "beats_per_second": beats / window,
+            "beats_renewed": renewed,
+            "beat_errors": dict(agents.errors),
+            "beats_seen_by_operator": seen,
+            "beat_start_lateness_p99_seconds": percentile(lateness, 99),
+            "max_gap_between_renewals_seconds": agents.max_gap,
+            "operator_cpu_seconds": operator_cpu,
+            "operator_cpu_seconds_per_1000_beats": 1000 * operator_cpu / beats if beats else math.nan,
+            "operator_cpu_cores": operator_cpu / window,
+            "operator_peak_rss_mib": peak["operator"],
+            "event_loop_lag_healthz_p50_seconds": percentile(lags, 50),
+            "event_loop_lag_healthz_p99_seconds": percentile(lags, 99),
+            "event_loop_lag_healthz_max_seconds": max(lags) if lags else math.nan,
+            "healthz_failures": probe.failures,
+            "apiserver_patch_pods_p50_seconds": bucket_quantile(hist_before, hist_after, 0.5),
+            "apiserver_patch_pods_p99_seconds": bucket_quantile(hist_before, hist_after, 0.99),
+            "vigil_attempts_uncertain_total": uncertain_total - uncertain_before,
+            "vigil_attempts_uncertain_total_since_start": uncertain_total,
+            "jobs_by_phase": phases,
+            "jobs_heartbeat_unhealthy": unhealthy,
+        }
+        for name in ("kube-apiserver", "etcd"):
+            if name in pids:
+                result[f"{name.replace('kube-', '')}_cpu_cores"] = (cpu_after[name] - cpu_before[name]) / window
+    finally:
+        if agents:
+            agents.stop()
+        try:
+            delete_namespace(api, namespace, timeout=max(120, m / 5))
+        finally:
+            operator.stop()
+            release_vigil_pods(api, namespace)
+
+    print(f"## Heartbeat load, M = {m:,} attempts beating every {args.interval:.0f} s ({window:.0f} s measured)\n")
+    print("| figure | value |\n| --- | ---: |")
+    for key, value in result.items():
+        shown = f"{value:.3f}" if isinstance(value, float) else str(value)
+        print(f"| {key} | {shown} |")
+    false_uncertain = result["vigil_attempts_uncertain_total_since_start"] > 0 and agents.max_gap < args.timeout
+    print(
+        f"\nfalse Uncertain: {'YES' if false_uncertain else 'none'} (largest gap between renewals "
+        f"{agents.max_gap:.1f} s, timeout {args.timeout:.0f} s)"
+    )
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        path = args.out / f"heartbeat-{m}-{stamp}.json"
+        clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in result.items()}
+        path.write_text(json.dumps(clean, indent=1) + "\n")
+        log(f"wrote {path}")
+    return 1 if false_uncertain else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""Smoke of the benchmarks, so the scripts cannot rot: bench.compare with 50 jobs of each kind
+(all succeed) and bench.heartbeat_load with 50 attempts for 20 s, against the suite's cluster.
+
+They check that the scripts run to the end and report every figure; never a speed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Kube
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_bench(module: str, args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+    if result.returncode:
+        print(result.stdout[-4000:], result.stderr[-4000:], sep="\n", file=sys.__stderr__)
+    return result
+
+
+def missing(value: object) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def test_compare_runs_both_kinds_and_reports_every_figure(kube: Kube, tmp_path: Path) -> None:
+    from bench.compare import REQUIRED
+
+    began = time.monotonic()
+    result = run_bench(
+        "bench.compare",
+        ["--jobs", "50", "--workloads", "all-succeed", "--kubeconfig", str(kube.kubeconfig), "--out", str(tmp_path)],
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    (report,) = tmp_path.glob("*.json")
+    (table,) = tmp_path.glob("*.md")
+    sides = json.loads(report.read_text())["results"]["all-succeed"]
+    for kind in ("native", "vigil"):
+        side = sides[kind]
+        assert side["finished"] == side["succeeded"] == 50, side
+        absent = [key for key in REQUIRED if missing(side.get(key))]
+        if not kube.on_testbed:  # the /proc figures need the local test bed
+            absent = [key for key in absent if "cpu" not in key and "rss" not in key]
+        assert not absent, f"{kind}: figures missing: {absent}"
+        assert side["api_requests_by_verb_resource"], kind
+    assert "| makespan" in table.read_text()
+    print(f"bench.compare smoke took {time.monotonic() - began:.0f} s")
+
+
+def test_heartbeat_load_runs_and_finds_no_false_uncertain(kube: Kube, tmp_path: Path) -> None:
+    began = time.monotonic()
+    result = run_bench(
+        "bench.heartbeat_load",
+        ["--attempts", "50", "--seconds", "20", "--interval", "5", "--timeout", "30"]
+        + ["--kubeconfig", str(kube.kubeconfig), "--out", str(tmp_path)],
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    (report,) = tmp_path.glob("heartbeat-*.json")
+    figures = json.loads(report.read_text())
+    assert figures["beats_renewed"] > 0
+    for key in (
+        "operator_cpu_seconds_per_1000_beats",
+        "operator_peak_rss_mib",
+        "event_loop_lag_healthz_p99_seconds",
+        "apiserver_patch_pods_p99_seconds",
+    ):
+        assert not missing(figures.get(key)), key
+    assert figures["vigil_attempts_uncertain_total_since_start"] == 0
+    assert figures["jobs_by_phase"] == {"Running": 50}
+    print(f"bench.heartbeat_load smoke took {time.monotonic() - began:.0f} s")
