@@ -12,7 +12,10 @@ renewal, and that renewal reached the API server no earlier than it was sent. So
 the old leader may have been received later than (its last renewal received) + renew deadline,
 plus a little for a request sent just before the fence closed to cross loopback. That moment is
 before the standby's takeover (at least lease duration - renew deadline = 1 s before it), and
-long before SIGCONT.
+long before SIGCONT. What the fence cannot stop (docs/leader-election.md, "writes already on the
+wire") is a write frozen between its last fence check, in its worker thread, and its first byte
+on the socket: about a millisecond of Python per write, so a run has a small chance (well under
+1% at the few writes a second this test makes) of catching one; the failure then names it.
 
 Timings: lease 4 s, renew deadline 3 s, retry 1 s (as test_failover.py).
 """
