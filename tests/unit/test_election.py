@@ -1153,3 +1153,25 @@ def test_urllib3_retries_a_write_only_while_the_fence_is_open():
         assert len(accepted) == 1
     finally:
         server.close()
+
+
+def test_each_process_names_its_identity_in_its_user_agent():
+    """The audit log records the User-Agent: it tells replicas, and election writes, apart."""
+    from kubernetes import client
+
+    from vigil import __version__
+    from vigil.election import KubeLeaseApi, user_agent
+
+    assert user_agent() == f"vigil/{__version__}"
+    assert user_agent("pod-a_0123456789") == f"vigil/{__version__} (pod-a_0123456789)"
+    assert (
+        user_agent("pod-a_0123456789", "leader-election") == f"vigil/{__version__} (pod-a_0123456789; leader-election)"
+    )
+    conf = client.Configuration()
+    conf.host = "http://127.0.0.1:9"
+    elector = LeaderElector.for_lease(conf, "ns", "lease", identity="pod-b_abc")
+    try:
+        assert isinstance(elector.api, KubeLeaseApi)
+        assert elector.api._client.user_agent == f"vigil/{__version__} (pod-b_abc; leader-election)"
+    finally:
+        elector.close()
