@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from testbed import cluster as testbed
 from tests.conftest import SUITE_CLUSTER, Kube, install_crds, wait_until
 from tests.integration import test_failover
 from tests.integration.test_failover import electing, holder, identity, pods_per_attempt
@@ -98,6 +99,12 @@ def test_a_frozen_leader_is_replaced_and_once_woken_writes_nothing_and_exits(
 ):
     if not kube.on_testbed:
         pytest.skip("reads the test bed's kube-apiserver audit log")
+    pid = testbed.running_pid(SUITE_CLUSTER, "kube-apiserver")
+    if pid is None or b"--audit-log-path" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+        pytest.fail(
+            f"the test bed's kube-apiserver writes no audit log (started before it did): "
+            f"python -m testbed.cluster down --name {SUITE_CLUSTER.name}, and run again"
+        )
     namespace = elect_namespace
     install_crds(kube)
     operators = [electing(kube, namespace, tmp_path / f"operator-{i}.log") for i in range(2)]
