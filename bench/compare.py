@@ -661,12 +661,12 @@ def run_side(
         if operator:
             # The operator releases its pods' finalizers: it runs until the namespace is gone.
             try:
-                cleanup = delete_namespace(api, namespace, timeout=max(120, jobs / 5))
+                cleanup = delete_namespace(api, namespace, timeout=max(300, jobs / 2))
             finally:
                 operator.stop()
                 release_vigil_pods(api, namespace)
         else:
-            cleanup = delete_namespace(api, namespace, timeout=max(120, jobs / 5))
+            cleanup = delete_namespace(api, namespace, timeout=max(300, jobs / 2))
     log(f"{kind} / {workload}: namespace deleted in {cleanup:.0f} s")
 
     finished = [n for n in timeline.submitted if n in timeline.finished]

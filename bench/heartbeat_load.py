@@ -237,6 +237,39 @@ def vigil_job(i: int, interval: float, timeout: float, grace: float) -> dict:
     }
 
 
+def report(result: dict, args: argparse.Namespace, max_gap: float) -> int:
+    """Prints the figures (and writes them as JSON with --out); 1 when an attempt became Uncertain falsely."""
+    m, window = result["attempts"], result["window_seconds"]
+    print(f"## Heartbeat load, M = {m:,} attempts beating every {args.interval:.0f} s ({window:.0f} s measured)\n")
+    print("| figure | value |\n| --- | ---: |")
+    for key, value in result.items():
+        shown = f"{value:.3f}" if isinstance(value, float) else str(value)
+        print(f"| {key} | {shown} |")
+    false_uncertain = result["vigil_attempts_uncertain_total_since_start"] > 0 and max_gap < args.timeout
+    print(
+        f"\nfalse Uncertain: {'YES' if false_uncertain else 'none'} (largest gap between renewals "
+        f"{max_gap:.1f} s, timeout {args.timeout:.0f} s)"
+    )
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        path = args.out / f"heartbeat-{m}-{stamp}.json"
+        clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in result.items()}
+        path.write_text(json.dumps(clean, indent=1) + "\n")
+        log(f"wrote {path}")
+    return 1 if false_uncertain else 0
+
+
+def cleanup(api: Api, namespace: str, m: int) -> None:
+    """Deletes the jobs first (their pods go with them, and the operator starts no new attempt for
+    a pod the namespace's deletion took), then the namespace; a slow cleanup is reported, not fatal."""
+    try:
+        api.custom.delete_collection_namespaced_custom_object("vigil.dev", "v1alpha1", namespace, "vigiljobs")
+        delete_namespace(api, namespace, timeout=max(300, m / 2))
+    except (SystemExit, client.ApiException) as err:
+        log(f"warning: cleanup of {namespace} unfinished: {err}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.heartbeat_load", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -384,33 +417,17 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("kube-apiserver", "etcd"):
             if name in pids:
                 result[f"{name.replace('kube-', '')}_cpu_cores"] = (cpu_after[name] - cpu_before[name]) / window
+        code = report(result, args, agents.max_gap)
     finally:
         if agents:
             agents.stop()
         try:
-            delete_namespace(api, namespace, timeout=max(120, m / 5))
+            cleanup(api, namespace, m)
         finally:
             operator.stop()
             release_vigil_pods(api, namespace)
 
-    print(f"## Heartbeat load, M = {m:,} attempts beating every {args.interval:.0f} s ({window:.0f} s measured)\n")
-    print("| figure | value |\n| --- | ---: |")
-    for key, value in result.items():
-        shown = f"{value:.3f}" if isinstance(value, float) else str(value)
-        print(f"| {key} | {shown} |")
-    false_uncertain = result["vigil_attempts_uncertain_total_since_start"] > 0 and agents.max_gap < args.timeout
-    print(
-        f"\nfalse Uncertain: {'YES' if false_uncertain else 'none'} (largest gap between renewals "
-        f"{agents.max_gap:.1f} s, timeout {args.timeout:.0f} s)"
-    )
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        path = args.out / f"heartbeat-{m}-{stamp}.json"
-        clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in result.items()}
-        path.write_text(json.dumps(clean, indent=1) + "\n")
-        log(f"wrote {path}")
-    return 1 if false_uncertain else 0
+    return code
 
 
 if __name__ == "__main__":
