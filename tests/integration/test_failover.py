@@ -3,12 +3,15 @@ run and the standby takes over after about a lease duration; every job finishes 
 gets two pods. A leader stopped with SIGTERM releases the Lease, and the standby takes over
 within a few retry periods, not a lease duration.
 
-Timings: lease 4 s, renew deadline 3 s, retry 1 s.
+Timings: lease 4 s, renew deadline 3 s, retry 1 s. VIGIL_FAILOVER_JOBS (50) jobs run through
+VIGIL_FAILOVERS (5) SIGKILLs of whoever leads; the test prints the takeover times.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import statistics
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,7 +26,8 @@ from tests.integration.test_lifecycle import FAST_BACKOFF, create, status, vigil
 pytestmark = pytest.mark.e2e
 
 LEASE = ["--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1"]
-JOBS = 20
+JOBS = int(os.environ.get("VIGIL_FAILOVER_JOBS", 50))
+FAILOVERS = int(os.environ.get("VIGIL_FAILOVERS", 5))
 
 
 def electing(kube: Kube, namespace: str, log_path: Path) -> OperatorProcess:
@@ -76,37 +80,58 @@ def test_a_killed_leader_is_replaced_and_a_stopped_one_hands_over_at_once(
     kube: Kube, elect_namespace: str, tmp_path: Path
 ):
     install_crds(kube)
-    operators = [electing(kube, elect_namespace, tmp_path / f"operator-{i}.log") for i in range(2)]
+    logs = iter(tmp_path / f"operator-{i}.log" for i in range(100))
+    operators = [electing(kube, elect_namespace, next(logs)) for _ in range(2)]
     for operator in operators:
         operator.start()
     try:
         first = wait_until(lambda: holder(kube, elect_namespace), 30, "a leader")
         for i in range(JOBS):
-            job = vigil_job(f"j{i}", exit_code="1,0", run_for="3s", retry={"maxAttempts": 3, "backoff": FAST_BACKOFF})
+            job = vigil_job(f"j{i}", exit_code="1,0", run_for="25s", retry={"maxAttempts": 3, "backoff": FAST_BACKOFF})
             create(kube, elect_namespace, job)
         wait_until(
             lambda: sum(bool(status(kube, elect_namespace, f"j{i}").get("attempts")) for i in range(JOBS)) > 5,
             60,
             "jobs running under the first leader",
         )
-        leader = next(op for op in operators if identity(op) == first)
-        standby = next(op for op in operators if op is not leader)
-        killed_at = time.monotonic()
-        leader.kill()
-        second = wait_until(lambda: (h := holder(kube, elect_namespace)) != first and h, 30, "the standby to lead")
-        takeover = time.monotonic() - killed_at
-        assert takeover < 4 + 4, f"took {takeover:.1f}s for a 4 s lease"
+        # Kill whoever leads, FAILOVERS times; the killed one comes back as a standby before the next.
+        takeovers, unfinished_at_kill, current = [], [], first
+        for _ in range(FAILOVERS):
+            leader = next(op for op in operators if op.proc.poll() is None and identity(op) == current)
+            unfinished_at_kill.append(
+                sum(status(kube, elect_namespace, f"j{i}").get("phase") != "Succeeded" for i in range(JOBS))
+            )
+            killed_at = time.monotonic()
+            leader.kill()
+            previous = current
+            current = wait_until(
+                lambda previous=previous: (h := holder(kube, elect_namespace)) != previous and h, 30, "a new leader"
+            )
+            takeovers.append(time.monotonic() - killed_at)
+            operators.remove(leader)
+            comeback = electing(kube, elect_namespace, next(logs))
+            comeback.start()
+            operators.append(comeback)
+            wait_until(lambda comeback=comeback: identity(comeback), 30, "the restarted process to campaign")
+        summary = (
+            f"takeover after SIGKILL over {FAILOVERS} failovers (lease 4 s, retry 1 s): "
+            f"min {min(takeovers):.2f}s, median {statistics.median(takeovers):.2f}s, max {max(takeovers):.2f}s; "
+            f"jobs unfinished at each kill: {unfinished_at_kill}"
+        )
+        print(summary)
+        assert max(takeovers) < 4 + 4, summary
         wait_until(
             lambda: all(status(kube, elect_namespace, f"j{i}").get("phase") == "Succeeded" for i in range(JOBS)),
-            120,
-            "every job to finish under the new leader",
+            180,
+            "every job to finish under the last leader",
         )
         assert all(count == 1 for count in pods_per_attempt(kube, elect_namespace).values())
         assert all(status(kube, elect_namespace, f"j{i}")["attempts"] == 2 for i in range(JOBS))
-        print(f"takeover after SIGKILL: {takeover:.2f}s (lease 4 s)")
+        second = current
+        standby = next(op for op in operators if identity(op) == current)
 
         # A graceful stop releases the Lease: a fresh standby takes over in about a retry period.
-        newcomer = electing(kube, elect_namespace, tmp_path / "operator-3.log")
+        newcomer = electing(kube, elect_namespace, next(logs))
         newcomer.start()
         operators.append(newcomer)
         wait_until(lambda: identity(newcomer), 30, "the newcomer to campaign")
