@@ -69,6 +69,14 @@ def structural_schema(model: type[api.WireModel], *, with_defaults: bool) -> dic
     return _convert(json_schema, definitions, with_defaults)
 
 
+def _status_schema(model: type[api.WireModel]) -> dict[str, Any]:
+    """A status schema whose default is `{observedGeneration: 0}`: an object Vigil has not yet
+    looked at then reads, to kstatus (Flux, `kubectl wait`), as InProgress ("generation is 1,
+    but latest observed generation is 0") rather than Current, as an object without any status
+    would; Argo CD's health check reads it as Progressing. Vigil's first write replaces it."""
+    return {**structural_schema(model, with_defaults=False), "default": {"observedGeneration": 0}}
+
+
 def _convert(node: dict[str, Any], definitions: dict[str, Any], with_defaults: bool) -> dict:
     node = dict(node)
     if node.get("x-vigil-schema") == "PodTemplateSpec":
@@ -156,7 +164,7 @@ def vigiljob_crd() -> dict[str, Any]:
                                 "kind": {"type": "string"},
                                 "metadata": {"type": "object"},
                                 "spec": structural_schema(api.VigilJobSpec, with_defaults=True),
-                                "status": structural_schema(api.VigilJobStatus, with_defaults=False),
+                                "status": _status_schema(api.VigilJobStatus),
                             },
                         }
                     },
@@ -236,7 +244,7 @@ def vigilqueue_crd() -> dict[str, Any]:
                                         by_alias=True, mode="json", exclude_none=True
                                     ),
                                 },
-                                "status": structural_schema(api.VigilQueueStatus, with_defaults=False),
+                                "status": _status_schema(api.VigilQueueStatus),
                             },
                         }
                     },

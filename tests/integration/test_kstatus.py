@@ -193,8 +193,8 @@ def test_kstatus_argocd_and_kubectl_wait_read_each_phase(kube: Kube, elect_names
         "job-suspended": ("Current", "Suspended"),  # kstatus has no Suspended: not reconciling, not stalled
         "queue-saturated": ("Current", "Healthy"),
         "queue-paused": ("Current", "Suspended"),
-        "job-not-yet-seen": ("Current", "Progressing"),  # kstatus: no status, no conditions -> Current
-        "queue-not-yet-seen": ("Current", "Progressing"),
+        "job-not-yet-seen": ("InProgress", "Progressing"),  # status defaults to observedGeneration 0 (crd.py)
+        "queue-not-yet-seen": ("InProgress", "Progressing"),
         "job-generation-not-observed": ("InProgress", "Progressing"),
         "queue-generation-not-observed": ("InProgress", "Progressing"),
         "job-succeeded-edited-observed": ("Current", "Healthy"),

@@ -167,8 +167,10 @@ def rules_above(path: str) -> list[dict[str, str]]:
     return parent.get("x-kubernetes-validations", [])
 
 
-def test_status_carries_no_defaults() -> None:
-    assert [path for path, node in walk(STATUS) if "default" in node] == []
+def test_status_defaults_only_to_not_yet_observed() -> None:
+    # A new object reads observedGeneration 0 < generation: InProgress to kstatus, not Current.
+    assert STATUS["default"] == {"observedGeneration": 0}
+    assert [path for path, node in walk(STATUS) if "default" in node and node is not STATUS] == []
 
 
 TEMPLATE = SPEC["properties"]["template"]

@@ -87,14 +87,14 @@ EXPECTED = {  # recording: (Argo CD health, kstatus status)
     "job-succeeded": ("Healthy", "Current"),
     "job-dead-lettered": ("Degraded", "Failed"),
     "job-suspended": ("Suspended", "Current"),  # kstatus has no Suspended
-    "job-not-yet-seen": ("Progressing", "Current"),  # kstatus: no status at all reads Current
+    "job-not-yet-seen": ("Progressing", "InProgress"),  # status defaults to observedGeneration 0 (crd.py)
     "job-generation-not-observed": ("Progressing", "InProgress"),
     "job-succeeded-edited-observed": ("Healthy", "Current"),
     "job-unseen-then-succeeded": ("Healthy", "Current"),
     "queue-ready": ("Healthy", "Current"),
     "queue-saturated": ("Healthy", "Current"),
     "queue-paused": ("Suspended", "Current"),
-    "queue-not-yet-seen": ("Progressing", "Current"),
+    "queue-not-yet-seen": ("Progressing", "InProgress"),
     "queue-generation-not-observed": ("Progressing", "InProgress"),
 }
 
