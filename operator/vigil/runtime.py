@@ -144,7 +144,7 @@ class OperatorRuntime:
         # names it in its User-Agent: an audit log then tells the replicas apart (election.user_agent).
         identity = default_identity() if self.lease is not None else None
         api_client.user_agent = user_agent(identity)
-        reader = ApiReader(configuration)
+        reader = ApiReader(configuration, api_client.user_agent)
         metrics = Metrics()
         kube = Kube(api_client, metrics)
         controller = Controller(kube, workers=self.workers, metrics=metrics)

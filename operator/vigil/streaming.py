@@ -39,14 +39,15 @@ class Stalled(Exception):
 class ApiReader:
     """GET lists and watches from one API server, sharing one connection pool."""
 
-    def __init__(self, configuration: client.Configuration):
+    def __init__(self, configuration: client.Configuration, user_agent: str = "vigil"):
         self.configuration = configuration
+        self.user_agent = user_agent  # the process's, as on its writes (election.user_agent)
         self.base = configuration.host.rstrip("/")
         self._ssl = _ssl_context(configuration)
         self._session: aiohttp.ClientSession | None = None
 
     def _headers(self) -> dict[str, str]:
-        headers = {"Accept": "application/json", "User-Agent": "vigil-operator"}
+        headers = {"Accept": "application/json", "User-Agent": self.user_agent}
         # Asked per request, as the official client does: an in-cluster token is re-read by the
         # Configuration's refresh hook.
         bearer = self.configuration.auth_settings().get("BearerToken")
