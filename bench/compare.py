@@ -953,7 +953,10 @@ def main(argv: list[str] | None = None) -> int:
                 ]
         else:
             for kind, side in sides.items():
-                report += [f"## {workload}, {kind}", "```json", json.dumps(side, indent=1), "```", ""]
+                shown = {k: v for k, v in side.items() if k != "profile"}
+                report += [f"## {workload}, {kind}", "```json", json.dumps(no_nan(shown), indent=1), "```", ""]
+                if "profile" in side:
+                    report += [profile_text(side["profile"]), ""]
     text = "\n".join(report)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
