@@ -455,6 +455,19 @@ class Operator:
                 self.proc.wait()
 
 
+# Frames where a thread waits rather than works: on a loaded machine a thread that has just been
+# woken is runnable (not idle to py-spy) while still on top of its wait, so these are left out.
+WAITS = (
+    "EpollSelector.select",
+    "SSLSocket.read",  # the synchronous client waiting for the API server's answer
+    "_worker (",  # a pool thread waiting for work
+    "poll_wait_for_socket",
+    "Condition.wait",
+    "Event.wait",
+    "Thread._wait_for_tstate_lock",
+)
+
+
 class Profiler:
     """py-spy (the `bench` extra) sampling the operator for the run; `top` reads its stacks."""
 
@@ -477,8 +490,8 @@ class Profiler:
             self.proc.kill()
 
     def top(self, count: int) -> dict[str, list[tuple[str, float]]]:
-        """The functions with the most samples: `self` (on top of the stack) and `total` (anywhere in
-        it), as shares of every sample of a busy thread."""
+        """The functions with the most samples, as shares of every sample of a working thread: `self`
+        (on top of the stack, any code) and `total` (anywhere in it, Vigil's own functions)."""
         own: dict[str, int] = {}
         inclusive: dict[str, int] = {}
         total = 0
@@ -490,12 +503,13 @@ class Profiler:
                 continue
             n = int(samples)
             frames = [f for f in stack.split(";") if not f.startswith("process ") and not f.startswith("thread ")]
-            if not frames:
+            if not frames or frames[-1].startswith(WAITS):
                 continue
             total += n
             own[frames[-1]] = own.get(frames[-1], 0) + n
             for frame in set(frames):
-                inclusive[frame] = inclusive.get(frame, 0) + n
+                if "vigil/" in frame:  # where in Vigil's own code the time goes
+                    inclusive[frame] = inclusive.get(frame, 0) + n
 
         def best(table: dict[str, int]) -> list[tuple[str, float]]:
             ranked = sorted(table.items(), key=lambda kv: -kv[1])[:count]
@@ -790,10 +804,10 @@ def requests_table(native: dict, vigil: dict) -> str:
 def profile_text(profile: dict) -> str:
     top = profile["top"]
     lines = [
-        f"py-spy, the operator during the Vigil run ({top.get('samples', 0)} samples of busy threads at 100 Hz; "
-        f"stacks in {profile['file']})",
+        f"py-spy, the operator during the Vigil run ({top.get('samples', 0)} samples of working threads at "
+        f"100 Hz, waits left out; stacks in {profile['file']})",
         "",
-        "| # | function (self) | self | function (anywhere in the stack) | total |",
+        "| # | function (self) | self | Vigil's function (anywhere in the stack) | total |",
         "| ---: | --- | ---: | --- | ---: |",
     ]
     for i, (own, inclusive) in enumerate(zip(top["self"], top["total"], strict=False), 1):
