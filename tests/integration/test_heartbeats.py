@@ -28,12 +28,14 @@ AGENT = Path(sys.executable).with_name("vigil-agent")
 HEARTBEAT = {"intervalSeconds": 1, "timeoutSeconds": 6, "startupGraceSeconds": 10, "required": True}
 
 
-def heartbeat_job(name: str, guarantee: str = "AtLeastOnce", **pod_annotations: str) -> dict:
+def heartbeat_job(
+    name: str, guarantee: str = "AtLeastOnce", heartbeat: dict = HEARTBEAT, **pod_annotations: str
+) -> dict:
     job = vigil_job(
         name,
         exit_code=None,
         run_for=None,
-        heartbeat=HEARTBEAT,
+        heartbeat=heartbeat,
         guarantee=guarantee,
         retry={"maxAttempts": 3, "backoff": FAST_BACKOFF},
     )
@@ -161,11 +163,13 @@ def test_a_killed_agent_makes_the_attempt_uncertain_then_lost_then_replaced(
 def test_a_short_partition_heals_back_to_running_without_a_new_attempt(
     kube: Kube, vigil: OperatorProcess, namespace: str, job_account, agents
 ):
-    create(kube, namespace, heartbeat_job("healing"))
+    # Uncertain after 8 s of silence, Lost after 16: a window wide enough that a loaded machine
+    # (the agent thawed late, the operator's look late) cannot turn the heal into a Lost.
+    create(kube, namespace, heartbeat_job("healing", heartbeat={**HEARTBEAT, "timeoutSeconds": 16}))
     agent = agents("healing-1")
     wait_phase(kube, namespace, "healing", "Running")
     agent.signal(signal.SIGSTOP)
-    wait_phase(kube, namespace, "healing", "Uncertain", 20)
+    wait_phase(kube, namespace, "healing", "Uncertain", 30)
     agent.signal(signal.SIGCONT)
     job = wait_phase(kube, namespace, "healing", "Running", 10)
     assert job["status"]["attempts"] == 1
