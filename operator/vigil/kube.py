@@ -15,6 +15,8 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.util.retry import Retry
 
 from vigil.api import FINALIZER_ATTEMPT_TRACKING, GROUP, LABEL_JOB_UID, PLURAL, QUEUE_PLURAL, VERSION
@@ -74,6 +76,38 @@ class FencedRetry(Retry):
         return super().increment(method, *args, **kwargs)
 
 
+def fenced_pool_classes(fence: Any) -> dict[str, type[HTTPConnectionPool]]:
+    """urllib3 connection pools whose connections pass the fence as they begin to send a write,
+    after the connection is made (urllib3 connects before it sends) and before the first byte.
+    A check any earlier leaves a window in which the process can be frozen with a write past
+    its fence: client-side validation and serialization take milliseconds on a loaded machine,
+    and a leader SIGSTOPped there sent the write on SIGCONT, seconds after its lease had moved
+    (test_split_brain caught one, 3.8 s late). What remains is the building of the request's
+    headers, microseconds; the body follows the headers, so the request was received in time."""
+
+    def guard(method: str) -> None:
+        if method.upper() not in ("GET", "HEAD"):
+            fence()
+
+    class FencedHTTPConnection(HTTPConnection):
+        def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+            guard(method)
+            super().request(method, url, *args, **kwargs)
+
+    class FencedHTTPSConnection(HTTPSConnection):
+        def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+            guard(method)
+            super().request(method, url, *args, **kwargs)
+
+    class FencedHTTPConnectionPool(HTTPConnectionPool):
+        ConnectionCls = FencedHTTPConnection
+
+    class FencedHTTPSConnectionPool(HTTPSConnectionPool):
+        ConnectionCls = FencedHTTPSConnection
+
+    return {"http": FencedHTTPConnectionPool, "https": FencedHTTPSConnectionPool}
+
+
 class Kube:
     """Vigil's writes. Each method returns once the write is done or found already done."""
 
@@ -85,9 +119,11 @@ class Kube:
         self.fence: Any = lambda: None
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
-        # Each retry urllib3 makes of a write passes the fence again (FencedRetry). The pools are
-        # made lazily, per host, from these keywords: set before the first request.
+        # Every write passes the fence again as its connection begins to send it, and each retry
+        # urllib3 makes of a write passes it too (FencedRetry). The pools are made lazily, per
+        # host, from these classes and keywords: set before the first request.
         pools = api.rest_client.pool_manager
+        pools.pool_classes_by_scheme = fenced_pool_classes(lambda: self.fence())
         given = pools.connection_pool_kw.get("retries")
         if given is None or (isinstance(given, Retry) and not isinstance(given, FencedRetry)):
             base = given if isinstance(given, Retry) else Retry.DEFAULT
