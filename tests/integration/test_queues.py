@@ -862,12 +862,13 @@ def test_max_running_changed_mid_run_takes_effect_at_once(bed: QueueBed):
 
 def test_max_starts_per_second_spaces_a_burst(bed: QueueBed):
     """maxStartsPerSecond 5 (a token bucket of one start): a burst of VIGIL_QUEUE_RATE_JOBS jobs
-    released at once starts at 5 per second: the overall rate of pod creations within [4, 5.5]
-    per second. The bucket also bounds any window of T seconds to 1 + 5 x T starts (docs: "never
-    more than 2 in the same tenth of a second" at 20/s); over 2 s windows, with one start of slack
-    for the time between a start's status write and its pod appearing, that is 12. The operator
-    spaces the starts themselves, not only the decisions to start, so a busy worker pool cannot
-    bunch them up (it did, up to 19 pods in 2 s, before `Dispatcher.pace`)."""
+    released at once starts at 5 per second: the overall rate of pod creations at most 5.5 per
+    second, and the median gap between starts at most 1.2 / 5 s. The bucket also bounds any
+    window of T seconds to 1 + 5 x T starts (docs: "never more than 2 in the same tenth of a
+    second" at 20/s); over 2 s windows, with one start of slack for the time between a start's
+    status write and its pod appearing, that is 12. The operator spaces the starts themselves,
+    not only the decisions to start, so a busy worker pool cannot bunch them up (it did, up to
+    19 pods in 2 s, before `Dispatcher.pace`)."""
     rate, n = 5.0, RATE_JOBS
     bed.create_queue("paced", maxRunning=1000, maxStartsPerSecond=rate, paused=True, retryBudget=NO_BUDGET)
     bed.start_operator()
@@ -891,7 +892,12 @@ def test_max_starts_per_second_spaces_a_burst(bed: QueueBed):
         f"{densest} in any {window:g} s (the bucket's bound {bound:g}); gaps between starts {min(gaps):.3f}-"
         f"{max(gaps):.3f}s (median {sorted(gaps)[len(gaps) // 2]:.3f}s)"
     )
-    assert 4.0 <= observed <= 5.5, observed
+    assert observed <= 5.5, observed
+    # Not slower than asked: most starts follow the one before by about 1/rate. The median, not
+    # the overall rate, so that a loaded machine's pauses (CI measured 3.7/s overall at load 6)
+    # do not read as pacing; a queue pacing at 4/s or slower fails it.
+    median_gap = sorted(gaps)[len(gaps) // 2]
+    assert median_gap <= 1.2 / rate, f"median gap {median_gap:.3f}s between starts at {rate:g}/s"
     assert not check_finished(finished, dict.fromkeys(names, 1))
     # One start of slack for the time between a start's status write and its pod appearing.
     assert densest <= bound + 1, f"{densest} pods started within {window:g} s (the bucket allows {bound:g})"
