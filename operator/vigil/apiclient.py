@@ -12,23 +12,23 @@ What the official client did and this one keeps:
   connection or a timeout raises aiohttp's `ClientError` or `TimeoutError`: transient failures,
   as urllib3's errors were.
 - Timeouts: each call has its own, 5 s to connect, 20 s for each read.
-- The fence: a write passes `fence` before it is queued, and again on the connection that
-  will carry it, right before the request is written (`_FencedConnector`): a write that waited
-  for a free connection, or a TLS handshake, while the fence closed is never sent. aiohttp sends
-  a PUT or DELETE once more by itself when a kept-alive connection turns out dead; that second
-  try passes the fence again too, as urllib3's retries did (the old `FencedRetry`).
+- The fence: a write passes `fence` before it is queued, and again as its bytes are written to
+  the connection (`_FencedBody`): a write that waited for a free connection, a TLS handshake or
+  a turn of the event loop while the fence closed is never sent. aiohttp sends a PUT or DELETE
+  once more by itself when the connection broke without an answer; that second try passes the
+  fence again too, as urllib3's retries did (the old `FencedRetry`).
 - Content types: `application/json` for creates and deletes, and for patches what the official
   client picked: a strategic merge patch for core objects, a merge patch for custom resources.
 """
 
 from __future__ import annotations
 
-import contextvars
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
+from aiohttp.payload import BytesPayload
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -43,25 +43,33 @@ MERGE_PATCH = "application/merge-patch+json"
 
 Fence = Callable[[], None]
 
-# The fence of the write this task is sending, for the connector to check once it has a
-# connection (aiohttp calls the connector in the caller's task, so the context carries it).
-_fence: contextvars.ContextVar[Fence | None] = contextvars.ContextVar("vigil_write_fence", default=None)
 
+class _FencedBody(BytesPayload):
+    """A write's body that passes the fence as aiohttp writes it to the connection, headers and
+    body together (aiohttp holds the headers back to send them with the body's first bytes): on
+    Python 3.11 that happens in a task of its own, a turn of the event loop after the request
+    was handed over, so a check before `session.request` alone would leave a window. A closed
+    fence here sends nothing; the request fails and the fence's own exception is kept."""
 
-class _FencedConnector(aiohttp.TCPConnector):
-    """Hands out a connection only while the current write's fence allows it: the last moment
-    before aiohttp writes the request on it."""
+    def __init__(self, value: bytes, content_type: str, fence: Fence) -> None:
+        super().__init__(value, content_type=content_type)
+        self.fence = fence
+        self.refused: BaseException | None = None
 
-    async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
-        connection = await super().connect(req, traces, timeout)
-        fence = _fence.get()
-        if fence is not None:
-            try:
-                fence()
-            except BaseException:
-                connection.release()  # unused: back to the pool
-                raise
-        return connection
+    def _check(self) -> None:
+        try:
+            self.fence()
+        except BaseException as err:
+            self.refused = err
+            raise
+
+    async def write(self, writer: Any) -> None:
+        self._check()
+        await super().write(writer)
+
+    async def write_with_length(self, writer: Any, content_length: int | None) -> None:
+        self._check()
+        await super().write_with_length(writer, content_length)
 
 
 class ApiClient:
@@ -79,7 +87,7 @@ class ApiClient:
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=_FencedConnector(ssl=self._ssl, limit=CONNECTIONS),
+                connector=aiohttp.TCPConnector(ssl=self._ssl, limit=CONNECTIONS),
                 timeout=self.timeout(),
             )
         return self._session
@@ -110,16 +118,17 @@ class ApiClient:
         content_type: str = JSON,
         fence: Fence | None = None,
     ) -> Any:
-        """One request; the decoded answer (None for an empty one). `fence`, for a write, is
-        called before the request is queued and again just before it is sent."""
+        """One request; the decoded answer (None for an empty one). `fence`, for a write (every
+        write of Vigil's has a body), is called before the request is queued and again as its
+        body is written."""
         headers = {"Accept": JSON, "User-Agent": self.user_agent, **auth_headers(self.configuration)}
-        data = None
+        data: bytes | _FencedBody | None = None
         if body is not None:
-            data = json.dumps(body).encode()
+            raw = json.dumps(body).encode()
+            data = raw if fence is None else _FencedBody(raw, content_type, fence)
             headers["Content-Type"] = content_type
         if fence is not None:
             fence()
-        token = _fence.set(fence)
         try:
             async with self.session.request(
                 method, self.base + path, params=params, data=data, headers=headers
@@ -131,5 +140,7 @@ class ApiClient:
                     error.headers = response.headers
                     raise error
                 return json.loads(text) if text else None
-        finally:
-            _fence.reset(token)
+        except aiohttp.ClientError:
+            if isinstance(data, _FencedBody) and data.refused is not None:
+                raise data.refused from None  # nothing was sent: the fence closed
+            raise

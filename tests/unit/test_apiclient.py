@@ -259,16 +259,16 @@ def test_a_closed_fence_sends_nothing_and_reads_are_not_fenced():
     run(scenario)
 
 
-def test_the_fence_is_checked_again_on_the_connection_just_before_sending():
-    """A write passes the fence when it is queued, and again once it holds a connection: one that
-    waited for a free connection while the fence closed is never sent."""
+def test_the_fence_is_checked_again_as_the_request_is_written():
+    """A write passes the fence when it is queued, and again as its bytes are written: one that
+    waited for a connection (or a turn of the event loop) while the fence closed is never sent."""
 
     async def scenario(server: Server, kube: Kube) -> None:
         checks: list[int] = []
 
         def fence() -> None:
             checks.append(1)
-            if len(checks) > 1:  # open when queued, closed by the time a connection is free
+            if len(checks) > 1:  # open when queued, closed by the time it is written
                 raise NotLeading("the renew deadline passed while the write waited for a connection")
 
         kube.fence = fence
