@@ -25,6 +25,7 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 
 from vigil import api
 from vigil.admission import Pending
+from vigil.apiclient import ApiClient
 from vigil.controller import Controller
 from vigil.election import ElectionConfig, LeaderElector, default_identity, user_agent
 from vigil.informer import Informer
@@ -139,14 +140,14 @@ class OperatorRuntime:
         if self._stop.is_set():
             return
         configuration = _client_configuration()
-        api_client = client.ApiClient(configuration)
         # The holder identity is chosen before any request, so that every write of this process
         # names it in its User-Agent: an audit log then tells the replicas apart (election.user_agent).
         identity = default_identity() if self.lease is not None else None
-        api_client.user_agent = user_agent(identity)
-        reader = ApiReader(configuration, api_client.user_agent)
+        agent = user_agent(identity)
+        reader = ApiReader(configuration, agent)
+        writer = ApiClient(configuration, agent)
         metrics = Metrics()
-        kube = Kube(api_client, metrics)
+        kube = Kube(writer, metrics)
         controller = Controller(kube, workers=self.workers, metrics=metrics)
         metrics.collect_from(
             StateCollector(lambda: list(controller.jobs.values()), controller.dispatcher.queue_numbers)
@@ -227,7 +228,7 @@ class OperatorRuntime:
             if scrape is not None:
                 await scrape.cleanup()
             await reader.close()
-            api_client.close()
+            await writer.close()
 
 
 async def _serve_webhook(where: tuple[str, str, str], controller: Controller) -> WebhookServer:

@@ -3,9 +3,9 @@ aiohttp with the credentials of the official client's Configuration (client cert
 bearer token that may be refreshed, the cluster's CA).
 
 Reads are the hot path (every heartbeat is a watch event), so they go straight from bytes to
-dicts with `json.loads`, without the official client's model classes. Writes stay on the
-official client (`vigil.kube`). Every request is bounded: connecting, and each read, has a
-timeout; a watch's reads are bounded by the caller's progress deadline.
+dicts with `json.loads`, without the official client's model classes. Writes go the same way,
+with the same credentials, in `vigil.apiclient`. Every request is bounded: connecting, and each
+read, has a timeout; a watch's reads are bounded by the caller's progress deadline.
 """
 
 from __future__ import annotations
@@ -43,17 +43,11 @@ class ApiReader:
         self.configuration = configuration
         self.user_agent = user_agent  # the process's, as on its writes (election.user_agent)
         self.base = configuration.host.rstrip("/")
-        self._ssl = _ssl_context(configuration)
+        self._ssl = ssl_context(configuration)
         self._session: aiohttp.ClientSession | None = None
 
     def _headers(self) -> dict[str, str]:
-        headers = {"Accept": "application/json", "User-Agent": self.user_agent}
-        # Asked per request, as the official client does: an in-cluster token is re-read by the
-        # Configuration's refresh hook.
-        bearer = self.configuration.auth_settings().get("BearerToken")
-        if bearer and bearer.get("value"):
-            headers["Authorization"] = bearer["value"]
-        return headers
+        return {"Accept": "application/json", "User-Agent": self.user_agent, **auth_headers(self.configuration)}
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -145,7 +139,16 @@ def _message(body: bytes) -> str:
         return body[:200].decode(errors="replace")
 
 
-def _ssl_context(configuration: client.Configuration) -> ssl.SSLContext | bool:
+def auth_headers(configuration: client.Configuration) -> dict[str, str]:
+    """The Authorization header, if any. Asked per request, as the official client does: an
+    in-cluster token is re-read by the Configuration's refresh hook."""
+    bearer = configuration.auth_settings().get("BearerToken")
+    if bearer and bearer.get("value"):
+        return {"Authorization": bearer["value"]}
+    return {}
+
+
+def ssl_context(configuration: client.Configuration) -> ssl.SSLContext | bool:
     if not configuration.host.startswith("https"):
         return False
     context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)

@@ -1,0 +1,356 @@
+"""Vigil's writes over aiohttp (vigil.apiclient, vigil.kube) against a small local HTTP server:
+what goes on the wire, what comes back, and the fence."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from vigil import apiclient
+from vigil.apiclient import ApiClient
+from vigil.election import NotLeading
+from vigil.kube import Conflict, Gone, Kube, Refused
+from vigil.metrics import Metrics
+
+pytestmark = pytest.mark.unit
+
+Answer = tuple[int, Any]  # (status, JSON body)
+
+
+class Server:
+    """Records every request; answers each from `answer(method, path)` (default 200 `{}`)."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, Any]] = []
+        self.answer: Callable[[str, str], Answer | Awaitable[Answer]] = lambda method, path: (200, {})
+
+    async def handle(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        self.seen.append(
+            {
+                "method": request.method,
+                "path": request.path,
+                "query": dict(request.query),
+                "headers": dict(request.headers),
+                "body": json.loads(raw) if raw else None,
+            }
+        )
+        answer = self.answer(request.method, request.path)
+        if asyncio.iscoroutine(answer):
+            answer = await answer
+        status, body = answer
+        return web.Response(status=status, text=json.dumps(body), content_type="application/json")
+
+
+def run(scenario: Callable[[Server, Kube], Awaitable[None]], metrics: Metrics | None = None) -> None:
+    async def main() -> None:
+        server = Server()
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", server.handle)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        configuration = client.Configuration()
+        configuration.host = f"http://127.0.0.1:{port}"
+        configuration.api_key = {"BearerToken": "s3cret"}
+        configuration.api_key_prefix = {"BearerToken": "Bearer"}
+        http = ApiClient(configuration, "vigil/test (pod-a)")
+        try:
+            await scenario(server, Kube(http, metrics))
+        finally:
+            await http.close()
+            await runner.cleanup()
+
+    asyncio.run(main())
+
+
+JOB = {"metadata": {"name": "ledger", "namespace": "work", "uid": "job-uid", "resourceVersion": "7"}}
+
+
+def test_a_pod_round_trips_as_the_api_servers_json():
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "ledger-1",
+            "uid": "u1",
+            "creationTimestamp": "2026-11-30T07:00:00Z",
+            "managedFields": [{"manager": "vigil"}],
+            "labels": {"a": "b"},
+        },
+        "spec": {"containers": [{"name": "c", "image": "i"}]},
+        "status": {"phase": "Pending", "someFutureField": {"x": 1}},
+    }
+
+    async def scenario(server: Server, kube: Kube) -> None:
+        server.answer = lambda method, path: (201, pod)
+        manifest = {"metadata": {"name": "ledger-1", "labels": {"x": None}}, "spec": {"containers": []}}
+        created = await kube.create_pod("work", manifest)
+        assert created is not None
+        assert created["metadata"]["creationTimestamp"] == "2026-11-30T07:00:00Z"  # RFC 3339 as sent
+        assert "managedFields" not in created["metadata"]  # as the watch's copies (streaming.strip)
+        assert created["status"]["someFutureField"] == {"x": 1}
+        request = server.seen[-1]
+        assert (request["method"], request["path"]) == ("POST", "/api/v1/namespaces/work/pods")
+        assert request["body"] == manifest
+        assert request["headers"]["Content-Type"] == "application/json"
+        assert request["headers"]["User-Agent"] == "vigil/test (pod-a)"
+        assert request["headers"]["Authorization"] == "Bearer s3cret"
+        assert request["headers"]["Accept"] == "application/json"
+
+        server.answer = lambda method, path: (200, {"items": [pod, pod]})
+        listed = await kube.list_job_pods("work", "job-uid")
+        assert [p["metadata"]["name"] for p in listed] == ["ledger-1", "ledger-1"]
+        assert server.seen[-1]["query"] == {"labelSelector": "vigil.dev/job-uid=job-uid"}
+        assert await kube.list_pod_names("work", "x=y") == ["ledger-1", "ledger-1"]
+        assert server.seen[-1]["query"] == {"labelSelector": "x=y"}
+
+    run(scenario)
+
+
+def test_content_types_and_bodies_are_those_the_official_client_sent():
+    async def scenario(server: Server, kube: Kube) -> None:
+        await kube.release_pod("work", "ledger-1", "u1")
+        await kube.annotate_pod("work", "ledger-1", "u1", {"vigil.dev/superseded": "2"})
+        await kube.label_pod("work", "ledger-1", {"vigil.dev/leader": None})
+        await kube.patch_job_status("work", "ledger", "7", {"phase": "Running"})
+        await kube.patch_queue_status("work", "default", {"queued": 1})
+        await kube.patch_job_labels("work", "ledger", {"vigil.dev/dead-letter": "true"})
+        await kube.delete_pod("work", "ledger-1", "u1", grace_seconds=0)
+        await kube.delete_pod("work", "ledger-2", None)
+        await kube.delete_job("work", "ledger", "job-uid")
+        await kube.post_event(JOB, "Normal", "AttemptStarted", "attempt 1")
+        wire = [(r["method"], r["path"], r["headers"].get("Content-Type"), r["body"]) for r in server.seen]
+        pods, jobs = "/api/v1/namespaces/work/pods", "/apis/vigil.dev/v1alpha1/namespaces/work/vigiljobs"
+        smp, mp = "application/strategic-merge-patch+json", "application/merge-patch+json"
+        assert wire[:9] == [
+            (
+                "PATCH",
+                f"{pods}/ledger-1",
+                smp,
+                {"metadata": {"uid": "u1", "$deleteFromPrimitiveList/finalizers": ["vigil.dev/attempt-tracking"]}},
+            ),
+            (
+                "PATCH",
+                f"{pods}/ledger-1",
+                smp,
+                {"metadata": {"uid": "u1", "annotations": {"vigil.dev/superseded": "2"}}},
+            ),
+            ("PATCH", f"{pods}/ledger-1", smp, {"metadata": {"labels": {"vigil.dev/leader": None}}}),
+            (
+                "PATCH",
+                f"{jobs}/ledger/status",
+                mp,
+                {"metadata": {"resourceVersion": "7"}, "status": {"phase": "Running"}},
+            ),
+            (
+                "PATCH",
+                "/apis/vigil.dev/v1alpha1/namespaces/work/vigilqueues/default/status",
+                mp,
+                {"status": {"queued": 1}},
+            ),
+            ("PATCH", f"{jobs}/ledger", mp, {"metadata": {"labels": {"vigil.dev/dead-letter": "true"}}}),
+            (
+                "DELETE",
+                f"{pods}/ledger-1",
+                "application/json",
+                {"propagationPolicy": "Background", "preconditions": {"uid": "u1"}, "gracePeriodSeconds": 0},
+            ),
+            ("DELETE", f"{pods}/ledger-2", "application/json", {"propagationPolicy": "Background"}),
+            (
+                "DELETE",
+                f"{jobs}/ledger",
+                "application/json",
+                {"preconditions": {"uid": "job-uid"}, "propagationPolicy": "Background"},
+            ),
+        ]
+        method, path, kind, event = wire[9]
+        assert (method, path, kind) == ("POST", "/api/v1/namespaces/work/events", "application/json")
+        assert event["involvedObject"] == {
+            "apiVersion": "vigil.dev/v1alpha1",
+            "kind": "VigilJob",
+            "name": "ledger",
+            "namespace": "work",
+            "uid": "job-uid",
+            "resourceVersion": "7",
+        }
+        assert event["metadata"]["name"].startswith("ledger.") and event["metadata"]["namespace"] == "work"
+        assert (event["type"], event["reason"], event["message"], event["count"]) == (
+            "Normal",
+            "AttemptStarted",
+            "attempt 1",
+            1,
+        )
+        assert event["firstTimestamp"] == event["lastTimestamp"] and event["firstTimestamp"].endswith("+00:00")
+        assert event["source"] == {"component": "vigil"} and "eventTime" not in event
+
+    run(scenario)
+
+
+def test_error_statuses_become_the_outcomes_callers_tell_apart():
+    metrics = Metrics()
+
+    async def scenario(server: Server, kube: Kube) -> None:
+        status = {"kind": "Status", "reason": "Invalid", "message": "spec.containers: Required value"}
+        server.answer = lambda method, path: (404, {"kind": "Status", "reason": "NotFound"})
+        assert await kube.read_pod("work", "gone") is None
+        assert await kube.read_job("work", "gone") is None
+        assert await kube.patch_queue_status("work", "gone", {}) is None
+        await kube.delete_pod("work", "gone", "u1")  # already gone: done
+        with pytest.raises(Gone):
+            await kube.patch_job_status("work", "gone", "1", {})
+        server.answer = lambda method, path: (409, {"kind": "Status", "reason": "AlreadyExists"})
+        assert await kube.create_pod("work", {"metadata": {"name": "p"}}) is None
+        with pytest.raises(Conflict):
+            await kube.patch_job_status("work", "ledger", "1", {})
+        server.answer = lambda method, path: (422, status)
+        with pytest.raises(Refused) as refused:
+            await kube.create_pod("work", {"metadata": {"name": "p"}})
+        assert (refused.value.status, refused.value.reason, refused.value.message) == (
+            422,
+            "Invalid",
+            "spec.containers: Required value",
+        )
+        server.answer = lambda method, path: (500, {"kind": "Status", "message": "etcd is sad"})
+        with pytest.raises(ApiException) as failed:
+            await kube.read_pod("work", "p")
+        assert failed.value.status == 500 and failed.value.reason == "Internal Server Error"
+        assert json.loads(failed.value.body)["message"] == "etcd is sad"
+        await kube.post_event(JOB, "Warning", "X", "y")  # best effort: logged, not raised
+
+    run(scenario, metrics)
+    assert metrics.api_errors.labels("get", "pods", "500")._value.get() == 1
+    assert metrics.api_errors.labels("get", "pods", "404")._value.get() == 1
+    assert metrics.api_errors.labels("patch", "vigiljobs/status", "409")._value.get() == 1
+
+
+def test_a_closed_fence_sends_nothing_and_reads_are_not_fenced():
+    async def scenario(server: Server, kube: Kube) -> None:
+        def closed() -> None:
+            raise NotLeading("not leading")
+
+        kube.fence = closed
+        for write in (
+            kube.create_pod("work", {"metadata": {"name": "p"}}),
+            kube.delete_pod("work", "p", "u"),
+            kube.release_pod("work", "p", "u"),
+            kube.patch_job_status("work", "ledger", "1", {}),
+            kube.delete_job("work", "ledger", "u"),
+        ):
+            with pytest.raises(NotLeading):
+                await write
+        assert server.seen == []
+        assert await kube.read_pod("work", "p") == {}
+        assert await kube.read_job("work", "p") == {}
+        assert len(server.seen) == 2
+
+    run(scenario)
+
+
+def test_the_fence_is_checked_again_as_the_request_is_written():
+    """A write passes the fence when it is queued, and again as its bytes are written: one that
+    waited for a connection (or a turn of the event loop) while the fence closed is never sent."""
+
+    async def scenario(server: Server, kube: Kube) -> None:
+        checks: list[int] = []
+
+        def fence() -> None:
+            checks.append(1)
+            if len(checks) > 1:  # open when queued, closed by the time it is written
+                raise NotLeading("the renew deadline passed while the write waited for a connection")
+
+        kube.fence = fence
+        with pytest.raises(NotLeading):
+            await kube.delete_pod("work", "p", "u")
+        assert server.seen == [] and len(checks) == 2
+        kube.fence = lambda: None
+        await kube.delete_pod("work", "p", "u")  # the connection given back is still usable
+        assert len(server.seen) == 1
+
+    run(scenario)
+
+
+def test_a_slow_answer_times_out(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(apiclient, "READ_TIMEOUT_SECONDS", 0.2)
+
+    async def scenario(server: Server, kube: Kube) -> None:
+        async def slow(method: str, path: str) -> Answer:
+            await asyncio.sleep(2)
+            return 200, {}
+
+        server.answer = slow
+        began = asyncio.get_running_loop().time()
+        with pytest.raises(TimeoutError):
+            await kube.read_pod("work", "p")
+        assert asyncio.get_running_loop().time() - began < 1.5
+
+    run(scenario)
+
+
+def test_the_read_and_connect_timeouts():
+    timeout = ApiClient.timeout()
+    assert (timeout.sock_connect, timeout.sock_read, timeout.total) == (5, 20, None)
+
+
+def test_aiohttps_one_resend_of_a_delete_passes_the_fence_again():
+    """aiohttp sends a DELETE (an idempotent method) once more by itself when the connection
+    broke without an answer; that resend passes the fence too, so none goes out once it closed."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(5)
+    accepted: list[int] = []
+
+    def serve() -> None:  # accepts, reads the request, hangs up without an answer
+        try:
+            while True:
+                conn, _ = listener.accept()
+                if conn.recv(65536):  # a connection the fence stopped carries no request
+                    accepted.append(1)
+                conn.close()
+        except OSError:
+            return
+
+    threading.Thread(target=serve, daemon=True).start()
+
+    async def delete(fence: Callable[[], None]) -> None:
+        configuration = client.Configuration()
+        configuration.host = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        http = ApiClient(configuration)
+        kube = Kube(http)
+        kube.fence = fence
+        try:
+            await kube.delete_pod("ns", "p", "uid")
+        finally:
+            await http.close()
+
+    try:
+        with pytest.raises(aiohttp.ClientError):  # the fence stays open: aiohttp tries twice
+            asyncio.run(delete(lambda: None))
+        assert len(accepted) == 2
+
+        accepted.clear()
+        checks: list[int] = []
+
+        def fence() -> None:
+            checks.append(1)
+            if len(checks) > 2:  # open when queued and when sent; closed before the resend
+                raise NotLeading("closed")
+
+        with pytest.raises(NotLeading):
+            asyncio.run(delete(fence))
+        assert len(accepted) == 1
+    finally:
+        listener.close()
