@@ -328,8 +328,9 @@ class Controller:
                 log.info("%s/%s is gone; forgetting it", *key)
                 self._drop(key)
             except Conflict as err:
-                log.debug("conflict on %s/%s, looking again: %s", *key, err)
+                log.debug("conflict on %s/%s, reading it again: %s", *key, err)
                 result = "requeue"
+                await self._reread(key)
                 self._retry(key, conflict=True)
             except Exception as err:
                 result = "error"
@@ -342,6 +343,19 @@ class Controller:
                 m.reconcile_total.labels(CONTROLLER, result).inc()
                 m.reconcile_time.labels(CONTROLLER).observe(elapsed)
                 m.workqueue_work_duration.labels(CONTROLLER).observe(elapsed)
+
+    async def _reread(self, key: Key) -> None:
+        """After a conflict the cached job is older than the API server's: read it directly, so
+        the next look decides on the stored version, not on the watch's promise to deliver it (a
+        watch that missed that version, as around an etcd restart, would otherwise make every
+        retry conflict again: the job stood still, found by the fault matrix)."""
+        try:
+            fresh = await self.kube.read_job(*key)
+        except Exception as err:  # noqa: BLE001 - the retry comes anyway, on the cache
+            log.debug("could not read %s/%s again after a conflict: %s", *key, err)
+            return
+        if fresh is not None:  # gone: the retry's write meets the 404 and forgets it, as ever
+            self.job_seen(fresh, look=False)
 
     def _retry(self, key: Key, *, conflict: bool = False) -> None:
         self.metrics.workqueue_retries.labels(CONTROLLER).inc()

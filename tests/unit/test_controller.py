@@ -163,3 +163,44 @@ def test_pods_of_a_deleted_job_are_released_and_an_orphan_only_once_its_job_is_c
     assert asyncio.run(scenario(None)) == ["j-1", "j-1"], "released at the job's deletion, and as an orphan"
     recreated = {**job(), "metadata": {**job()["metadata"], "uid": "job-uid"}}
     assert asyncio.run(scenario(recreated)) == ["j-1"], "an orphan whose job the API server still has is kept"
+
+
+def test_after_a_conflict_the_job_is_read_again_not_awaited_from_a_watch_that_missed_it():
+    """A conflict means the cached job is older than the stored one. If the watch missed that
+    version (around an etcd restart, it did), waiting for it would conflict for ever: the job
+    stood still. The shell reads the job directly and decides on that next time."""
+    from vigil.kube import Conflict
+
+    stored = {**job(), "metadata": {**job()["metadata"], "resourceVersion": "9"}}
+    stored["status"] = {"phase": "Starting", "reason": "AttemptStarting"}
+
+    class Stored:
+        reads = 0
+
+        async def read_job(self, namespace, name):
+            Stored.reads += 1
+            return stored
+
+    async def scenario() -> dict[str, Any]:
+        c = Controller(kube=Stored(), workers=1)  # type: ignore[arg-type]
+        seen_versions = []
+
+        async def reconcile(key):
+            seen_versions.append(c.jobs[key]["metadata"]["resourceVersion"])
+            if len(seen_versions) == 1:
+                raise Conflict("the object has been modified")
+
+        c.reconcile = reconcile  # type: ignore[method-assign]
+        c.job_seen(job())  # the cache: version 5; the watch will never bring 9
+        c.start()
+        for _ in range(300):
+            if len(seen_versions) >= 2:
+                break
+            await asyncio.sleep(0.01)
+        await c.stop()
+        return {"versions": seen_versions, "cached": c.jobs[("ns", "j")]["metadata"]["resourceVersion"]}
+
+    result = asyncio.run(scenario())
+    assert Stored.reads == 1
+    assert result["versions"][:2] == ["5", "9"], result  # the retry decided on the stored version
+    assert result["cached"] == "9"
