@@ -2,8 +2,9 @@
 
 The official client costs most of the operator's CPU on the hot path: every call validated by
 pydantic, run in a worker thread, its answer turned into model objects and back into dicts. Here
-a request is a JSON body out and `json.loads` back, with the credentials, the CA and the
-User-Agent of `vigil.streaming.ApiReader` (its sibling for lists and watches).
+a request is a JSON body out and a decoded answer back (orjson, as in `vigil.streaming`), with
+the credentials, the CA and the User-Agent of `vigil.streaming.ApiReader` (its sibling for lists
+and watches).
 
 What the official client did and this one keeps:
 
@@ -23,11 +24,11 @@ What the official client did and this one keeps:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
+import orjson
 from aiohttp.payload import BytesPayload
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -124,7 +125,7 @@ class ApiClient:
         headers = {"Accept": JSON, "User-Agent": self.user_agent, **auth_headers(self.configuration)}
         data: bytes | _FencedBody | None = None
         if body is not None:
-            raw = json.dumps(body).encode()
+            raw = orjson.dumps(body)
             data = raw if fence is None else _FencedBody(raw, content_type, fence)
             headers["Content-Type"] = content_type
         if fence is not None:
@@ -139,7 +140,7 @@ class ApiClient:
                     error.body = text.decode("utf-8", errors="replace")
                     error.headers = response.headers
                     raise error
-                return json.loads(text) if text else None
+                return orjson.loads(text) if text else None
         except aiohttp.ClientError:
             if isinstance(data, _FencedBody) and data.refused is not None:
                 raise data.refused from None  # nothing was sent: the fence closed

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import json
 import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from vigil import actions, api, confirm, failures, lifecycle, podstate
+from vigil.alarms import SilenceAlarms
 from vigil.dispatcher import Dispatcher
 from vigil.kube import Conflict, Gone, Kube, Refused
 from vigil.liveness import HeartbeatTracker, beat_stamp_due, heard
@@ -42,6 +42,15 @@ UNSEEN_CHECK_SECONDS = 10.0
 DEAF_RECHECK_SECONDS = 2.0
 
 
+class Judgement(NamedTuple):
+    """A decision and what it was taken on."""
+
+    decision: actions.Decision
+    deaf: bool  # a Lost verdict was held back because the pod watch is not fresh
+    admission: Admission  # the queue's say
+    verdicts: dict[str, str]  # the detector's state of each pod, by UID (for the silence alarm)
+
+
 class PodCreateRefused(Exception):
     """The API server refused an attempt's pod for a reason that may pass (403: a quota, a
     policy; 400: a webhook): shown on the job, retried with backoff."""
@@ -58,19 +67,25 @@ def _owner_key(pod: Mapping[str, Any]) -> Key | None:
     return None
 
 
-def _fingerprint(pod: Mapping[str, Any]) -> int:
-    """A hash of what the decision core reads of a pod, the heartbeat annotation left out."""
-    metadata = pod["metadata"]
-    annotations = {k: v for k, v in (metadata.get("annotations") or {}).items() if k != api.ANNOTATION_HEARTBEAT}
-    seen = (
-        metadata.get("deletionTimestamp"),
-        metadata.get("finalizers"),
-        metadata.get("labels"),
-        annotations,
-        pod.get("spec", {}).get("nodeName"),
-        pod.get("status"),
+def _more_than_a_beat(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether two versions of a pod differ in anything the decision core reads, the heartbeat
+    annotation left out. Compared field by field (dict equality, in C): no copy, no encoding."""
+    before, after = old["metadata"], new["metadata"]
+    return (
+        old.get("status") != new.get("status")
+        or before.get("deletionTimestamp") != after.get("deletionTimestamp")
+        or before.get("finalizers") != after.get("finalizers")
+        or before.get("labels") != after.get("labels")
+        or (old.get("spec") or {}).get("nodeName") != (new.get("spec") or {}).get("nodeName")
+        or _annotations_but_the_beat(before) != _annotations_but_the_beat(after)
     )
-    return hash(json.dumps(seen, sort_keys=True, default=str))
+
+
+def _annotations_but_the_beat(metadata: Mapping[str, Any]) -> dict[str, str]:
+    annotations = metadata.get("annotations") or {}
+    if api.ANNOTATION_HEARTBEAT not in annotations:
+        return annotations
+    return {k: v for k, v in annotations.items() if k != api.ANNOTATION_HEARTBEAT}
 
 
 def _newer(candidate: Mapping[str, Any], current: Mapping[str, Any] | None) -> bool:
@@ -107,8 +122,8 @@ def _describe(err: Exception) -> tuple[str, str]:
 class Controller:
     """Owns the job and pod caches and the work queue; executes decisions against the API server.
 
-    What it remembers, besides the caches: the detector's view of each pod (`tracker`), a
-    fingerprint of each pod so that a heartbeat alone costs no reconcile, the failures in a row
+    What it remembers, besides the caches: the detector's view of each pod (`tracker`), which
+    pods the watch has shown (so that after that a heartbeat alone costs no reconcile), the failures in a row
     per job (for backoff), and pods bearing an attempt's name that are not the job's (strangers,
     which no watch of the job's pods shows). Everything is dropped with the job.
     """
@@ -141,12 +156,13 @@ class Controller:
         self.jobs: dict[Key, Mapping[str, Any]] = {}
         self._job_uids: dict[str, Key] = {}  # job UID -> key, of the jobs above
         self._orphan_checks: set[str] = set()  # pod UIDs whose job is being looked up
-        self._fingerprints: dict[str, int] = {}  # pod UID -> what of it, beats aside, decide() reads
+        self._looked_at: set[str] = set()  # UIDs of pods whose watched versions reached a reconcile
         self._heartbeats: dict[Key, api.Heartbeat] = {}  # each job's spec.heartbeat, parsed
         self.queue: WorkQueue[Key] = WorkQueue(
             on_add=self.metrics.workqueue_adds.labels(CONTROLLER).inc,
             on_wait=self.metrics.workqueue_queue_duration.labels(CONTROLLER).observe,
         )
+        self.alarms: SilenceAlarms[Key] = SilenceAlarms(self._silence, self.queue.add, monotonic)
         self.dispatcher = Dispatcher(
             wake=self.queue.add,
             write_status=lambda namespace, name, status: self.kube.patch_queue_status(namespace, name, status),
@@ -210,6 +226,7 @@ class Controller:
             self.on_job(*key, None)
         self._heartbeats.pop(key, None)
         self.queue.forget(key)
+        self.alarms.cancel(key)
         self._failures.pop(key, None)
         self._strangers.pop(key, None)
 
@@ -222,8 +239,9 @@ class Controller:
         if deleted:
             self.pods.gone(job_uid_of(pod), uid)
             self.tracker.forget(uid)
-            self._fingerprints.pop(uid, None)
+            self._looked_at.discard(uid)
         else:
+            previous = self.pods.get(job_uid_of(pod), uid)
             if not self.pods.watched(pod):
                 return  # older than what a direct read showed
             self._check_orphan(pod)
@@ -233,13 +251,13 @@ class Controller:
                 self.metrics.heartbeats.inc()
                 if self.tracker.last_gap is not None:  # not the pod's first beat
                     self.metrics.heartbeat_gap.observe(self.tracker.last_gap)
-            fingerprint = _fingerprint(pod)
-            only_a_beat = self._fingerprints.get(uid) == fingerprint
+            # The first version the watch shows is worth a look, whatever the cache held before.
+            only_a_beat = uid in self._looked_at and previous is not None and not _more_than_a_beat(previous, pod)
             # A beat alone makes the job worth a look only if the job is in doubt (resume it now,
             # not at the next deadline) or its LAST-BEAT stamp is due.
             if only_a_beat and not (beat and key is not None and self._beat_matters(key, uid)):
                 return
-            self._fingerprints[uid] = fingerprint
+            self._looked_at.add(uid)
         if key is not None:
             self.queue.add(key)
 
@@ -295,6 +313,7 @@ class Controller:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._background, return_exceptions=True)
         self.queue.shutdown()
+        self.alarms.shutdown()
 
     def _in_background(self, work: Callable[[], Awaitable[None]], what: str) -> None:
         """Runs `work` apart from the work queue, retried with backoff until it succeeds (it is
@@ -399,33 +418,32 @@ class Controller:
         await self._settle_unseen(namespace, job_uid)
         stranger = await self._recheck_stranger(key)
         extra = [stranger] if stranger is not None else []
-        decision, deaf, admission = self._decide(key, job, self.pods.of_job(job_uid) + extra)
-        why = confirm.doubt(job, decision)
+        judged = self._decide(key, job, self.pods.of_job(job_uid) + extra)
+        deaf = judged.deaf
+        why = confirm.doubt(job, judged.decision)
         if why is not None:
             # Never on a rumour: decide again on what the API server says now.
             truth = await self.kube.list_job_pods(namespace, job_uid)
             self._take_truth(job_uid, truth)
-            decision, _, admission = self._decide(key, job, truth + extra)
-            if confirm.doubt(job, decision) != why:  # the watch missed a beat, a pod, a deletion
+            judged = self._decide(key, job, truth + extra)
+            if confirm.doubt(job, judged.decision) != why:  # the watch missed a beat, a pod, a deletion
                 self.on_missed(f"a direct read of {namespace}/{key[1]}'s pods contradicts the watch: {why}")
-        wait = self.dispatcher.pace(job, admission, decision)
+        wait = self.dispatcher.pace(job, judged.admission, judged.decision)
         if wait is not None:  # the queue's start rate: this start goes a little later
             self.queue.add_after(key, wait)
             return
-        for action in decision.actions:
+        for action in judged.decision.actions:
             job = await self._execute(job, action)
-        self._schedule(key, job_uid, deaf)
+        self._schedule(key, judged.verdicts, deaf)
 
-    def _decide(
-        self, key: Key, job: Mapping[str, Any], pods: list[Mapping[str, Any]]
-    ) -> tuple[actions.Decision, bool, Admission]:
-        """The core's decision on these pods; whether a Lost verdict was held back because the
-        pod watch is not fresh; and the queue's say it was taken with."""
+    def _decide(self, key: Key, job: Mapping[str, Any], pods: list[Mapping[str, Any]]) -> Judgement:
+        """The core's decision on these pods, and what it was taken on."""
         heartbeat, now, hearing = self._heartbeats[key], self.monotonic(), self.hearing()
-        liveness, deaf = {}, False
+        liveness, verdicts, deaf = {}, {}, False
         for pod in pods:
             uid = pod["metadata"]["uid"]
             verdict = self.tracker.verdict(uid, heartbeat, now)
+            verdicts[uid] = verdict.state
             liveness[uid] = heard(verdict, hearing)
             deaf = deaf or liveness[uid] is not verdict
         admission = self.dispatcher.admission(*key)
@@ -439,20 +457,30 @@ class Controller:
             liveness=liveness,
         )
         self.dispatcher.decided(job, admission, decision)
-        return decision, deaf, admission
+        return Judgement(decision, deaf, admission, verdicts)
 
-    def _schedule(self, key: Key, job_uid: str, deaf: bool) -> None:
-        """Wake when some attempt's silence crosses its next threshold (one timer per job), or
-        soon if a Lost verdict waits for the watch to be fresh again."""
-        heartbeat, now = self._heartbeats.get(key), self.monotonic()
-        if heartbeat is None:
-            return
-        uids = [pod["metadata"]["uid"] for pod in self.pods.of_job(job_uid)]
-        deadlines = [d for uid in uids if (d := self.tracker.deadline(uid, heartbeat, now)) is not None]
+    def _schedule(self, key: Key, verdicts: Mapping[str, str], deaf: bool) -> None:
+        """Sets the job's silence alarm (vigil.alarms), or wakes it soon if a Lost verdict waits
+        for the watch to be fresh again. Pods the decision did not see (one it just created) are
+        taken as they are now."""
+        current, _ = self._silence(key)
+        self.alarms.arm(key, {uid: verdicts.get(uid, state) for uid, state in current.items()})
         if deaf:
-            deadlines.append(now + DEAF_RECHECK_SECONDS)
-        if deadlines:
-            self.queue.add_after(key, min(deadlines) - now)
+            self.queue.add_after(key, DEAF_RECHECK_SECONDS)
+
+    def _silence(self, key: Key) -> tuple[dict[str, str], float | None]:
+        """The verdict state of each of the job's pods now, and the next instant one changes if
+        no beat arrives (vigil.alarms' `look`)."""
+        job, heartbeat, now = self.jobs.get(key), self._heartbeats.get(key), self.monotonic()
+        if job is None or heartbeat is None:
+            return {}, None
+        states, deadlines = {}, []
+        for pod in self.pods.of_job(job["metadata"]["uid"]):
+            uid = pod["metadata"]["uid"]
+            states[uid] = self.tracker.verdict(uid, heartbeat, now).state
+            if (deadline := self.tracker.deadline(uid, heartbeat, now)) is not None:
+                deadlines.append(deadline)
+        return states, min(deadlines, default=None)
 
     def _take_truth(self, job_uid: str, truth: list[Mapping[str, Any]]) -> None:
         """Fold a direct list of a job's pods into the caches and the detector."""

@@ -27,7 +27,7 @@ Heartbeats (see `vigil.liveness` for how silence is measured) come in as verdict
   attempts, so it tells the last thing known.
 - status.currentAttempt.lastHeartbeatAt (the operator's wall clock at the last beat, for people
   only) is written along with any other status write, and on its own only when the stored value
-  is `liveness.stamp_period` (max(30s, timeout / 2)) off: never one API write per beat.
+  is `liveness.stamp_period` (max(5 min, timeout / 2)) off: never one API write per beat.
 
 NoOverlap: attempt N+1 is reserved only when no pod of an earlier attempt exists any more, a
 terminating one included; finished pods (kept for their logs otherwise) are then deleted. This

@@ -802,6 +802,7 @@ def test_pause_drains_resume_starts_and_a_job_waits_for_its_missing_queue(bed: Q
     orphan = bed.status("orphan")
     assert (orphan.get("phase"), orphan.get("reason")) == ("Queued", "QueueNotFound"), orphan
     assert "VigilQueue later does not exist" in orphan.get("message", ""), orphan
+
     # A bounded check that nothing starts while paused: 3 s more, after the drain.
     def none_started() -> None:
         assert pods.started() == at_pause, "an attempt started while the queue was paused"

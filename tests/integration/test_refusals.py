@@ -42,6 +42,7 @@ def test_a_pod_refused_by_a_quota_is_shown_on_the_job_retried_and_then_runs(
     )
     assert refused["reason"] == "PodCreateRefused"
     assert "exceeded quota" in refused["message"] and "blocked-1" in refused["message"], refused["message"]
+
     # Retried with backoff (1 s, 2 s, 4 s, ... jittered), not in a loop: one event for the cause.
     def one_event() -> None:  # the event must not repeat meanwhile
         assert len(_events(kube, namespace, "blocked", "PodCreateRefused")) == 1

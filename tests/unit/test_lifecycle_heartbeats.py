@@ -206,16 +206,16 @@ def beat_at(seconds: float) -> dict[str, Verdict]:
 
 
 def test_last_heartbeat_at_is_written_first_then_only_when_stale_by_the_period() -> None:
-    job = running_job()  # heartbeat timeout 60s: period max(30, 30) = 30s
+    job = running_job()  # heartbeat timeout 60s: period max(300, 30) = 300s
     pods = [make_pod(1, phase="Running")]
 
     job, decision = step(job, pods, at(10), liveness=beat_at(10))
     assert job["status"]["currentAttempt"]["lastHeartbeatAt"] == "2025-03-01T12:00:10Z"
 
-    assert run(job, pods, at(30), liveness=beat_at(30)).actions == ()  # 20s newer: not worth a write
-    job, decision = step(job, pods, at(40), liveness=beat_at(40.5))
+    assert run(job, pods, at(300), liveness=beat_at(300)).actions == ()  # 290s newer: not worth a write
+    job, decision = step(job, pods, at(310), liveness=beat_at(310.5))
     assert kinds(decision) == ["PatchStatus"]
-    assert job["status"]["currentAttempt"]["lastHeartbeatAt"] == "2025-03-01T12:00:40Z"  # seconds
+    assert job["status"]["currentAttempt"]["lastHeartbeatAt"] == "2025-03-01T12:05:10Z"  # seconds
 
 
 def test_last_heartbeat_at_rides_along_with_any_other_write() -> None:

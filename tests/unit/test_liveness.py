@@ -219,13 +219,13 @@ def test_after_a_restart_a_running_pod_without_beats_gets_its_grace_from_the_fir
 
 
 def test_last_heartbeat_at_is_written_alone_only_when_stale_by_the_period() -> None:
-    assert stamp_period(HB) == 30
-    assert stamp_period(HB.model_copy(update={"timeout_seconds": 300})) == 150
+    assert stamp_period(HB) == 300
+    assert stamp_period(HB.model_copy(update={"timeout_seconds": 3600})) == 1800
     assert beat_stamp_due(None, T0, HB)
     assert not beat_stamp_due(T0, None, HB)
-    assert not beat_stamp_due(T0, T0 + timedelta(seconds=29), HB)
-    assert beat_stamp_due(T0, T0 + timedelta(seconds=30), HB)
-    assert beat_stamp_due(T0 + timedelta(seconds=40), T0, HB)  # a new leader's clock behind
+    assert not beat_stamp_due(T0, T0 + timedelta(seconds=299), HB)
+    assert beat_stamp_due(T0, T0 + timedelta(seconds=300), HB)
+    assert beat_stamp_due(T0 + timedelta(seconds=400), T0, HB)  # a new leader's clock behind
 
 
 # ------------------------------------------------------------------------------- properties
