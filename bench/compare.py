@@ -29,6 +29,7 @@ import math
 import os
 import platform
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -572,6 +573,7 @@ def run_side(
     timeout: float,
     workdir: Path,
     profile: Path | None = None,
+    operator_args: tuple[str, ...] = (),
 ) -> dict:
     namespace = f"bench-{kind}-{workload}-{uuid.uuid4().hex[:4]}"
     log(f"{kind} / {workload}: {jobs} jobs in namespace {namespace}")
@@ -594,7 +596,7 @@ def run_side(
                         "spec": {"maxRunning": jobs, "maxQueued": max(10000, 2 * jobs)},
                     },
                 )
-            operator = Operator(api.kubeconfig, namespace, workdir / f"operator-{workload}.log")
+            operator = Operator(api.kubeconfig, namespace, workdir / f"operator-{workload}.log", operator_args)
             operator.wait_ready()
         jobs_path = (
             f"/apis/batch/v1/namespaces/{namespace}/jobs"
@@ -822,6 +824,7 @@ def setup_text(meta: dict) -> str:
             f"- cluster: {meta['cluster']}; Kubernetes {meta['kubernetes']}; {meta['nodes']} kwok nodes "
             f"({POD_CAPACITY} pods each)",
             f"- baseline: kube-controller-manager {meta['kcm_flags']}",
+            f"- Vigil: `vigil operator {meta.get('operator_args') or '(defaults)'}`",
             f"- load average at start: {meta['loadavg']}",
             "- each side ran alone (one after the other, each in its own namespace, deleted and gone before the "
             "next run): apiserver_request_total has no client label, so its delta is every client's requests "
@@ -892,6 +895,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profile", action="store_true", help="sample the operator with py-spy (pip install -e '.[bench]')"
     )
+    parser.add_argument(
+        "--operator-args", default="", help="more arguments for `vigil operator`, e.g. '--workers 8' (default none)"
+    )
     args = parser.parse_args(argv)
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
@@ -937,6 +943,7 @@ def main(argv: list[str] | None = None) -> int:
         "jobs": args.jobs,
         "threads": args.threads,
         "workloads": workloads,
+        "operator_args": args.operator_args,
     }
     workdir = Path(tempfile.mkdtemp(prefix="vigil-bench-"))
     log(f"operator logs in {workdir}")
@@ -947,7 +954,16 @@ def main(argv: list[str] | None = None) -> int:
         results[workload] = {}
         for kind in kinds:
             results[workload][kind] = run_side(
-                api, cluster, kind, workload, args.jobs, args.threads, timeout, workdir, profile
+                api,
+                cluster,
+                kind,
+                workload,
+                args.jobs,
+                args.threads,
+                timeout,
+                workdir,
+                profile,
+                tuple(shlex.split(args.operator_args)),
             )
             partial = args.out / f"{stamp}.partial.json"  # what has run so far, should a later run fail
             args.out.mkdir(parents=True, exist_ok=True)

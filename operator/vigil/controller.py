@@ -29,6 +29,7 @@ from vigil.liveness import HeartbeatTracker, beat_stamp_due, heard
 from vigil.metrics import CONTROLLER, Metrics, count_transition
 from vigil.podcache import PodCache, job_uid_of
 from vigil.queueing import Admission
+from vigil.recorder import EventRecorder
 from vigil.seen import Delta
 from vigil.workqueue import WorkQueue
 
@@ -163,6 +164,10 @@ class Controller:
             on_wait=self.metrics.workqueue_queue_duration.labels(CONTROLLER).observe,
         )
         self.alarms: SilenceAlarms[Key] = SilenceAlarms(self._silence, self.queue.add, monotonic)
+        self.events = EventRecorder(
+            lambda job, type_, reason, message: self.kube.post_event(job, type_, reason, message),
+            on_drop=self.metrics.events_dropped.inc,
+        )
         self.dispatcher = Dispatcher(
             wake=self.queue.add,
             write_status=lambda namespace, name, status: self.kube.patch_queue_status(namespace, name, status),
@@ -312,6 +317,7 @@ class Controller:
         for task in [*self._tasks, *self._background]:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._background, return_exceptions=True)
+        await self.events.close()  # the last decisions' events, briefly, before the lease goes
         self.queue.shutdown()
         self.alarms.shutdown()
 
@@ -398,7 +404,7 @@ class Controller:
                     await self.kube.patch_job_status(*key, job["metadata"]["resourceVersion"], patch), look=False
                 )
             if new_cause:
-                await self.kube.post_event(job, "Warning", reason, message)
+                self.events.record(job, "Warning", reason, message)
         except Exception as report_err:  # the API server may be what fails: the retry comes anyway
             log.warning("could not report the failure on %s/%s: %s", *key, report_err)
 
@@ -547,7 +553,7 @@ class Controller:
             case actions.SetDeadLetterLabel(dead_lettered=flag):
                 await self.kube.patch_job_labels(namespace, name, {api.LABEL_DEAD_LETTER: "true" if flag else None})
             case actions.EmitEvent(type=type_, reason=reason, message=message):
-                await self.kube.post_event(job, type_, reason, message)
+                self.events.record(job, type_, reason, message)  # posted beside the work (vigil.recorder)
             case actions.DeleteJob(uid=uid):
                 await self.kube.delete_job(namespace, name, uid)
             case actions.RequeueAfter(seconds=seconds):

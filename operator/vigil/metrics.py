@@ -154,6 +154,11 @@ class Metrics:
             ["resource"],
             registry=r,
         )
+        self.events_dropped = Counter(
+            "vigil_events_dropped_total",
+            "Kubernetes Events not posted because too many waited already (vigil.recorder).",
+            registry=r,
+        )
 
     def collect_from(self, collector: Collector) -> None:
         self.registry.register(collector)

@@ -174,10 +174,12 @@ def test_a_short_partition_heals_back_to_running_without_a_new_attempt(
     job = wait_phase(kube, namespace, "healing", "Running", 10)
     assert job["status"]["attempts"] == 1
     assert condition(job, "HeartbeatHealthy")["status"] == "True"
-    reasons = {
-        e.reason for e in kube.core.list_namespaced_event(namespace, field_selector="involvedObject.name=healing").items
-    }
-    assert "HeartbeatResumed" in reasons
+
+    def reasons() -> set[str]:  # events are posted beside the work (vigil.recorder): soon, not at once
+        selector = "involvedObject.name=healing"
+        return {e.reason for e in kube.core.list_namespaced_event(namespace, field_selector=selector).items}
+
+    wait_until(lambda: "HeartbeatResumed" in reasons(), 10, "a HeartbeatResumed event")
 
 
 def test_a_partition_past_the_timeout_under_no_overlap(

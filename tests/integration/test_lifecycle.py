@@ -112,8 +112,13 @@ def test_a_job_succeeds_and_kubectl_wait_sees_it(kube: Kube, vigil: OperatorProc
         assert not [a for a in (meta.get("annotations") or {}) if "kopf" in a]
     assert job["metadata"]["generation"] == 1
 
-    events = kube.core.list_namespaced_event(namespace, field_selector="involvedObject.name=hello").items
-    assert {"AttemptStarting", "AttemptSucceeded"} <= {e.reason for e in events}
+    def reasons() -> set[str]:  # events are posted beside the work (vigil.recorder): soon, not at once
+        return {
+            e.reason
+            for e in kube.core.list_namespaced_event(namespace, field_selector="involvedObject.name=hello").items
+        }
+
+    wait_until(lambda: {"AttemptStarting", "AttemptSucceeded"} <= reasons(), 10, "the events")
 
 
 def test_a_flaky_job_is_retried_with_backoff_until_it_succeeds(kube: Kube, vigil: OperatorProcess, namespace: str):

@@ -44,6 +44,8 @@ def test_a_pod_refused_by_a_quota_is_shown_on_the_job_retried_and_then_runs(
     assert "exceeded quota" in refused["message"] and "blocked-1" in refused["message"], refused["message"]
 
     # Retried with backoff (1 s, 2 s, 4 s, ... jittered), not in a loop: one event for the cause.
+    wait_until(lambda: _events(kube, namespace, "blocked", "PodCreateRefused"), 10, "the PodCreateRefused event")
+
     def one_event() -> None:  # the event must not repeat meanwhile
         assert len(_events(kube, namespace, "blocked", "PodCreateRefused")) == 1
 
@@ -62,5 +64,11 @@ def test_the_longest_job_name_gets_valid_pod_and_event_names(kube: Kube, vigil: 
     job = wait_phase(kube, namespace, name, "Succeeded", timeout=60)
     pod_names = [pod.metadata.name for pod in pods_of(kube, namespace, job)]
     assert len(pod_names) == 1 and len(pod_names[0]) <= 63, pod_names
-    events = kube.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
-    assert {"AttemptStarting", "AttemptSucceeded"} <= {e.reason for e in events}
+
+    def reasons() -> set[str]:  # events are posted beside the work (vigil.recorder): soon, not at once
+        return {
+            e.reason
+            for e in kube.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
+        }
+
+    wait_until(lambda: {"AttemptStarting", "AttemptSucceeded"} <= reasons(), 10, "the events")
