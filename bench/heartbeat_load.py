@@ -360,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         hist_before = histogram(api, "apiserver_request_duration_seconds", patch_match)
         uncertain_before = operator.metric("vigil_attempts_uncertain_total")
         seen_before = operator.metric("vigil_heartbeats_total")
+        reconciles_before = operator.metric("controller_runtime_reconcile_total")
         with agents.lock:
             beats_before, renewed_before = agents.beats, agents.renewed
             agents.lateness.clear()
@@ -379,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         lags = probe.stop()
         hist_after = histogram(api, "apiserver_request_duration_seconds", patch_match)
         seen = operator.metric("vigil_heartbeats_total") - seen_before
+        reconciles = operator.metric("controller_runtime_reconcile_total") - reconciles_before
         uncertain_total = operator.metric("vigil_attempts_uncertain_total")
         jobs = api.custom.list_namespaced_custom_object("vigil.dev", "v1alpha1", namespace, "vigiljobs")["items"]
         phases: dict[str, int] = {}
@@ -399,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
             "beats_renewed": renewed,
             "beat_errors": dict(agents.errors),
             "beats_seen_by_operator": seen,
+            # A beat alone reconciles nothing; these are other pod changes (on kwok under load, the
+            # node lifecycle controller flipping pods' Ready condition) and due LAST-BEAT stamps.
+            "reconciles_in_window": reconciles,
             "beat_start_lateness_p99_seconds": percentile(lateness, 99),
             "max_gap_between_renewals_seconds": agents.max_gap,
             "operator_cpu_seconds": operator_cpu,

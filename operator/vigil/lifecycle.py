@@ -601,7 +601,10 @@ def _take_checkpoint(draft: _Draft, current: CurrentAttempt, value: str) -> None
 def _follow_live_pod(draft: _Draft, pod: podstate.Pod, report: podstate.PodReport, rng: random.Random) -> None:
     current = draft.status.current_attempt
     assert current is not None
-    draft.update_attempt(pod_uid=podstate.uid_of(pod), node_name=report.node_name)
+    if current.pod_uid is None or report.state != "Pending":
+        draft.update_attempt(pod_uid=podstate.uid_of(pod), node_name=report.node_name)
+    # else the node a Pending pod was bound to waits for the next write (Running, or the outcome):
+    # it is for people, and a status write of its own per attempt costs more than it tells.
     verdict = draft.verdict_for(pod)
     who = f"attempt {current.number} (pod {current.pod_name})"
     if verdict.state == "Lost":

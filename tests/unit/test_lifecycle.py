@@ -218,6 +218,16 @@ def test_a_pending_pod_is_remembered_by_uid() -> None:
     assert decision.of_type(CreatePod) == []
 
 
+def test_binding_a_pending_pod_to_a_node_costs_no_write_of_its_own() -> None:
+    job, _ = step(make_job())
+    job, _ = step(job, [make_pod(1, phase="Pending", uid="uid-A", node=None)], at(1))
+    assert job["status"]["currentAttempt"]["podUID"] == "uid-A", "the UID is written at once: it fences"
+
+    assert run(job, [make_pod(1, phase="Pending", uid="uid-A", node="node-7")], at(2)).actions == ()
+    job, _ = step(job, [make_pod(1, phase="Running", uid="uid-A", node="node-7")], at(3))
+    assert job["status"]["currentAttempt"]["nodeName"] == "node-7", "it rides along with the next write"
+
+
 def test_a_running_pod_makes_the_job_running() -> None:
     job, _ = step(make_job())
     job, decision = step(job, [make_pod(1, phase="Running", node="node-7")], at(2))
