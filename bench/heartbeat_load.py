@@ -54,6 +54,7 @@ from bench.compare import LABEL as METRIC_LABEL  # noqa: E402
 from bench.compare import (  # noqa: E402
     Api,
     Operator,
+    Profiler,
     Sampler,
     Watch,
     cpu_seconds,
@@ -244,8 +245,21 @@ def report(result: dict, args: argparse.Namespace, max_gap: float) -> int:
     print(f"## Heartbeat load, M = {m:,} attempts beating every {args.interval:.0f} s ({window:.0f} s measured)\n")
     print("| figure | value |\n| --- | ---: |")
     for key, value in result.items():
+        if key == "profile":
+            continue
         shown = f"{value:.3f}" if isinstance(value, float) else str(value)
         print(f"| {key} | {shown} |")
+    if profile := result.get("profile"):
+        print(
+            f"\npy-spy over the window ({profile.get('samples', 0)} samples of working threads; {profile['stacks']})\n"
+        )
+        print("| # | function (self) | self | Vigil's function (anywhere in the stack) | total |")
+        print("| ---: | --- | ---: | --- | ---: |")
+        rows = max(len(profile["self"]), len(profile["total"]))
+        for n in range(rows):
+            own = profile["self"][n] if n < len(profile["self"]) else ("", 0.0)
+            inc = profile["total"][n] if n < len(profile["total"]) else ("", 0.0)
+            print(f"| {n + 1} | `{own[0]}` | {own[1]:.1%} | `{inc[0]}` | {inc[1]:.1%} |")
     false_uncertain = result["vigil_attempts_uncertain_total_since_start"] > 0 and max_gap < args.timeout
     print(
         f"\nfalse Uncertain: {'YES' if false_uncertain else 'none'} (largest gap between renewals "
@@ -287,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--use-existing-cluster", action="store_true", help="run against $KUBECONFIG")
     parser.add_argument("--name", default="bench")
     parser.add_argument("--port-base", type=int, default=27443)
+    parser.add_argument(
+        "--profile", action="store_true", help="sample the operator with py-spy over the window (the bench extra)"
+    )
     args = parser.parse_args(argv)
     m = args.attempts
 
@@ -368,6 +385,14 @@ def main(argv: list[str] | None = None) -> int:
         window_began = time.monotonic()
         sampler.start()
         probe.start()
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        profiler = (
+            Profiler(
+                operator.proc.pid, (args.out or Path(tempfile.gettempdir())) / f"heartbeat-{m}-{stamp}-profile.txt"
+            )
+            if args.profile
+            else None
+        )
         log(f"measuring for {args.seconds:.0f} s")
         time.sleep(args.seconds)
         cpu_after = {name: cpu_seconds(pid) for name, pid in pids.items()}
@@ -377,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
             renewed = agents.renewed - renewed_before
             lateness = list(agents.lateness)
         peak = sampler.stop()
+        if profiler is not None:
+            profiler.stop()
         lags = probe.stop()
         hist_after = histogram(api, "apiserver_request_duration_seconds", patch_match)
         seen = operator.metric("vigil_heartbeats_total") - seen_before
@@ -424,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("kube-apiserver", "etcd"):
             if name in pids:
                 result[f"{name.replace('kube-', '')}_cpu_cores"] = (cpu_after[name] - cpu_before[name]) / window
+        if profiler is not None:
+            result["profile"] = {"stacks": str(profiler.path), **profiler.top(15)}
         code = report(result, args, agents.max_gap)
     finally:
         if agents:
