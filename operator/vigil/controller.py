@@ -124,9 +124,10 @@ class Controller:
     """Owns the job and pod caches and the work queue; executes decisions against the API server.
 
     What it remembers, besides the caches: the detector's view of each pod (`tracker`), which
-    pods the watch has shown (so that after that a heartbeat alone costs no reconcile), the failures in a row
-    per job (for backoff), and pods bearing an attempt's name that are not the job's (strangers,
-    which no watch of the job's pods shows). Everything is dropped with the job.
+    pods the watch has shown (after that, a heartbeat alone costs no reconcile), each job's
+    silence alarm (`alarms`), the events not yet posted (`events`), the failures in a row per job
+    (for backoff), and pods bearing an attempt's name that are not the job's (strangers, which no
+    watch of the job's pods shows). Everything is dropped with the job.
     """
 
     def __init__(
