@@ -39,6 +39,9 @@ Key = tuple[str, str]  # (namespace, name)
 
 # A pod this operator created that the watch has not shown after this long is read directly.
 UNSEEN_CHECK_SECONDS = 10.0
+# A job left Starting this long has its pods read directly: around an etcd restart the pod watch
+# has been seen to lose a pod's events, and a Pending pod has no heartbeat deadline to catch it.
+STARTING_RECHECK_SECONDS = 30.0
 # How soon a job whose Lost verdict waits for a fresh view of pods is looked at again.
 DEAF_RECHECK_SECONDS = 2.0
 
@@ -177,6 +180,7 @@ class Controller:
         )
         self._failures: dict[Key, int] = {}
         self._strangers: dict[Key, Mapping[str, Any]] = {}  # pods bearing an attempt's name, not ours
+        self._starting_since: dict[Key, float] = {}  # jobs in Starting: when their pods were last read
         self._tasks: list[asyncio.Task] = []
         self._started = False  # start() was called: every watch has listed
         self._background: set[asyncio.Task] = set()
@@ -235,6 +239,7 @@ class Controller:
         self.alarms.cancel(key)
         self._failures.pop(key, None)
         self._strangers.pop(key, None)
+        self._starting_since.pop(key, None)
 
     def pod_changed(self, pod: Mapping[str, Any], deleted: bool = False) -> None:
         """A pod of some job changed. The hot path: most events are heartbeats, which cost a few
@@ -423,6 +428,7 @@ class Controller:
             return
         namespace, job_uid = key[0], job["metadata"]["uid"]
         await self._settle_unseen(namespace, job_uid)
+        await self._recheck_starting(key, job)
         stranger = await self._recheck_stranger(key)
         extra = [stranger] if stranger is not None else []
         judged = self._decide(key, job, self.pods.of_job(job_uid) + extra)
@@ -509,6 +515,8 @@ class Controller:
                 self.pods.gone(job_uid, pod["metadata"]["uid"])
             else:
                 self.pods.read(current)
+                if self.hearing():  # a fresh watch that never showed a pod this old missed it
+                    self.on_missed(f"pod {namespace}/{pod['metadata']['name']} exists and the watch never showed it")
 
     async def _release(self, pods: list[Mapping[str, Any]]) -> None:
         for pod in pods:
@@ -575,16 +583,42 @@ class Controller:
             for action in lifecycle.reject_pod(job, attempt, err.message, self.clock()).actions:
                 job = await self._execute(job, action)
             return
+        key, job_uid = key_of(job), job["metadata"]["uid"]
         if created is not None:
             self.pods.created(created, self.monotonic())
+            # Should the watch never show it (around an etcd restart it has lost events), the
+            # job is looked at again once the pod counts as unseen, and read directly then.
+            asyncio.get_running_loop().call_later(UNSEEN_CHECK_SECONDS + 1, self._look_if_unseen, key, job_uid)
             return
-        # AlreadyExists: ours (the watch will show it) or a stranger's (say, a leftover of a
-        # deleted job of the same name), which the core must see to refuse it; no watch of
-        # this job's pods brings it, as it does not carry this job's UID.
+        # AlreadyExists: ours (an earlier create whose answer was lost) or a stranger's (say, a
+        # leftover of a deleted job of the same name), which the core must see to refuse it; no
+        # watch of this job's pods brings a stranger, as it does not carry this job's UID.
         existing = await self.kube.read_pod(namespace, pod_name)
-        if existing is not None and not podstate.is_controlled_by(existing, job["metadata"]["uid"]):
-            self._strangers[key_of(job)] = existing
-            self.queue.add(key_of(job))
+        if existing is None:
+            return
+        if podstate.is_controlled_by(existing, job_uid):
+            self.pods.read(existing)  # the truth, whether or not the watch ever shows it
+        else:
+            self._strangers[key] = existing
+        self.queue.add(key)
+
+    async def _recheck_starting(self, key: Key, job: Mapping[str, Any]) -> None:
+        """A job that stays Starting has its pods read from the API server every
+        STARTING_RECHECK_SECONDS, rather than waiting on a watch that may have lost them."""
+        if (job.get("status") or {}).get("phase") != "Starting":
+            self._starting_since.pop(key, None)
+            return
+        now = self.monotonic()
+        since = self._starting_since.setdefault(key, now)
+        if now - since >= STARTING_RECHECK_SECONDS:
+            job_uid = job["metadata"]["uid"]
+            self._take_truth(job_uid, await self.kube.list_job_pods(key[0], job_uid))
+            self._starting_since[key] = now
+        self.queue.add_after(key, STARTING_RECHECK_SECONDS)
+
+    def _look_if_unseen(self, key: Key, job_uid: str) -> None:
+        if self.pods.unseen(job_uid):
+            self.queue.add(key)
 
     async def _recheck_stranger(self, key: Key) -> Mapping[str, Any] | None:
         stranger = self._strangers.get(key)

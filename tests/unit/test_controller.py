@@ -204,3 +204,17 @@ def test_after_a_conflict_the_job_is_read_again_not_awaited_from_a_watch_that_mi
     assert Stored.reads == 1
     assert result["versions"][:2] == ["5", "9"], result  # the retry decided on the stored version
     assert result["cached"] == "9"
+
+
+def test_a_created_pod_the_watch_never_shows_brings_the_job_back_for_a_direct_read():
+    clock = Clock()
+    c = controller(clock)
+    c.job_seen(job())
+    drain(c)
+    c.pods.created(pod(10), clock.now)
+    c._look_if_unseen(("ns", "j"), "job-uid")  # the timer set at creation rings
+    assert drain(c) == [("ns", "j")], "still unseen: the job is looked at, and the pod read directly"
+    c.pod_changed(pod(11))  # the watch caught up
+    drain(c)
+    c._look_if_unseen(("ns", "j"), "job-uid")
+    assert drain(c) == [], "seen: nothing to do"
