@@ -218,3 +218,30 @@ def test_a_created_pod_the_watch_never_shows_brings_the_job_back_for_a_direct_re
     drain(c)
     c._look_if_unseen(("ns", "j"), "job-uid")
     assert drain(c) == [], "seen: nothing to do"
+
+
+def test_a_job_left_starting_has_its_pods_read_from_the_api_server():
+    clock, reads = Clock(), []
+
+    class Api:
+        async def list_job_pods(self, namespace, job_uid):
+            reads.append(job_uid)
+            return [pod(12, phase="Succeeded")]
+
+    wall = dt.datetime(2026, 11, 29, 10, 0, 5, tzinfo=dt.UTC)
+    c = Controller(kube=Api(), clock=lambda: wall, monotonic=clock)  # type: ignore[arg-type]
+    starting = job(phase="Starting")
+    c.job_seen(starting)
+
+    async def looks() -> None:
+        await c._recheck_starting(("ns", "j"), starting)  # the first look starts the clock
+        clock.now += 29
+        await c._recheck_starting(("ns", "j"), starting)
+        assert reads == [], "not before STARTING_RECHECK_SECONDS"
+        clock.now += 1
+        await c._recheck_starting(("ns", "j"), starting)
+        c.queue.shutdown()
+
+    asyncio.run(looks())
+    assert reads == ["job-uid"]
+    assert c.pods.of_job("job-uid")[0]["status"]["phase"] == "Succeeded", "the truth replaced the rumour"
