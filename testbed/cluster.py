@@ -14,6 +14,7 @@ so the pytest fixtures can drive it from any virtualenv.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import shutil
@@ -639,6 +640,21 @@ def _default_service_account(cluster: Cluster) -> bool:
 
 
 # --- hurting it ----------------------------------------------------------------------------
+
+
+def etcd_keys(cluster: Cluster, prefix: str) -> dict[str, int]:
+    """The keys under `prefix` as etcd itself has them, with each one's mod revision: what is
+    stored, whatever the API server's watch cache (which serves lists too) believes. For
+    telling a lost watch event from a lost write."""
+    encode = lambda raw: base64.b64encode(raw.encode()).decode()  # noqa: E731
+    end = prefix[:-1] + chr(ord(prefix[-1]) + 1)  # every key that starts with prefix
+    body = json.dumps({"key": encode(prefix), "range_end": encode(end), "keys_only": True}).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{cluster.ports.etcd_client}/v3/kv/range", data=body, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        kvs = json.load(answer).get("kvs") or []
+    return {base64.b64decode(kv["key"]).decode(): int(kv.get("mod_revision", 0)) for kv in kvs}
 
 
 def _etcd_durable(cluster: Cluster) -> bool:

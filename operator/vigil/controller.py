@@ -39,9 +39,11 @@ Key = tuple[str, str]  # (namespace, name)
 
 # A pod this operator created that the watch has not shown after this long is read directly.
 UNSEEN_CHECK_SECONDS = 10.0
-# A job left Starting this long has its pods read directly: around an etcd restart the pod watch
-# has been seen to lose a pod's events, and a Pending pod has no heartbeat deadline to catch it.
+# A job left Starting this long has itself and its pods read directly: around an etcd restart the watches
+# have been seen to lose events, and a Pending pod has no heartbeat deadline to catch it.
 STARTING_RECHECK_SECONDS = 30.0
+# Conflicts on one job in a row before they are logged as a warning rather than at debug level.
+CONFLICTS_WORTH_A_WARNING = 3
 # How soon a job whose Lost verdict waits for a fresh view of pods is looked at again.
 DEAF_RECHECK_SECONDS = 2.0
 
@@ -199,16 +201,18 @@ class Controller:
     def pod_delta(self, delta: Delta) -> None:
         self.pod_changed(delta.obj, deleted=delta.kind == "delete")
 
-    def job_seen(self, body: Mapping[str, Any], *, look: bool = True) -> None:
+    def job_seen(self, body: Mapping[str, Any], *, look: bool = True, read: bool = False) -> None:
         """A version of a job, from the watch or from a write of ours. `look`: worth a reconcile
-        (not so for the write that reports a failure: the retry's backoff decides when)."""
+        (not so for the write that reports a failure: the retry's backoff decides when). `read`:
+        a direct read from the API server, which replaces the cache even if its resourceVersion
+        is lower (an etcd restored from a backup, or one that lost a write, goes back in time)."""
         key = key_of(body)
         current = self.jobs.get(key)
         if current is not None and body["metadata"].get("resourceVersion") == current["metadata"].get(
             "resourceVersion"
         ):
             return  # the watch echoing a write of ours, or a duplicate: nothing new
-        if _newer(body, current):
+        if read or _newer(body, current):
             self.jobs[key] = body
             self._job_uids[body["metadata"]["uid"]] = key
             # Parsed once per job version, not on every heartbeat of its pods.
@@ -359,7 +363,11 @@ class Controller:
                 log.info("%s/%s is gone; forgetting it", *key)
                 self._drop(key)
             except Conflict as err:
-                log.debug("conflict on %s/%s, reading it again: %s", *key, err)
+                in_a_row = self._failures.get(key, 0) + 1
+                # One conflict is routine (the watch was a step behind); a run of them means the
+                # cache and the API server disagree for longer than a watch lags: say so.
+                level = logging.WARNING if in_a_row >= CONFLICTS_WORTH_A_WARNING else logging.DEBUG
+                log.log(level, "conflict on %s/%s (%d in a row), reading it again: %s", *key, in_a_row, err)
                 result = "requeue"
                 await self._reread(key)
                 self._retry(key, conflict=True)
@@ -386,7 +394,7 @@ class Controller:
             log.debug("could not read %s/%s again after a conflict: %s", *key, err)
             return
         if fresh is not None:  # gone: the retry's write meets the 404 and forgets it, as ever
-            self.job_seen(fresh, look=False)
+            self.job_seen(fresh, look=False, read=True)
 
     def _retry(self, key: Key, *, conflict: bool = False) -> None:
         self.metrics.workqueue_retries.labels(CONTROLLER).inc()
@@ -428,7 +436,9 @@ class Controller:
             return
         namespace, job_uid = key[0], job["metadata"]["uid"]
         await self._settle_unseen(namespace, job_uid)
-        await self._recheck_starting(key, job)
+        job = await self._recheck_starting(key, job)
+        if job is None:
+            return
         stranger = await self._recheck_stranger(key)
         extra = [stranger] if stranger is not None else []
         judged = self._decide(key, job, self.pods.of_job(job_uid) + extra)
@@ -602,19 +612,31 @@ class Controller:
             self._strangers[key] = existing
         self.queue.add(key)
 
-    async def _recheck_starting(self, key: Key, job: Mapping[str, Any]) -> None:
-        """A job that stays Starting has its pods read from the API server every
-        STARTING_RECHECK_SECONDS, rather than waiting on a watch that may have lost them."""
+    async def _recheck_starting(self, key: Key, job: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """A job that stays Starting has itself and its pods read from the API server every
+        STARTING_RECHECK_SECONDS, rather than waiting on watches that may have lost them (a
+        Pending pod has no heartbeat deadline that would catch a lost event). Returns the job to
+        decide on; None if it is gone."""
         if (job.get("status") or {}).get("phase") != "Starting":
             self._starting_since.pop(key, None)
-            return
+            return job
         now = self.monotonic()
         since = self._starting_since.setdefault(key, now)
         if now - since >= STARTING_RECHECK_SECONDS:
+            self._starting_since[key] = now
+            fresh = await self.kube.read_job(*key)
+            if fresh is None or fresh["metadata"]["uid"] != job["metadata"]["uid"]:
+                self.job_gone(job)
+                return None
+            self.job_seen(fresh, look=False, read=True)
+            job = self.jobs[key]
             job_uid = job["metadata"]["uid"]
             self._take_truth(job_uid, await self.kube.list_job_pods(key[0], job_uid))
-            self._starting_since[key] = now
+            if (job.get("status") or {}).get("phase") != "Starting":
+                self._starting_since.pop(key, None)
+                return job
         self.queue.add_after(key, STARTING_RECHECK_SECONDS)
+        return job
 
     def _look_if_unseen(self, key: Key, job_uid: str) -> None:
         if self.pods.unseen(job_uid):

@@ -345,6 +345,25 @@ def _job_phase(kube: Kube, namespace: str, name: str) -> str | None:
 # --- the tally -------------------------------------------------------------------------------------
 
 
+def describe_pods(kube: Kube, namespace: str, job_name: str, job_uid: str, watched: PodLog) -> str:
+    """A job's pods as the API server has them, for a failure message: which part of the
+    cluster a stuck job waits on (the scheduler, the kubelet, or Vigil), and whether the test's
+    own pod watch ever showed them (if not, the API server's watch lost the event, for every
+    watcher: scheduler and kwok included)."""
+    pods = kube.core.list_namespaced_pod(namespace, label_selector=f"vigil.dev/job-uid={job_uid}").items
+    shown = set().union(*(uids for (uid, _), uids in watched.seen.items() if uid == job_uid))
+    listed = "; ".join(
+        f"{pod.metadata.name} phase={pod.status.phase} node={pod.spec.node_name} "
+        f"deleting={pod.metadata.deletion_timestamp is not None} rv={pod.metadata.resource_version} "
+        f"watched={pod.metadata.uid in shown}"
+        for pod in pods
+    )
+    # Lists are served from the API server's watch cache (ConsistentListFromCache): etcd's own
+    # keys say whether a pod the cache lacks is stored all the same.
+    stored = testbed.etcd_keys(SUITE_CLUSTER, f"/registry/pods/{namespace}/{job_name}-") if kube.on_testbed else {}
+    return f"listed: {listed or 'none'}; in etcd (key: mod revision): {stored}"
+
+
 class Tally:
     """What the test found, counted for the report and spelled out for the assertion."""
 
@@ -397,7 +416,8 @@ class Tally:
                     self.lost += 1
                     self.problems.append(
                         f"{name}: expected {phase} after {attempts} attempts, got {status.get('phase')} "
-                        f"after {status.get('attempts')} (history {numbers}, reason {status.get('reason')})"
+                        f"after {status.get('attempts')} (history {numbers}, reason {status.get('reason')}); "
+                        f"its pods now: {describe_pods(kube, namespace, name, uid, pods)}"
                     )
                 if name not in taken:
                     self.false_lost += sum(record["outcome"] == "Lost" for record in history)

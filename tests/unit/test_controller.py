@@ -165,13 +165,15 @@ def test_pods_of_a_deleted_job_are_released_and_an_orphan_only_once_its_job_is_c
     assert asyncio.run(scenario(recreated)) == ["j-1"], "an orphan whose job the API server still has is kept"
 
 
-def test_after_a_conflict_the_job_is_read_again_not_awaited_from_a_watch_that_missed_it():
-    """A conflict means the cached job is older than the stored one. If the watch missed that
-    version (around an etcd restart, it did), waiting for it would conflict for ever: the job
-    stood still. The shell reads the job directly and decides on that next time."""
+@pytest.mark.parametrize("stored_version", ["9", "3"])
+def test_after_a_conflict_the_job_is_read_again_not_awaited_from_a_watch_that_missed_it(stored_version: str):
+    """A conflict means the cached job is not the stored one. If the watch missed that version
+    (around an etcd restart, it did), waiting for it would conflict for ever: the job stood
+    still. The shell reads the job directly and decides on that next time, even when its
+    resourceVersion is lower than the cached one's (an etcd that went back in time)."""
     from vigil.kube import Conflict
 
-    stored = {**job(), "metadata": {**job()["metadata"], "resourceVersion": "9"}}
+    stored = {**job(), "metadata": {**job()["metadata"], "resourceVersion": stored_version}}
     stored["status"] = {"phase": "Starting", "reason": "AttemptStarting"}
 
     class Stored:
@@ -202,8 +204,8 @@ def test_after_a_conflict_the_job_is_read_again_not_awaited_from_a_watch_that_mi
 
     result = asyncio.run(scenario())
     assert Stored.reads == 1
-    assert result["versions"][:2] == ["5", "9"], result  # the retry decided on the stored version
-    assert result["cached"] == "9"
+    assert result["versions"][:2] == ["5", stored_version], result  # the retry decided on the stored version
+    assert result["cached"] == stored_version
 
 
 def test_a_created_pod_the_watch_never_shows_brings_the_job_back_for_a_direct_read():
@@ -220,10 +222,17 @@ def test_a_created_pod_the_watch_never_shows_brings_the_job_back_for_a_direct_re
     assert drain(c) == [], "seen: nothing to do"
 
 
-def test_a_job_left_starting_has_its_pods_read_from_the_api_server():
+def test_a_job_left_starting_has_itself_and_its_pods_read_from_the_api_server():
     clock, reads = Clock(), []
+    # The stored job is at a lower resourceVersion than the cached one (an etcd that lost a write,
+    # or one restored from a backup): the direct read still wins over the rumour.
+    stored = {**job(phase="Starting"), "metadata": {**job()["metadata"], "resourceVersion": "3"}}
 
     class Api:
+        async def read_job(self, namespace, name):
+            reads.append(name)
+            return stored
+
         async def list_job_pods(self, namespace, job_uid):
             reads.append(job_uid)
             return [pod(12, phase="Succeeded")]
@@ -243,5 +252,31 @@ def test_a_job_left_starting_has_its_pods_read_from_the_api_server():
         c.queue.shutdown()
 
     asyncio.run(looks())
-    assert reads == ["job-uid"]
+    assert reads == ["j", "job-uid"]
+    assert c.jobs[("ns", "j")]["metadata"]["resourceVersion"] == "3", "the stored job replaced the cached one"
     assert c.pods.of_job("job-uid")[0]["status"]["phase"] == "Succeeded", "the truth replaced the rumour"
+
+
+def test_a_job_left_starting_that_the_api_server_no_longer_has_is_forgotten():
+    clock = Clock()
+
+    class Api:
+        async def read_job(self, namespace, name):
+            return None
+
+        async def release_pod(self, namespace, name, uid):
+            pass
+
+    c = Controller(kube=Api(), monotonic=clock)  # type: ignore[arg-type]
+    starting = job(phase="Starting")
+    c.job_seen(starting)
+
+    async def looks():
+        await c._recheck_starting(("ns", "j"), starting)
+        clock.now += 30
+        decided_on = await c._recheck_starting(("ns", "j"), starting)
+        c.queue.shutdown()
+        return decided_on
+
+    assert asyncio.run(looks()) is None
+    assert ("ns", "j") not in c.jobs
