@@ -18,7 +18,7 @@ import pytest
 from kubernetes import client
 
 from tests.conftest import Kube, simulated_pod_spec, token_kubeconfig, wait_until
-from vigil.agent.fencing import EXIT_FENCED
+from vigil.agent.fencing import EXIT_FENCED, UNAUTHORIZED_GRACE_SECONDS
 
 pytestmark = pytest.mark.integration
 
@@ -258,7 +258,8 @@ def test_a_superseded_pod_stops_its_child_even_one_that_ignores_sigterm(
 @pytest.mark.parametrize("delete_delay", ["30s", None], ids=["terminating", "gone-at-once"])
 def test_deleting_the_pod_stops_the_child(kube: Kube, namespace: str, tmp_path: Path, agents, delete_delay: str | None):
     # Terminating: the agent sees deletionTimestamp. Gone at once: its pod-bound token stops
-    # working (401), which after earlier successes means the pod was deleted.
+    # working (401), which after earlier successes, and for UNAUTHORIZED_GRACE_SECONDS (longer
+    # than a restarted API server refuses good tokens), means the pod was deleted.
     grant_heartbeat_rbac(kube, namespace)
     extra = {"sim.vigil.dev/delete-delay": delete_delay} if delete_delay else {}
     pod = create_job_pod(kube, namespace, "job-1", **extra)
@@ -268,7 +269,7 @@ def test_deleting_the_pod_stops_the_child(kube: Kube, namespace: str, tmp_path: 
     pid = agent.child_pid()
     wait_until(lambda: HEARTBEAT in (annotations(kube, namespace, pod["name"]) or {}), 30, "a first heartbeat")
     kube.core.delete_namespaced_pod(pod["name"], namespace)
-    assert agent.wait(30) == EXIT_FENCED, agent.stderr
+    assert agent.wait(30 + (0 if delete_delay else UNAUTHORIZED_GRACE_SECONDS)) == EXIT_FENCED, agent.stderr
     assert not _alive(pid)
     assert _read(agent.workdir / "got") == "SIGTERM"
     assert ("deleted" if delete_delay else "gone") in agent.stderr, agent.stderr

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vigil.agent import fencing, runner
-from vigil.agent.fencing import EXIT_FENCED, Fencer, Observed, Reason, decide
+from vigil.agent.fencing import EXIT_FENCED, UNAUTHORIZED_GRACE_SECONDS, Fencer, Observed, Reason, decide
 
 pytestmark = pytest.mark.unit
 
@@ -90,10 +90,27 @@ def test_a_401_after_renewals_means_the_pod_was_deleted_but_before_any_is_a_setu
     # A pod-bound token stops working when its pod is deleted.
     f = fencer("AtLeastOnce")
     f.observe(Observed.UNAUTHORIZED, 1001.0)
-    assert f.decide(1001.0).stop is None, "credentials that never worked are retried like any API error"
+    assert f.decide(1001.0 + UNAUTHORIZED_GRACE_SECONDS).stop is None, "credentials that never worked are retried"
     f.observe(Observed.RENEWED, 1002.0)
     f.observe(Observed.UNAUTHORIZED, 1003.0)
-    assert f.decide(1003.0).stop is Reason.GONE
+    f.observe(Observed.API_ERROR, 1010.0)  # a restart's errors between the refusals change nothing
+    f.observe(Observed.UNAUTHORIZED, 1003.0 + UNAUTHORIZED_GRACE_SECONDS)
+    assert f.decide(1003.0 + UNAUTHORIZED_GRACE_SECONDS).stop is Reason.GONE
+
+
+def test_a_401_from_a_restarting_api_server_stops_nothing_once_the_token_is_accepted_again():
+    """A kube-apiserver that has just restarted refuses valid pod-bound tokens for a few seconds
+    (seen on the test bed, where the agents took it for their pods deleted and stopped
+    healthy jobs): a refusal counts only once it has lasted UNAUTHORIZED_GRACE_SECONDS."""
+    f = fencer("AtLeastOnce")
+    f.observe(Observed.RENEWED, 1000.0)
+    f.observe(Observed.UNAUTHORIZED, 1001.0)
+    f.observe(Observed.UNAUTHORIZED, 1005.0)
+    assert f.decide(1005.0).stop is None
+    f.observe(Observed.RENEWED, 1010.0)
+    # The grace runs from the first refusal after the last renewal, not from the first ever.
+    f.observe(Observed.UNAUTHORIZED, 1001.0 + UNAUTHORIZED_GRACE_SECONDS)
+    assert f.decide(1001.0 + UNAUTHORIZED_GRACE_SECONDS).stop is None
 
 
 def test_api_errors_are_counted_and_reset_by_a_renewal():

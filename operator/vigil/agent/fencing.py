@@ -24,6 +24,11 @@ EXIT_FENCED = 75
 RETRY_INITIAL_SECONDS = 0.5  # first retry after an API error
 RETRIES_PER_TIMEOUT = 4  # retry at least this often within one heartbeat timeout
 JITTER = 0.1  # +-10% on every delay, so that agents started together do not beat together
+# How long the pod's token must be refused (401), with no renewal between, before the agent
+# takes it for its pod deleted. A kube-apiserver that has just restarted refuses valid pod-bound
+# tokens until it can look their pods up again (the test bed saw this for a few seconds after
+# each restart); the token of a deleted pod is refused for ever.
+UNAUTHORIZED_GRACE_SECONDS = 30.0
 
 
 class Observed(enum.Enum):
@@ -71,6 +76,7 @@ class Fencer:
     ever_renewed: bool = False
     failures: int = 0  # consecutive failed attempts
     last: Observed | None = None
+    refused_since: float | None = None  # when the first 401 since the last renewal was sent
 
     def __post_init__(self) -> None:
         if self.last_renewed_at != self.last_renewed_at:  # NaN: not given
@@ -85,11 +91,17 @@ class Fencer:
             self.last_renewed_at = max(self.last_renewed_at, sent_at)
             self.ever_renewed = True
             self.failures = 0
+            self.refused_since = None
         elif observed in (Observed.API_ERROR, Observed.UNAUTHORIZED):
             self.failures += 1
+            if observed is Observed.UNAUTHORIZED and self.refused_since is None:
+                self.refused_since = sent_at
 
     def decide(self, now: float) -> Decision:
-        return decide(self.last, self.last_renewed_at, self.ever_renewed, now, self.timeout, self.guarantee)
+        refused_for = 0.0 if self.refused_since is None else now - self.refused_since
+        return decide(
+            self.last, self.last_renewed_at, self.ever_renewed, now, self.timeout, self.guarantee, refused_for
+        )
 
     def deadline(self) -> float:
         """When silence reaches the timeout: the caller must ask decide() again by then."""
@@ -103,8 +115,10 @@ def decide(
     now: float,
     timeout: float,
     guarantee: Guarantee,
+    refused_for: float = 0.0,
 ) -> Decision:
-    """Whether the child may keep running, given the last observation and the silence so far."""
+    """Whether the child may keep running, given the last observation, the silence so far, and
+    for how long the pod's token has been refused (401) since the last renewal."""
     if last is Observed.SUPERSEDED:
         return Decision(
             Reason.SUPERSEDED, message="the pod is marked vigil.dev/superseded: another attempt replaced it"
@@ -113,12 +127,14 @@ def decide(
         return Decision(Reason.DELETED, message="the pod is being deleted")
     if last is Observed.GONE:
         return Decision(Reason.GONE, message="the pod no longer exists (404)")
-    if last is Observed.UNAUTHORIZED and ever_renewed:
-        # The same credentials worked before. A pod-bound token stops working when its pod is
+    if last is Observed.UNAUTHORIZED and ever_renewed and refused_for >= UNAUTHORIZED_GRACE_SECONDS:
+        # The same credentials worked before, and have been refused for longer than a restarted
+        # API server takes to accept them again. A pod-bound token stops working when its pod is
         # deleted, so this is the pod gone; a token that never worked is a setup error instead,
         # retried like any API error (and fenced by the timeout under NoOverlap).
         return Decision(
-            Reason.GONE, message="the API server no longer accepts the pod's token (401): the pod was deleted"
+            Reason.GONE,
+            message=f"the API server has refused the pod's token (401) for {refused_for:.0f}s: the pod was deleted",
         )
     silence = max(0.0, now - last_renewed_at)  # a monotonic clock never goes back; be safe anyway
     if silence < timeout:
