@@ -36,7 +36,18 @@ from kubernetes.client.rest import ApiException
 from vigil.streaming import CONNECT_TIMEOUT_SECONDS, auth_headers, ssl_context
 
 READ_TIMEOUT_SECONDS = 20.0
-CONNECTIONS = 16  # open at once; more calls wait for one (the old thread pool allowed 6)
+CONNECTIONS = 16  # open at once at least; more calls wait for one (the old thread pool allowed 6)
+# Requests in flight besides the workers' and the event recorder's: background releases of
+# finalizers, the dispatcher's and the leader mark's reads and writes.
+SPARE_CONNECTIONS = 8
+
+
+def pool_size(workers: int, event_senders: int) -> int:
+    """Connections for an operator with `workers` reconcilers and `event_senders`: each holds
+    at most one request at a time, so none waits for a connection behind the others (with 16
+    workers on a 16-connection pool, a wait for one ran past the connect timeout under load)."""
+    return max(CONNECTIONS, workers + event_senders + SPARE_CONNECTIONS)
+
 
 JSON = "application/json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
@@ -77,9 +88,12 @@ class ApiClient:
     """Requests to one API server, sharing one connection pool (not the watches': a write never
     waits behind a watch for a connection)."""
 
-    def __init__(self, configuration: client.Configuration, user_agent: str = "vigil") -> None:
+    def __init__(
+        self, configuration: client.Configuration, user_agent: str = "vigil", connections: int = CONNECTIONS
+    ) -> None:
         self.configuration = configuration
         self.user_agent = user_agent
+        self.connections = connections
         self.base = configuration.host.rstrip("/")
         self._ssl = ssl_context(configuration)
         self._session: aiohttp.ClientSession | None = None
@@ -88,7 +102,7 @@ class ApiClient:
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=self._ssl, limit=CONNECTIONS),
+                connector=aiohttp.TCPConnector(ssl=self._ssl, limit=self.connections),
                 timeout=self.timeout(),
             )
         return self._session

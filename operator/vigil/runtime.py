@@ -23,9 +23,9 @@ from aiohttp import web
 from kubernetes import client, config
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from vigil import api
+from vigil import api, recorder
 from vigil.admission import Pending
-from vigil.apiclient import ApiClient
+from vigil.apiclient import ApiClient, pool_size
 from vigil.controller import Controller
 from vigil.election import ElectionConfig, LeaderElector, default_identity, user_agent
 from vigil.informer import Informer
@@ -145,7 +145,7 @@ class OperatorRuntime:
         identity = default_identity() if self.lease is not None else None
         agent = user_agent(identity)
         reader = ApiReader(configuration, agent)
-        writer = ApiClient(configuration, agent)
+        writer = ApiClient(configuration, agent, pool_size(self.workers, recorder.CONCURRENCY))
         metrics = Metrics()
         kube = Kube(writer, metrics)
         controller = Controller(kube, workers=self.workers, metrics=metrics)

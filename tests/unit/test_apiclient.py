@@ -4,6 +4,7 @@ what goes on the wire, what comes back, and the fence."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
@@ -354,3 +355,54 @@ def test_aiohttps_one_resend_of_a_delete_passes_the_fence_again():
         assert len(accepted) == 1
     finally:
         listener.close()
+
+
+@pytest.mark.parametrize("workers", [4, 16])
+def test_the_pool_holds_a_connection_for_every_worker_and_event_sender_at_once(workers: int):
+    """Each worker and event sender holds at most one request: with the pool sized by
+    pool_size, all of them are at the API server together; none waits for a connection (one
+    that waited ran past the connect timeout with 16 workers on a 16-connection pool)."""
+    senders = 4
+    in_flight = workers + senders
+    size = apiclient.pool_size(workers, senders)
+    assert size >= in_flight + apiclient.SPARE_CONNECTIONS
+
+    async def main() -> tuple[int, int]:
+        arrived, everyone = 0, asyncio.Event()
+        most = 0
+
+        async def handle(request: web.Request) -> web.Response:
+            nonlocal arrived, most
+            arrived += 1
+            most = max(most, arrived)
+            if arrived >= in_flight:
+                everyone.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(everyone.wait(), 2)  # answers once all are here, or gives up
+            arrived -= 1
+            return web.json_response({})
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", handle)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        configuration = client.Configuration()
+        configuration.host = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        results = []
+        for connections in (size, in_flight - 1):
+            most = 0
+            everyone.clear()
+            http = ApiClient(configuration, connections=connections)
+            try:
+                await asyncio.gather(*(http.request("GET", f"/api/v1/x{i}") for i in range(in_flight)))
+            finally:
+                await http.close()
+            results.append(most)
+        await runner.cleanup()
+        return results[0], results[1]
+
+    sized, short = asyncio.run(main())
+    assert sized == in_flight, "every request was at the API server at once"
+    assert short == in_flight - 1, "the check can fail: one connection fewer, and one request waits"
