@@ -12,8 +12,9 @@ idempotent. These are not, because they cannot be undone:
 - deleting a pod;
 - starting an attempt under NoOverlap, which is safe only if no earlier pod still runs.
 
-For these the shell lists the job's pods directly (a consistent read) and decides again on
-what the API server says; only that second decision runs.
+For these the shell lists the job's pods directly (a consistent read; the current attempt's
+pod, if the list lacks it, is read by name as well, since the API server answers lists from its
+own watch cache) and decides again on what the API server says; only that second decision runs.
 """
 
 from __future__ import annotations

@@ -446,7 +446,7 @@ class Controller:
         why = confirm.doubt(job, judged.decision)
         if why is not None:
             # Never on a rumour: decide again on what the API server says now.
-            truth = await self.kube.list_job_pods(namespace, job_uid)
+            truth = await self._read_truth(job)
             self._take_truth(job_uid, truth)
             judged = self._decide(key, job, truth + extra)
             if confirm.doubt(job, judged.decision) != why:  # the watch missed a beat, a pod, a deletion
@@ -504,6 +504,22 @@ class Controller:
             if (deadline := self.tracker.deadline(uid, heartbeat, now)) is not None:
                 deadlines.append(deadline)
         return states, min(deadlines, default=None)
+
+    async def _read_truth(self, job: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+        """The job's pods as the API server has them now. A list is served from the API
+        server's watch cache (consistent reads from cache, KEP-2340), which an etcd restart has
+        been seen to leave without a pod's events; so the current attempt's pod, if the list
+        lacks it, is read by name, which etcd answers."""
+        namespace, job_uid = job["metadata"]["namespace"], job["metadata"]["uid"]
+        truth = await self.kube.list_job_pods(namespace, job_uid)
+        current = (job.get("status") or {}).get("currentAttempt") or {}
+        name = current.get("podName")
+        if name and all(pod["metadata"]["name"] != name for pod in truth):
+            pod = await self.kube.read_pod(namespace, name)
+            if pod is not None and podstate.is_controlled_by(pod, job_uid):
+                log.warning("pod %s/%s exists but the API server's list lacks it", namespace, name)
+                truth.append(pod)
+        return truth
 
     def _take_truth(self, job_uid: str, truth: list[Mapping[str, Any]]) -> None:
         """Fold a direct list of a job's pods into the caches and the detector."""
@@ -631,7 +647,7 @@ class Controller:
             self.job_seen(fresh, look=False, read=True)
             job = self.jobs[key]
             job_uid = job["metadata"]["uid"]
-            self._take_truth(job_uid, await self.kube.list_job_pods(key[0], job_uid))
+            self._take_truth(job_uid, await self._read_truth(job))
             if (job.get("status") or {}).get("phase") != "Starting":
                 self._starting_since.pop(key, None)
                 return job

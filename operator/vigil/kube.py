@@ -108,8 +108,9 @@ class Kube:
         return strip(pod)
 
     async def list_job_pods(self, namespace: str, job_uid: str) -> list[dict]:
-        """The job's pods as the API server has them now (a consistent read, not the watch cache):
-        the source of truth Vigil asks before anything destructive."""
+        """The job's pods as the API server has them now: a consistent read, not this
+        process's cache, though since consistent reads from cache (KEP-2340) the API server
+        answers it from its own watch cache (the controller reads a pod the list lacks by name)."""
         pods = await self._call(
             "list",
             "pods",

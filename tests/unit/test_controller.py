@@ -280,3 +280,29 @@ def test_a_job_left_starting_that_the_api_server_no_longer_has_is_forgotten():
 
     assert asyncio.run(looks()) is None
     assert ("ns", "j") not in c.jobs
+
+
+@pytest.mark.parametrize("by_name", ["ours", "a stranger's", "absent"])
+def test_the_current_attempts_pod_missing_from_a_list_is_read_by_name(by_name: str):
+    """Lists come from the API server's watch cache, which an etcd restart has left without a
+    pod: before the shell takes a list's word that the current attempt's pod is gone (a Lost
+    verdict, a pod created again), it reads that pod by name, which etcd answers."""
+    running = job()
+    running["status"]["currentAttempt"].update(number=1, podName="j-1", podUID="pod-uid")
+    stranger = pod(3)
+    stranger["metadata"]["ownerReferences"] = [{"kind": "VigilJob", "uid": "other", "controller": True}]
+    named = {"ours": pod(3), "a stranger's": stranger, "absent": None}[by_name]
+    reads = []
+
+    class Api:
+        async def list_job_pods(self, namespace, job_uid):
+            return []  # the cache lost it
+
+        async def read_pod(self, namespace, name):
+            reads.append(name)
+            return named
+
+    c = Controller(kube=Api())  # type: ignore[arg-type]
+    truth = asyncio.run(c._read_truth(running))
+    assert reads == ["j-1"]
+    assert [p["metadata"]["uid"] for p in truth] == (["pod-uid"] if by_name == "ours" else [])
