@@ -115,6 +115,25 @@ build_plain() { # name module/cmd/path version ldflags
   mv "$gobin/$name" "$BIN/$name-$version"; rmdir "$gobin"
 }
 
+# kwok with the patches in testbed/patches/kwok-*.patch, built from its module's source under
+# $SRC. The binary's name carries a hash of the patches, so a changed patch rebuilds it.
+# (Today one patch: kwok v0.8.0 drops a pod's stage when the API server answers 500, as it does
+# while etcd restarts, and the pod then stood Pending until its next event, minutes later; a
+# kubelet retries its status updates, so the simulated one must too.)
+KWOK_PATCHES=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/patches
+KWOK_BUILD=$KWOK_VERSION-p$(cat "$KWOK_PATCHES"/kwok-*.patch | sha256sum | cut -c1-8)
+build_kwok() {
+  have kwok "$KWOK_BUILD" && { log "kwok $KWOK_BUILD: cached"; return; }
+  local mod=sigs.k8s.io/kwok@$KWOK_VERSION src=$SRC/kwok-$KWOK_BUILD
+  log "kwok $KWOK_BUILD: building $mod with $(ls "$KWOK_PATCHES"/kwok-*.patch | xargs -n1 basename | tr '\n' ' ')"
+  run_go "download $mod" go mod download "$mod"
+  local dir; dir=$(go mod download -json "$mod" | sed -nE 's/.*"Dir": "(.*)",?/\1/p')
+  rm -rf "$src"; cp -r "$dir" "$src"; chmod -R u+w "$src"
+  local p; for p in "$KWOK_PATCHES"/kwok-*.patch; do patch -s -d "$src" -p1 <"$p" || die "$p does not apply to $mod"; done
+  (cd "$src" && GOFLAGS= run_go "build kwok" go build -trimpath \
+    -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION" -o "$BIN/kwok-$KWOK_BUILD" ./cmd/kwok)
+}
+
 # The CRDs that prometheus-operator ships, copied from its module (no binary is built).
 fetch_prometheus_operator_crds() {
   local dest=$CACHE/crds/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION
@@ -153,7 +172,7 @@ build_kstatus() {
 start=$SECONDS
 build_etcd
 build_kubernetes
-build_plain kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION" "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
+build_kwok
 build_plain helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
 build_plain promtool github.com/prometheus/prometheus/cmd/promtool "$PROMETHEUS_VERSION" \
   "-s -w -X github.com/prometheus/common/version.Version=$PROMETHEUS_VERSION"
@@ -162,7 +181,7 @@ build_kstatus
 
 # Stable names for the chosen versions, so PATH=$BIN works.
 for pair in "etcd $ETCD_VERSION" "kube-apiserver $KUBE_VERSION" "kube-controller-manager $KUBE_VERSION" \
-            "kube-scheduler $KUBE_VERSION" "kubectl $KUBE_VERSION" "kwok $KWOK_VERSION" "helm $HELM_VERSION" \
+            "kube-scheduler $KUBE_VERSION" "kubectl $KUBE_VERSION" "kwok $KWOK_BUILD" "helm $HELM_VERSION" \
             "promtool $PROMETHEUS_VERSION" "kstatus $KSTATUS_VERSION"; do
   set -- $pair; ln -sfn "$1-$2" "$BIN/$1"
 done

@@ -39,8 +39,8 @@ Key = tuple[str, str]  # (namespace, name)
 
 # A pod this operator created that the watch has not shown after this long is read directly.
 UNSEEN_CHECK_SECONDS = 10.0
-# A job left Starting this long has itself and its pods read directly: around an etcd restart the watches
-# have been seen to lose events, and a Pending pod has no heartbeat deadline to catch it.
+# A job left Starting this long has itself and its pods read directly: a watch can miss an event
+# (kubernetes#123072), and a Pending pod has no heartbeat deadline that would catch it.
 STARTING_RECHECK_SECONDS = 30.0
 # Conflicts on one job in a row before they are logged as a warning rather than at debug level.
 CONFLICTS_WORTH_A_WARNING = 3
@@ -386,8 +386,8 @@ class Controller:
     async def _reread(self, key: Key) -> None:
         """After a conflict the cached job is older than the API server's: read it directly, so
         the next look decides on the stored version, not on the watch's promise to deliver it (a
-        watch that missed that version, as around an etcd restart, would otherwise make every
-        retry conflict again: the job stood still, found by the fault matrix)."""
+        watch that missed that version would otherwise make every retry conflict again, and the
+        job would stand still)."""
         try:
             fresh = await self.kube.read_job(*key)
         except Exception as err:  # noqa: BLE001 - the retry comes anyway, on the cache
@@ -507,9 +507,9 @@ class Controller:
 
     async def _read_truth(self, job: Mapping[str, Any]) -> list[Mapping[str, Any]]:
         """The job's pods as the API server has them now. A list is served from the API
-        server's watch cache (consistent reads from cache, KEP-2340), which an etcd restart has
-        been seen to leave without a pod's events; so the current attempt's pod, if the list
-        lacks it, is read by name, which etcd answers."""
+        server's watch cache (consistent reads from cache, KEP-2340), and a cache can lose an
+        event (kubernetes#123072); so the current attempt's pod, if the list lacks it, is read
+        by name, which the API server answers from etcd."""
         namespace, job_uid = job["metadata"]["namespace"], job["metadata"]["uid"]
         truth = await self.kube.list_job_pods(namespace, job_uid)
         current = (job.get("status") or {}).get("currentAttempt") or {}
@@ -612,8 +612,8 @@ class Controller:
         key, job_uid = key_of(job), job["metadata"]["uid"]
         if created is not None:
             self.pods.created(created, self.monotonic())
-            # Should the watch never show it (around an etcd restart it has lost events), the
-            # job is looked at again once the pod counts as unseen, and read directly then.
+            # Should the watch never show it (a watch can miss an event), the job is looked at
+            # again once the pod counts as unseen, and read directly then.
             asyncio.get_running_loop().call_later(UNSEEN_CHECK_SECONDS + 1, self._look_if_unseen, key, job_uid)
             return
         # AlreadyExists: ours (an earlier create whose answer was lost) or a stranger's (say, a

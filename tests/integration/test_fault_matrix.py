@@ -361,24 +361,6 @@ def pods_the_api_server_lost(kube: Kube) -> list[str]:
     )
 
 
-def heal_a_lossy_api_server(kube: Kube, settle_seconds: float = 10.0) -> list[str]:
-    """Pods the API server keeps failing to list for `settle_seconds` though etcd stores them
-    (pods_the_api_server_lost): its watch cache lost their events around an etcd restart, an
-    upstream kube-apiserver fault (kubernetes/kubernetes#123072 is one such) that no controller
-    can see through, since every list and watch is served from that cache: the scheduler never
-    places such a pod. The cure is a cluster admin's: restart kube-apiserver, which lists etcd
-    afresh. Returns the pods that were missing (empty: nothing was done)."""
-    deadline = time.monotonic() + settle_seconds
-    while lost := pods_the_api_server_lost(kube):
-        if time.monotonic() >= deadline:
-            print(f"the API server lost pods {lost} (stored in etcd, never listed): restarting kube-apiserver")
-            testbed.restart(SUITE_CLUSTER, "kube-apiserver")
-            wait_until(lambda: not pods_the_api_server_lost(kube), 60, "the API server to list every pod")
-            return lost
-        time.sleep(1)
-    return []
-
-
 def describe_pods(kube: Kube, namespace: str, job_name: str, job_uid: str, watched: PodLog) -> str:
     """A job's pods as the API server has them, for a failure message: which part of the
     cluster a stuck job waits on (the scheduler, the kubelet, or Vigil), and whether the test's
@@ -519,19 +501,16 @@ def test_a_restarted_control_plane_loses_no_job_and_duplicates_no_attempt(
                 120,
                 f"the operator to write to a job after {component} restarted",
             )
-        # What Vigil cannot be asked to see through: an API server that lost pods (heal_...).
-        healed = heal_a_lossy_api_server(kube) if component == "etcd" else []
         if not wait_terminal(jobs, expected, 180):
-            # Say whether the API server itself lost pods: then no watcher saw them, and the
-            # scheduler never placed them (the tally names the jobs left waiting).
+            # Say whether the API server itself lost pods: then no watcher saw them (the tally
+            # names the jobs left waiting, and where their pods are).
             print(f"pods whose stored version the API server does not list: {pods_the_api_server_lost(kube)}")
         settle(jobs, beating)
         pods.caught_up(kube, namespace)
         tally = Tally().check(kube, namespace, expected, pods, beating=beating)
     recover = [jobs.recovered(since, version) for since, version in restarts]
     fault_table(
-        f"{component} restarted mid-run (SIGTERM, then SIGKILL)"
-        + (f"; the API server lost {len(healed)} pods and was restarted" if healed else ""),
+        f"{component} restarted mid-run (SIGTERM, then SIGKILL)",
         rounds=len(restarts),
         jobs=tally.jobs,
         lost=tally.lost,

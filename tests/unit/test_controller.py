@@ -167,10 +167,10 @@ def test_pods_of_a_deleted_job_are_released_and_an_orphan_only_once_its_job_is_c
 
 @pytest.mark.parametrize("stored_version", ["9", "3"])
 def test_after_a_conflict_the_job_is_read_again_not_awaited_from_a_watch_that_missed_it(stored_version: str):
-    """A conflict means the cached job is not the stored one. If the watch missed that version
-    (around an etcd restart, it did), waiting for it would conflict for ever: the job stood
-    still. The shell reads the job directly and decides on that next time, even when its
-    resourceVersion is lower than the cached one's (an etcd that went back in time)."""
+    """A conflict means the cached job is not the stored one. If the watch missed that version,
+    waiting for it would conflict for ever: the job would stand still. The shell reads the job
+    directly and decides on that next time, even when its resourceVersion is lower than the
+    cached one's (an etcd that went back in time)."""
     from vigil.kube import Conflict
 
     stored = {**job(), "metadata": {**job()["metadata"], "resourceVersion": stored_version}}
@@ -284,9 +284,9 @@ def test_a_job_left_starting_that_the_api_server_no_longer_has_is_forgotten():
 
 @pytest.mark.parametrize("by_name", ["ours", "a stranger's", "absent"])
 def test_the_current_attempts_pod_missing_from_a_list_is_read_by_name(by_name: str):
-    """Lists come from the API server's watch cache, which an etcd restart has left without a
-    pod: before the shell takes a list's word that the current attempt's pod is gone (a Lost
-    verdict, a pod created again), it reads that pod by name, which etcd answers."""
+    """Lists come from the API server's watch cache, which can lose an event: before the shell
+    takes a list's word that the current attempt's pod is gone (a Lost verdict, a pod created
+    again), it reads that pod by name, which the API server answers from etcd."""
     running = job()
     running["status"]["currentAttempt"].update(number=1, podName="j-1", podUID="pod-uid")
     stranger = pod(3)
