@@ -129,7 +129,7 @@ build_kwok() {
   run_go "download $mod" go mod download "$mod"
   local dir; dir=$(go mod download -json "$mod" | sed -nE 's/.*"Dir": "(.*)",?/\1/p')
   rm -rf "$src"; cp -r "$dir" "$src"; chmod -R u+w "$src"
-  local p; for p in "$KWOK_PATCHES"/kwok-*.patch; do patch -s -d "$src" -p1 <"$p" || die "$p does not apply to $mod"; done
+  local p; for p in "$KWOK_PATCHES"/kwok-*.patch; do (cd "$src" && git apply -p1 "$p") || die "$p does not apply to $mod"; done
   (cd "$src" && GOFLAGS= run_go "build kwok" go build -trimpath \
     -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION" -o "$BIN/kwok-$KWOK_BUILD" ./cmd/kwok)
 }
