@@ -586,6 +586,12 @@ def start_kwok(cluster: Cluster) -> None:
             "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
             f"--cidr={POD_CIDR}",
             "--node-ip=127.0.0.1",
+            # Nodes keep a Lease, renewed every 10 s, as a kubelet does. Without this flag kwok
+            # holds none (its default of 40 s applies only with a KwokConfiguration in --config),
+            # so only the node-heartbeat stage (every 10-20 min) kept the nodes alive: the node
+            # lifecycle controller saw every node not-Ready each 55 s and marked all their pods
+            # NotReady, which kwok then undid (EndpointSlices emptied, pod events for nothing).
+            "--node-lease-duration-seconds=40",
             f"--server-address=127.0.0.1:{p.kwok}",
         ],
     )
