@@ -182,7 +182,7 @@ class Controller:
         )
         self._failures: dict[Key, int] = {}
         self._strangers: dict[Key, Mapping[str, Any]] = {}  # pods bearing an attempt's name, not ours
-        self._starting_since: dict[Key, float] = {}  # jobs in Starting: when their pods were last read
+        self._starting_since: dict[Key, float] = {}  # jobs in Starting: when they and their pods were last read
         self._tasks: list[asyncio.Task] = []
         self._started = False  # start() was called: every watch has listed
         self._background: set[asyncio.Task] = set()
