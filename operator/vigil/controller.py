@@ -44,6 +44,10 @@ UNSEEN_CHECK_SECONDS = 10.0
 STARTING_RECHECK_SECONDS = 30.0
 # Conflicts on one job in a row before they are logged as a warning rather than at debug level.
 CONFLICTS_WORTH_A_WARNING = 3
+# A pod event makes its job worth a look within this long, not at once, so that a pod's changes
+# in that window (created, bound, running, finished) cost one look and one status write, not one
+# each. The Job controller's batch period (syncJobBatchPeriod) is the same second.
+POD_BATCH_SECONDS = 1.0
 # How soon a job whose Lost verdict waits for a fresh view of pods is looked at again.
 DEAF_RECHECK_SECONDS = 2.0
 
@@ -146,8 +150,10 @@ class Controller:
         hearing: Callable[[], bool] = lambda: True,
         on_missed: Callable[[str], None] = lambda reason: None,
         metrics: Metrics | None = None,
+        pod_batch_seconds: float = POD_BATCH_SECONDS,
     ) -> None:
         self.kube = kube
+        self.pod_batch_seconds = pod_batch_seconds
         self.metrics = metrics or getattr(kube, "metrics", None) or Metrics()
         self.workers = workers
         self.clock = clock
@@ -274,7 +280,10 @@ class Controller:
                 return
             self._looked_at.add(uid)
         if key is not None:
-            self.queue.add(key)
+            if self.pod_batch_seconds > 0:
+                self.queue.add_batched(key, self.pod_batch_seconds)
+            else:
+                self.queue.add(key)
 
     def _check_orphan(self, pod: Mapping[str, Any]) -> None:
         """A pod held by Vigil's finalizer whose job is not known (deleted while the job watch

@@ -51,6 +51,14 @@ class WorkQueue(Generic[K]):
             timer.cancel()
         self._timers[key] = loop.call_at(when, self._fire, key)
 
+    def add_batched(self, key: K, seconds: float) -> None:
+        """Adds the key within `seconds`, so that the changes of that window cost one look: a key
+        already waiting gets no timer (the worker that takes it reads the newest state then);
+        one being processed gets a delayed add (its worker may have read the state before the
+        change). client-go's Job controller batches pod events the same way."""
+        if key not in self._waiting:
+            self.add_after(key, seconds)
+
     def _fire(self, key: K) -> None:
         self._timers.pop(key, None)
         self.add(key)

@@ -49,8 +49,10 @@ def pod(version: int, beat: str | None = None, phase: str = "Running", **annotat
 
 
 def controller(clock: Clock) -> Controller:
+    """A controller whose pod events make their job worth a look at once: these tests ask
+    *whether* an event is worth a look; when (the batch) is tested on its own below."""
     wall = dt.datetime(2026, 11, 29, 10, 0, 5, tzinfo=dt.UTC)
-    return Controller(kube=None, clock=lambda: wall, monotonic=clock)  # type: ignore[arg-type]
+    return Controller(kube=None, clock=lambda: wall, monotonic=clock, pod_batch_seconds=0)  # type: ignore[arg-type]
 
 
 def drain(c: Controller) -> list:
@@ -91,6 +93,48 @@ def test_a_beat_wakes_an_uncertain_job_at_once():
     clock.now += 1
     c.pod_changed(pod(11, beat="2"))
     assert drain(c) == [("ns", "j")]
+
+
+def test_a_pods_changes_within_the_batch_cost_one_look_and_a_jobs_own_change_none_of_the_wait():
+    async def scenario() -> None:
+        c = Controller(kube=None, pod_batch_seconds=0.2)  # type: ignore[arg-type]
+        c.job_seen(job())
+        assert await c.queue.get() == ("ns", "j"), "a change of the job itself is looked at at once"
+        c.queue.done(("ns", "j"))
+        began = asyncio.get_running_loop().time()
+        c.pod_changed(pod(10, phase="Pending"))  # created
+        c.pod_changed(pod(11, phase="Running"))  # running
+        c.pod_changed(pod(12, phase="Succeeded"))  # finished, all within the batch
+        assert len(c.queue) == 0, "not at once"
+        assert await asyncio.wait_for(c.queue.get(), 2) == ("ns", "j")
+        assert asyncio.get_running_loop().time() - began >= 0.19
+        c.queue.done(("ns", "j"))
+        await asyncio.sleep(0.3)  # the assertion: no second look comes for the same window
+        assert len(c.queue) == 0, "three changes, one look"
+        assert c.pods.of_job("job-uid")[0]["status"]["phase"] == "Succeeded", "the look reads the newest"
+
+    asyncio.run(scenario())
+
+
+def test_a_pod_event_while_its_job_waits_adds_no_second_look_but_one_while_it_is_processed_does():
+    async def scenario() -> None:
+        c = Controller(kube=None, pod_batch_seconds=0.1)  # type: ignore[arg-type]
+        c.job_seen(job())  # waiting in the queue
+        c.pod_changed(pod(10))  # the waiting look will read it
+        assert await c.queue.get() == ("ns", "j")
+        c.queue.done(("ns", "j"))
+        await asyncio.sleep(0.3)  # the assertion: the pod event left no timer behind
+        assert len(c.queue) == 0, "one look for both changes"
+
+        c.queue.add(("ns", "j"))
+        assert await c.queue.get() == ("ns", "j")
+        c.pod_changed(pod(11, phase="Failed"))  # while the worker holds the job: it read the older pod
+        c.queue.done(("ns", "j"))
+        assert len(c.queue) == 0, "not at once"
+        assert await asyncio.wait_for(c.queue.get(), 2) == ("ns", "j"), "looked at again after the batch"
+        c.queue.done(("ns", "j"))
+
+    asyncio.run(scenario())
 
 
 def test_a_deleted_pod_is_forgotten_by_the_detector():
