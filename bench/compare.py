@@ -53,6 +53,8 @@ from testbed import cluster as testbed  # noqa: E402
 WORKLOADS = ("all-succeed", "fail-twice", "queued")
 KINDS = ("native", "vigil")
 POD_CAPACITY = 110  # pods a kwok node of the test bed takes (its node-initialize stage)
+# kube-apiserver is profiled (--profile) in chunks of this many seconds, back to back over a run.
+SERVER_PROFILE_CHUNK = 10
 RUN_FOR = "1s"
 FAIL_SHARE = 0.3  # fail-twice: this share of the jobs fails on attempts 1 and 2
 # The Job controller's default pod-failure backoff: 10 s, doubling, at most 6 min; Vigil's retry
@@ -236,18 +238,42 @@ LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 def request_counts(api: Api) -> dict[tuple[str, str], float]:
     """apiserver_request_total summed by (verb, resource[/subresource])."""
-    counts: dict[tuple[str, str], float] = {}
+    return server_figures(api)["requests"]
+
+
+def server_figures(api: Api) -> dict[str, dict[tuple[str, str], float]]:
+    """The API server's own account of its work, from one scrape of its /metrics, each summed by
+    (verb, resource[/subresource]): `requests` (apiserver_request_total), `request_seconds`
+    (apiserver_request_duration_seconds_sum: time spent serving, waits included), and by ("WATCH",
+    resource): `watch_events` and `watch_bytes` (apiserver_watch_events_total and _sizes_sum: every
+    event encoded and sent to every watcher)."""
+    wanted = {
+        "apiserver_request_total{": "requests",
+        "apiserver_request_duration_seconds_sum{": "request_seconds",
+        "apiserver_watch_events_total{": "watch_events",
+        "apiserver_watch_events_sizes_sum{": "watch_bytes",
+    }
+    figures: dict[str, dict[tuple[str, str], float]] = {name: {} for name in wanted.values()}
     for line in api.get("/metrics").decode().splitlines():
-        if not line.startswith("apiserver_request_total{"):
+        prefix = line[: line.find("{") + 1]
+        if prefix not in wanted:
             continue
         labels_part, _, value = line.rpartition(" ")
         labels = dict(LABEL.findall(labels_part))
         resource = labels.get("resource", "")
         if labels.get("subresource"):
             resource += "/" + labels["subresource"]
-        key = (labels.get("verb", ""), resource)
-        counts[key] = counts.get(key, 0.0) + float(value)
-    return counts
+        key = (labels.get("verb", "WATCH"), resource)
+        if wanted[prefix] == "request_seconds" and key[0] == "WATCH":
+            continue  # a watch's duration is how long it stayed open, not work
+        into = figures[wanted[prefix]]
+        into[key] = into.get(key, 0.0) + float(value)
+    return figures
+
+
+def growth(before: dict[tuple[str, str], float], after: dict[tuple[str, str], float]) -> dict[tuple[str, str], float]:
+    """What each counter gained between two scrapes (counters only grow, so the rest is left out)."""
+    return {k: v - before.get(k, 0.0) for k, v in after.items() if v > before.get(k, 0.0)}
 
 
 WRITE_VERBS = {"POST", "PUT", "PATCH", "DELETE", "APPLY", "DELETECOLLECTION"}
@@ -519,6 +545,89 @@ class Profiler:
         return {"samples": total, "self": best(own), "total": best(inclusive)}
 
 
+class ServerProfiler(threading.Thread):
+    """CPU profiles of kube-apiserver (Go's pprof, /debug/pprof/profile) back to back, in chunks
+    of SERVER_PROFILE_CHUNK seconds, from the start of a run until the chunk running when it is
+    stopped ends; merged into one profile at `path` (the run's window, give or take a chunk). The
+    bench's own bed serves pprof when it runs with VIGIL_APISERVER_PROFILING=1."""
+
+    def __init__(self, api: Api, path: Path):
+        super().__init__(daemon=True)
+        self.api, self.path = api, path
+        self.halt = threading.Event()
+        self.chunks: list[Path] = []
+        self.error: str | None = None
+        self.seconds = 0.0
+
+    def run(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        while not self.halt.is_set():
+            try:
+                data = self.api.get(
+                    f"/debug/pprof/profile?seconds={SERVER_PROFILE_CHUNK}", timeout=SERVER_PROFILE_CHUNK + 30
+                )
+            except Exception as err:  # noqa: BLE001 - reported with the results, the run goes on
+                self.error = f"no API server profile ({err}); the bed must run with VIGIL_APISERVER_PROFILING=1"
+                return
+            chunk = self.path.with_suffix(f".{len(self.chunks)}.pprof")
+            chunk.write_bytes(data)
+            self.chunks.append(chunk)
+            self.seconds += SERVER_PROFILE_CHUNK
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(SERVER_PROFILE_CHUNK + 60)
+        if self.chunks:
+            merged = subprocess.run(
+                ["go", "tool", "pprof", "-proto", *map(str, self.chunks)], capture_output=True, check=False
+            )
+            if merged.returncode == 0:
+                self.path.write_bytes(merged.stdout)
+                for chunk in self.chunks:
+                    chunk.unlink()
+            else:
+                self.error = f"go tool pprof could not merge the profiles: {merged.stderr.decode()[:200]}"
+
+    def summary(self, count: int = 12) -> dict[str, Any]:
+        """The profile's CPU seconds, its top functions by cumulative time (callees included), and
+        the CPU seconds of each request handler in SERVER_HANDLERS (what one kind of write costs
+        the server, divided by the count of those writes in the report)."""
+        if self.error or not self.path.exists():
+            return {"error": self.error or "no profile written"}
+        text = subprocess.run(
+            ["go", "tool", "pprof", "-top", "-cum", "-nodecount=5000", str(self.path)],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout
+        out: dict[str, Any] = {"file": str(self.path), "seconds": self.seconds, "cum": [], "handlers": {}}
+        for line in text.splitlines():
+            total = re.search(r"Total samples = ([\d.]+)(m?s)", line)
+            if total:
+                out["cpu_seconds"] = float(total.group(1)) / (1000 if total.group(2) == "ms" else 1)
+            parts = line.split()
+            if len(parts) < 6 or not parts[4].endswith("%"):
+                continue
+            function = " ".join(parts[5:])
+            if len(out["cum"]) < count:
+                out["cum"].append((function, float(parts[4].rstrip("%")) / 100))
+            for request, handler in SERVER_HANDLERS.items():
+                if handler == function:
+                    seconds = re.fullmatch(r"([\d.]+)(m?s)", parts[3])
+                    if seconds:
+                        out["handlers"][request] = float(seconds.group(1)) / (1000 if seconds.group(2) == "ms" else 1)
+        return out
+
+
+# The server-side functions that carry out one kind of write, whole (decode, admission, validation,
+# managed fields, the etcd round trip, encoding), for the profile's cost per write.
+SERVER_HANDLERS = {
+    "PATCH vigiljobs/status": "k8s.io/apiextensions-apiserver/pkg/registry/customresource.(*StatusREST).Update",
+    "PUT jobs/status": "k8s.io/kubernetes/pkg/registry/batch/job/storage.(*StatusREST).Update",
+    "PATCH pods/status": "k8s.io/kubernetes/pkg/registry/core/pod/storage.(*StatusREST).Update",
+}
+
+
 # --- one run -------------------------------------------------------------------------------------
 
 
@@ -624,11 +733,16 @@ def run_side(
                     pids[component] = pid
         if operator:
             pids["operator"] = operator.pid
-        requests_before = request_counts(api)
+        server_before = server_figures(api)
         cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         sampler = Sampler(pids)
         sampler.start()
         profiler = Profiler(operator.pid, profile / f"profile-{workload}.txt") if operator and profile else None
+        server_profiler = None
+        if profile and cluster:
+            where = profile / f"apiserver-{kind}-{workload}.pprof"
+            server_profiler = ServerProfiler(api, where)
+            server_profiler.start()
 
         bodies = [
             (f"job-{i}", native_job(workload, i) if kind == "native" else vigil_job(workload, i)) for i in range(jobs)
@@ -669,8 +783,10 @@ def run_side(
         if profiler:
             profiler.stop()
         peak = sampler.stop()
-        requests_after = request_counts(api)
+        server_after = server_figures(api)
         uncertain = operator.metric("vigil_attempts_uncertain_total") if operator else None
+        if server_profiler:
+            server_profiler.stop()  # the chunk under way ends after the run: a few seconds of quiet
     finally:
         for w in watches:
             w.stop()
@@ -686,8 +802,8 @@ def run_side(
     log(f"{kind} / {workload}: namespace deleted in {cleanup:.0f} s")
 
     finished = [n for n in timeline.submitted if n in timeline.finished]
-    delta = {k: requests_after.get(k, 0.0) - requests_before.get(k, 0.0) for k in requests_after}
-    delta = {k: v for k, v in delta.items() if v > 0}
+    server = {figure: growth(server_before[figure], after) for figure, after in server_after.items()}
+    delta = server["requests"]
     last_finish = max(timeline.finished.values()) if timeline.finished else math.nan
     makespan = last_finish - began if len(finished) == jobs else math.nan
     to_pod = [timeline.pod_created[n] - timeline.submitted[n] for n in timeline.submitted if n in timeline.pod_created]
@@ -722,10 +838,16 @@ def run_side(
     result["api_requests_per_job"] = sum(delta.values()) / jobs
     result["api_writes_per_job"] = sum(v for (verb, _), v in delta.items() if verb in WRITE_VERBS) / jobs
     result["api_requests_by_verb_resource"] = {f"{verb} {res}": v for (verb, res), v in sorted(delta.items())}
+    for figure in ("request_seconds", "watch_events", "watch_bytes"):
+        by = server[figure]
+        result[f"api_{figure}_by_verb_resource"] = {f"{verb} {res}": by[verb, res] for verb, res in sorted(by)}
     if uncertain is not None:
         result["vigil_attempts_uncertain_total"] = uncertain
     if profiler:
         result["profile"] = {"file": str(profiler.path), "top": profiler.top(15)}
+    if server_profiler:
+        result["apiserver_profile"] = server_profiler.summary()
+        result["apiserver_profile"]["requests"] = result["api_requests_by_verb_resource"]
     return result
 
 
@@ -783,23 +905,38 @@ def table(native: dict, vigil: dict) -> str:
 
 
 def requests_table(native: dict, vigil: dict) -> str:
+    """Per job, by verb and resource: requests, the API server's time serving them, and the watch
+    events it encoded and sent (to every watcher) with their bytes."""
     n = native["jobs"]
-    keys = sorted(
-        set(native["api_requests_by_verb_resource"]) | set(vigil["api_requests_by_verb_resource"]),
-        key=lambda k: (
-            -(vigil["api_requests_by_verb_resource"].get(k, 0) + native["api_requests_by_verb_resource"].get(k, 0))
-        ),
-    )
-    lines = [
-        f"| requests per job, {native['workload']} (verb resource) | native | Vigil | Vigil / native |",
-        "| --- | ---: | ---: | ---: |",
+    figures = [
+        ("requests", "api_requests_by_verb_resource", 1.0, "{:.2f}"),
+        ("server ms", "api_request_seconds_by_verb_resource", 1000.0, "{:.1f}"),
+        ("watch events", "api_watch_events_by_verb_resource", 1.0, "{:.1f}"),
+        ("watch KiB", "api_watch_bytes_by_verb_resource", 1 / 1024, "{:.1f}"),
     ]
-    for k in keys:
-        a = native["api_requests_by_verb_resource"].get(k, 0) / n
-        b = vigil["api_requests_by_verb_resource"].get(k, 0) / n
-        if max(a, b) < 0.005:
-            continue
-        lines.append(f"| {k} | {a:.2f} | {b:.2f} | {fmt(ratio(b, a), '{:.2f}')} |")
+    figures = [f for f in figures if f[1] in native and f[1] in vigil]  # results from before some figures
+    keys = set().union(*(set(side[f[1]]) for f in figures for side in (native, vigil)))
+
+    def per_job(side: dict, figure: str, key: str, scale: float) -> float:
+        return side[figure].get(key, 0.0) * scale / n
+
+    def weight(key: str) -> float:  # the busiest first: by requests, then by the server's time
+        return -sum(per_job(side, figure, key, 1.0) for side in (native, vigil) for _, figure, *_ in figures[:2])
+
+    header = " | ".join(f"{name}: native | Vigil | V/n" for name, *_ in figures)
+    lines = [
+        f"| per job, {native['workload']} (verb resource) | {header} |",
+        "| --- |" + " ---: |" * (3 * len(figures)),
+    ]
+    for k in sorted(keys, key=weight):
+        cells = []
+        shown = False
+        for _, figure, scale, pattern in figures:
+            a, b = per_job(native, figure, k, scale), per_job(vigil, figure, k, scale)
+            shown = shown or max(a, b) >= 0.005
+            cells += [fmt(a, pattern), fmt(b, pattern), fmt(ratio(b, a), "{:.2f}")]
+        if shown:
+            lines.append(f"| {k} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -814,6 +951,33 @@ def profile_text(profile: dict) -> str:
     ]
     for i, (own, inclusive) in enumerate(zip(top["self"], top["total"], strict=False), 1):
         lines.append(f"| {i} | `{own[0]}` | {own[1]:.1%} | `{inclusive[0]}` | {inclusive[1]:.1%} |")
+    return "\n".join(lines)
+
+
+def server_profile_text(native: dict, vigil: dict) -> str:
+    """The two API server profiles side by side: CPU seconds in the window, and the top functions
+    by cumulative share (where the time goes, callees included) and by own share."""
+    if "error" in native or "error" in vigil:
+        return f"kube-apiserver profile: {native.get('error') or vigil.get('error')}"
+    lines = [
+        f"kube-apiserver CPU profile over each run, in {SERVER_PROFILE_CHUNK} s chunks ({native['seconds']:.0f} s "
+        f"native, {vigil['seconds']:.0f} s Vigil; pprof files "
+        f"{native['file']}, {vigil['file']}): {native.get('cpu_seconds', math.nan):.1f} CPU-s native, "
+        f"{vigil.get('cpu_seconds', math.nan):.1f} CPU-s Vigil",
+        "",
+        "| # | native: function (cumulative) | share | Vigil: function (cumulative) | share |",
+        "| ---: | --- | ---: | --- | ---: |",
+    ]
+    for i, (a, b) in enumerate(zip(native["cum"], vigil["cum"], strict=False), 1):
+        lines.append(f"| {i} | `{a[0]}` | {a[1]:.1%} | `{b[0]}` | {b[1]:.1%} |")
+    lines += ["", "| side | request (its handler, the etcd round trip included) | CPU-s | requests | CPU ms each |"]
+    lines.append("| --- | --- | ---: | ---: | ---: |")
+    for name, side in (("native", native), ("Vigil", vigil)):
+        for request, seconds in side["handlers"].items():
+            count = side.get("requests", {}).get(request, 0)
+            handler = SERVER_HANDLERS[request].rsplit("/", 1)[-1]
+            each = fmt(seconds * 1000 / count if count else math.nan, "{:.2f}")
+            lines.append(f"| {name} | {request} (`{handler}`) | {seconds:.2f} | {count:.0f} | {each} |")
     return "\n".join(lines)
 
 
@@ -924,6 +1088,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{nodes} Ready kwok nodes", lambda: testbed._nodes_ready(cluster, names), 120, cluster, "kwok"
             )
     else:
+        if args.profile:  # a bed brought up now serves pprof; one already up must be brought down first
+            os.environ["VIGIL_APISERVER_PROFILING"] = "1"
         cluster = own_cluster(args.name, args.port_base, nodes, "fail-twice" in workloads)
         kubeconfig = cluster.kubeconfig
     api = Api(kubeconfig, args.threads)
@@ -976,6 +1142,9 @@ def main(argv: list[str] | None = None) -> int:
             report += [table(sides["native"], sides["vigil"]), "", requests_table(sides["native"], sides["vigil"]), ""]
             if "profile" in sides["vigil"]:
                 report += [profile_text(sides["vigil"]["profile"]), ""]
+            if "apiserver_profile" in sides["vigil"] and "apiserver_profile" in sides["native"]:
+                profiles = sides["native"]["apiserver_profile"], sides["vigil"]["apiserver_profile"]
+                report += [server_profile_text(*profiles), ""]
             if "vigil_attempts_uncertain_total" in sides["vigil"]:
                 report += [
                     f"vigil_attempts_uncertain_total: {sides['vigil']['vigil_attempts_uncertain_total']:.0f}",

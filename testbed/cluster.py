@@ -496,7 +496,8 @@ def start_apiserver(cluster: Cluster) -> None:
             # watches after 2 s; without it shutdown waits up to --request-timeout (60 s) for them.
             "--shutdown-send-retry-after=true",
             "--allow-privileged=true",
-            "--profiling=false",
+            # pprof at /debug/pprof (cluster-admin only) when asked: the bench profiles the API server.
+            f"--profiling={'true' if os.environ.get('VIGIL_APISERVER_PROFILING') == '1' else 'false'}",
             f"--audit-policy-file={policy}",
             f"--audit-log-path={cluster.audit_log}",
             "--audit-log-format=json",
