@@ -56,6 +56,10 @@ def test_compare_runs_both_kinds_and_reports_every_figure(kube: Kube, tmp_path: 
             absent = [key for key in absent if "cpu" not in key and "rss" not in key]
         assert not absent, f"{kind}: figures missing: {absent}"
         assert side["api_requests_by_verb_resource"], kind
+        # The API server's own account: the pods' watch events it sent, and its time on the creates.
+        assert side["api_watch_events_by_verb_resource"].get("WATCH pods", 0) >= 50, kind
+        created = "POST jobs" if kind == "native" else "POST vigiljobs"
+        assert side["api_request_seconds_by_verb_resource"].get(created, 0) > 0, kind
     assert "| makespan" in table.read_text()
     print(f"bench.compare smoke took {time.monotonic() - began:.0f} s")
 
