@@ -9,8 +9,10 @@ every pod runs for about 1 s on a kwok node and exits as the workload says. One 
 and one of the jobs per run time everything on the bench's own monotonic clock. Printed as a
 markdown table (and written to <out>/<timestamp>.md and .json): makespan, throughput,
 p50/p95/p99 of submit -> pod created and submit -> finished, CPU seconds and peak RSS of the
-operator and of kube-controller-manager, kube-apiserver's and etcd's CPU seconds, and the API
-requests per job by verb and resource, with the ratio Vigil / native of every figure.
+operator and of kube-controller-manager, kube-apiserver's and etcd's CPU seconds, and per job by
+verb and resource the API requests, the API server's time serving them and the watch events it
+sent, with the ratio Vigil / native of every figure. `--profile` adds py-spy's profile of the
+operator and kube-apiserver's own (pprof), with the CPU each kind of status write costs it.
 
 By default the bench brings up (or reuses) a local test bed of its own (name `bench`, port base
 27443) with enough kwok nodes that pod capacity (110 pods a node) is never the limit, and leaves
@@ -234,11 +236,6 @@ class Sampler(threading.Thread):
 # --- apiserver_request_total ---------------------------------------------------------------------
 
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
-def request_counts(api: Api) -> dict[tuple[str, str], float]:
-    """apiserver_request_total summed by (verb, resource[/subresource])."""
-    return server_figures(api)["requests"]
 
 
 def server_figures(api: Api) -> dict[str, dict[tuple[str, str], float]]:
@@ -920,7 +917,7 @@ def requests_table(native: dict, vigil: dict) -> str:
     def per_job(side: dict, figure: str, key: str, scale: float) -> float:
         return side[figure].get(key, 0.0) * scale / n
 
-    def weight(key: str) -> float:  # the busiest first: by requests, then by the server's time
+    def weight(key: str) -> float:  # the busiest first: requests plus the server's seconds, per job
         return -sum(per_job(side, figure, key, 1.0) for side in (native, vigil) for _, figure, *_ in figures[:2])
 
     header = " | ".join(f"{name}: native | Vigil | V/n" for name, *_ in figures)
@@ -955,8 +952,8 @@ def profile_text(profile: dict) -> str:
 
 
 def server_profile_text(native: dict, vigil: dict) -> str:
-    """The two API server profiles side by side: CPU seconds in the window, and the top functions
-    by cumulative share (where the time goes, callees included) and by own share."""
+    """The two API server profiles side by side: CPU seconds, the top functions by cumulative share
+    (where the time goes, callees included), and the CPU each kind of status write costs."""
     if "error" in native or "error" in vigil:
         return f"kube-apiserver profile: {native.get('error') or vigil.get('error')}"
     lines = [

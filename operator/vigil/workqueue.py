@@ -55,7 +55,7 @@ class WorkQueue(Generic[K]):
         """Adds the key within `seconds`, so that the changes of that window cost one look: a key
         already waiting gets no timer (the worker that takes it reads the newest state then);
         one being processed gets a delayed add (its worker may have read the state before the
-        change). client-go's Job controller batches pod events the same way."""
+        change). The Job controller batches its pods' events over a second too (syncJobBatchPeriod)."""
         if key not in self._waiting:
             self.add_after(key, seconds)
 

@@ -1,0 +1,202 @@
+"""What one write costs kube-apiserver: a VigilJob status write beside a built-in kind's write.
+
+    .venv/bin/python -m bench.write_cost            # --writes 800 --rounds 2
+
+On the bench's own test bed (brought up or reused, as bench.compare does; no operator runs), each
+kind of write below is made `--writes` times from 4 threads, each thread to its own 10 objects (no
+conflicts), and kube-apiserver's CPU (utime + stime from /proc) over those writes is divided by
+their number. The kinds take turns, `--rounds` times, so that a drift of the machine shows as a
+spread rather than as a difference:
+
+- `vigiljob-status-patch`: the merge patch Vigil writes when an attempt succeeds (the status of a
+  finished job: five conditions, one attempt of history), with its resourceVersion precondition;
+- `vigiljob-status-put`: the same status as a PUT of the whole object (what the Job controller's
+  UpdateStatus does);
+- `vigiljob-status-small`: a status of one condition, as a merge patch;
+- `configmap-patch`: a merge patch of a ConfigMap's data, a built-in kind, for scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bench.compare import Api, cpu_seconds, create_namespace, delete_namespace, install_crds, log, own_cluster
+from testbed import cluster as testbed
+
+THREADS = 4
+OBJECTS_PER_THREAD = 10
+GROUP_PATH = "/apis/vigil.dev/v1alpha1"
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def condition(kind: str, status: str, message: str) -> dict[str, Any]:
+    return {
+        "type": kind,
+        "status": status,
+        "reason": "AttemptSucceeded",
+        "message": message,
+        "observedGeneration": 1,
+        "lastTransitionTime": "2026-11-30T15:55:46Z",
+    }
+
+
+def finished_status(message: str) -> dict[str, Any]:
+    """A VigilJob's status once its first attempt succeeded, as the operator writes it."""
+    conditions = [("Succeeded", "True"), ("DeadLettered", "False"), ("Running", "False")]
+    conditions += [("Reconciling", "False"), ("Stalled", "False")]
+    return {
+        "phase": "Succeeded",
+        "reason": "AttemptSucceeded",
+        "message": message,
+        "attempts": 1,
+        "roundAttempts": 1,
+        "redrives": 0,
+        "observedGeneration": 1,
+        "startedAt": "2026-11-30T15:55:43Z",
+        "finishedAt": "2026-11-30T15:55:46Z",
+        "conditions": [condition(kind, status, message) for kind, status in conditions],
+        "history": [
+            {
+                "number": 1,
+                "podName": "job-1-1",
+                "outcome": "Succeeded",
+                "reason": "Completed",
+                "exitCode": 0,
+                "nodeName": "kwok-node-1",
+                "startedAt": "2026-11-30T15:55:43Z",
+                "finishedAt": "2026-11-30T15:55:46Z",
+            }
+        ],
+    }
+
+
+def small_status(message: str) -> dict[str, Any]:
+    return {"message": message, "conditions": [condition("Succeeded", "True", message)]}
+
+
+class Writer:
+    """The objects of one run and one write of each kind to them."""
+
+    def __init__(self, api: Api, namespace: str) -> None:
+        self.api, self.namespace = api, namespace
+        self.jobs: dict[int, dict[str, Any]] = {}
+
+    def setup(self) -> None:
+        for i in range(THREADS * OBJECTS_PER_THREAD):
+            job = {
+                "apiVersion": "vigil.dev/v1alpha1",
+                "kind": "VigilJob",
+                "metadata": {"name": f"job-{i}"},
+                "spec": {
+                    "template": {"spec": {"containers": [{"name": "main", "image": "busybox"}]}},
+                    "heartbeat": {"required": False},
+                },
+            }
+            self.jobs[i] = json.loads(self._send("POST", self._jobs(), job, "application/json"))
+            config_map = {"metadata": {"name": f"cm-{i}"}, "data": {"a": "0"}}
+            self._send("POST", f"/api/v1/namespaces/{self.namespace}/configmaps", config_map, "application/json")
+
+    def _jobs(self) -> str:
+        return f"{GROUP_PATH}/namespaces/{self.namespace}/vigiljobs"
+
+    def _send(self, verb: str, path: str, body: dict[str, Any], content_type: str) -> bytes:
+        resp = self.api.http.request(
+            verb,
+            self.api.host + path,
+            body=json.dumps(body).encode(),
+            headers={**self.api.headers, "Content-Type": content_type},
+            timeout=30,
+            retries=False,
+        )
+        if resp.status not in (200, 201):
+            raise SystemExit(f"{verb} {path}: {resp.status} {resp.data[:300]!r}")
+        return resp.data
+
+    def _status(self, i: int, status: dict[str, Any], put: bool) -> None:
+        job = self.jobs[i]
+        path = f"{self._jobs()}/{job['metadata']['name']}/status"
+        if put:
+            answer = self._send("PUT", path, {**job, "status": status}, "application/json")
+        else:
+            patch = {"metadata": {"resourceVersion": job["metadata"]["resourceVersion"]}, "status": status}
+            answer = self._send("PATCH", path, patch, MERGE_PATCH)
+        self.jobs[i] = json.loads(answer)
+
+    def kinds(self) -> dict[str, Callable[[int, int], None]]:
+        return {
+            "vigiljob-status-patch": lambda i, n: self._status(i, finished_status(f"write {n}"), put=False),
+            "vigiljob-status-put": lambda i, n: self._status(i, finished_status(f"write {n}"), put=True),
+            "vigiljob-status-small": lambda i, n: self._status(i, small_status(f"write {n}"), put=False),
+            "configmap-patch": lambda i, n: self._send(
+                "PATCH", f"/api/v1/namespaces/{self.namespace}/configmaps/cm-{i}", {"data": {"a": str(n)}}, MERGE_PATCH
+            ),
+        }
+
+
+def measure(write: Callable[[int, int], None], writes: int, apiserver: int) -> tuple[float, float]:
+    """kube-apiserver's CPU ms per write, and the writes per second, over `writes` writes."""
+
+    def lane(thread: int) -> None:
+        for n in range(writes // THREADS):
+            write(thread * OBJECTS_PER_THREAD + n % OBJECTS_PER_THREAD, n)
+
+    before, began = cpu_seconds(apiserver), time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(THREADS) as pool:
+        list(pool.map(lane, range(THREADS)))
+    spent = cpu_seconds(apiserver) - before
+    done = writes // THREADS * THREADS
+    return spent * 1000 / done, done / (time.monotonic() - began)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--writes", type=int, default=800, help="writes of each kind per round (default 800)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds, the kinds taking turns (default 2)")
+    parser.add_argument("--name", default="bench", help="the bench's test bed (default bench)")
+    parser.add_argument("--port-base", type=int, default=27443, help="its port base (default 27443)")
+    args = parser.parse_args(argv)
+
+    cluster = own_cluster(args.name, args.port_base, nodes=3, needs_bench_stages=False)
+    apiserver = testbed.running_pid(cluster, "kube-apiserver")
+    if apiserver is None:
+        raise SystemExit("kube-apiserver of the bench's bed is not running")
+    api = Api(cluster.kubeconfig, THREADS)
+    install_crds(api)
+    namespace = f"bench-write-cost-{int(time.time())}"
+    create_namespace(api, namespace)
+    try:
+        writer = Writer(api, namespace)
+        writer.setup()
+        time.sleep(2)  # let the creations' watch events and the garbage collector's look settle
+        results: dict[str, list[tuple[float, float]]] = {}
+        for round_ in range(1, args.rounds + 1):
+            for kind, write in writer.kinds().items():
+                results.setdefault(kind, []).append(measure(write, args.writes, apiserver))
+                log(f"round {round_}: {kind}: {results[kind][-1][0]:.2f} ms of kube-apiserver CPU per write")
+    finally:
+        delete_namespace(api, namespace, timeout=120)
+
+    base = min(ms for ms, _ in results["configmap-patch"])
+    lines = [
+        f"kube-apiserver CPU per write, {args.writes} writes of each kind per round from {THREADS} threads, "
+        f"{args.rounds} rounds (idle bed {cluster.name!r})",
+        "",
+        "| write | CPU ms per write (each round) | writes/s | / configmap-patch |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for kind, rounds in results.items():
+        each = " / ".join(f"{ms:.2f}" for ms, _ in rounds)
+        rate = sum(r for _, r in rounds) / len(rounds)
+        lines.append(f"| {kind} | {each} | {rate:.0f} | {min(ms for ms, _ in rounds) / base:.1f}× |")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
