@@ -1,6 +1,6 @@
 """What one write costs kube-apiserver: a VigilJob status write beside a built-in kind's write.
 
-    .venv/bin/python -m bench.write_cost            # --writes 800 --rounds 2
+    .venv/bin/python -m bench.write_cost            # --writes 800 --rounds 2 [--kubeconfig PATH] [--out DIR]
 
 On the bench's own test bed (brought up or reused, as bench.compare does; no operator runs), each
 kind of write below is made `--writes` times from 4 threads, each thread to its own 10 objects (no
@@ -21,12 +21,23 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from bench.compare import Api, cpu_seconds, create_namespace, delete_namespace, install_crds, log, own_cluster
+from bench.compare import (
+    Api,
+    cpu_seconds,
+    create_namespace,
+    delete_namespace,
+    install_crds,
+    log,
+    own_cluster,
+    testbed_of,
+)
 from testbed import cluster as testbed
 
 THREADS = 4
@@ -139,19 +150,43 @@ class Writer:
         }
 
 
-def measure(write: Callable[[int, int], None], writes: int, apiserver: int) -> tuple[float, float]:
-    """kube-apiserver's CPU ms per write, and the writes per second, over `writes` writes."""
+def measure(write: Callable[[int, int], None], writes: int, apiserver: int | None) -> dict[str, float]:
+    """Over `writes` writes: kube-apiserver's CPU ms per write (when its process is local), and the
+    writes per second."""
 
     def lane(thread: int) -> None:
         for n in range(writes // THREADS):
             write(thread * OBJECTS_PER_THREAD + n % OBJECTS_PER_THREAD, n)
 
-    before, began = cpu_seconds(apiserver), time.monotonic()
+    before, began = cpu_seconds(apiserver) if apiserver else 0.0, time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(THREADS) as pool:
         list(pool.map(lane, range(THREADS)))
-    spent = cpu_seconds(apiserver) - before
     done = writes // THREADS * THREADS
-    return spent * 1000 / done, done / (time.monotonic() - began)
+    figures = {"writes_per_second": done / (time.monotonic() - began)}
+    if apiserver:
+        figures["cpu_ms_per_write"] = (cpu_seconds(apiserver) - before) * 1000 / done
+    return figures
+
+
+def report(results: dict[str, list[dict[str, float]]], writes: int, rounds: int, where: str) -> str:
+    cpu = all("cpu_ms_per_write" in r for runs in results.values() for r in runs)
+    base = min(r["cpu_ms_per_write"] for r in results["configmap-patch"]) if cpu else math.nan
+    lines = [
+        f"kube-apiserver CPU per write, {writes} writes of each kind per round from {THREADS} threads, "
+        f"{rounds} rounds ({where})",
+        "",
+        "| write | CPU ms per write (each round) | writes/s | / configmap-patch |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for kind, runs in results.items():
+        rate = sum(r["writes_per_second"] for r in runs) / len(runs)
+        if cpu:
+            each = " / ".join(f"{r['cpu_ms_per_write']:.2f}" for r in runs)
+            against = f"{min(r['cpu_ms_per_write'] for r in runs) / base:.1f}×"
+        else:  # not a local test bed: its API server's CPU cannot be read
+            each, against = "—", "—"
+        lines.append(f"| {kind} | {each} | {rate:.0f} | {against} |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,13 +195,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="rounds, the kinds taking turns (default 2)")
     parser.add_argument("--name", default="bench", help="the bench's test bed (default bench)")
     parser.add_argument("--port-base", type=int, default=27443, help="its port base (default 27443)")
+    parser.add_argument(
+        "--kubeconfig", type=Path, help="run on this cluster instead (CPU figures only on a local test bed)"
+    )
+    parser.add_argument("--out", type=Path, help="also write <out>/write-cost-<UTC>.md and .json")
     args = parser.parse_args(argv)
 
-    cluster = own_cluster(args.name, args.port_base, nodes=3, needs_bench_stages=False)
-    apiserver = testbed.running_pid(cluster, "kube-apiserver")
-    if apiserver is None:
-        raise SystemExit("kube-apiserver of the bench's bed is not running")
-    api = Api(cluster.kubeconfig, THREADS)
+    if args.kubeconfig:
+        kubeconfig, cluster = args.kubeconfig, testbed_of(args.kubeconfig)
+    else:
+        cluster = own_cluster(args.name, args.port_base, nodes=3, needs_bench_stages=False)
+        kubeconfig = cluster.kubeconfig
+    apiserver = testbed.running_pid(cluster, "kube-apiserver") if cluster else None
+    where = f"local test bed {cluster.name!r}" if cluster else f"kubeconfig {kubeconfig}, no CPU figures"
+    api = Api(kubeconfig, THREADS)
     install_crds(api)
     namespace = f"bench-write-cost-{int(time.time())}"
     create_namespace(api, namespace)
@@ -174,27 +216,22 @@ def main(argv: list[str] | None = None) -> int:
         writer = Writer(api, namespace)
         writer.setup()
         time.sleep(2)  # let the creations' watch events and the garbage collector's look settle
-        results: dict[str, list[tuple[float, float]]] = {}
+        results: dict[str, list[dict[str, float]]] = {}
         for round_ in range(1, args.rounds + 1):
             for kind, write in writer.kinds().items():
                 results.setdefault(kind, []).append(measure(write, args.writes, apiserver))
-                log(f"round {round_}: {kind}: {results[kind][-1][0]:.2f} ms of kube-apiserver CPU per write")
+                log(f"round {round_}: {kind}: {results[kind][-1]}")
     finally:
         delete_namespace(api, namespace, timeout=120)
 
-    base = min(ms for ms, _ in results["configmap-patch"])
-    lines = [
-        f"kube-apiserver CPU per write, {args.writes} writes of each kind per round from {THREADS} threads, "
-        f"{args.rounds} rounds (idle bed {cluster.name!r})",
-        "",
-        "| write | CPU ms per write (each round) | writes/s | / configmap-patch |",
-        "| --- | ---: | ---: | ---: |",
-    ]
-    for kind, rounds in results.items():
-        each = " / ".join(f"{ms:.2f}" for ms, _ in rounds)
-        rate = sum(r for _, r in rounds) / len(rounds)
-        lines.append(f"| {kind} | {each} | {rate:.0f} | {min(ms for ms, _ in rounds) / base:.1f}× |")
-    print("\n".join(lines))
+    text = report(results, args.writes, args.rounds, where)
+    print(text)
+    if args.out:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"write-cost-{stamp}.md").write_text(text + "\n")
+        figures = {"where": where, "writes": args.writes, "rounds": args.rounds, "results": results}
+        (args.out / f"write-cost-{stamp}.json").write_text(json.dumps(figures, indent=1) + "\n")
     return 0
 
 

@@ -1,5 +1,6 @@
 """Smoke of the benchmarks, so the scripts cannot rot: bench.compare with 50 jobs of each kind
-(all succeed) and bench.heartbeat_load with 50 attempts for 8 s, against the suite's cluster.
+(all succeed), bench.heartbeat_load with 50 attempts for 8 s and bench.write_cost with 20 writes
+of each kind, against the suite's cluster.
 
 They check that the scripts run to the end and report every figure; never a speed.
 """
@@ -86,3 +87,19 @@ def test_heartbeat_load_runs_and_finds_no_false_uncertain(kube: Kube, tmp_path: 
     assert figures["vigil_attempts_uncertain_total_since_start"] == 0
     assert figures["jobs_by_phase"] == {"Running": 50}
     print(f"bench.heartbeat_load smoke took {time.monotonic() - began:.0f} s")
+
+
+def test_write_cost_measures_every_kind_of_write(kube: Kube, tmp_path: Path) -> None:
+    result = run_bench(
+        "bench.write_cost",
+        ["--writes", "20", "--rounds", "1", "--kubeconfig", str(kube.kubeconfig), "--out", str(tmp_path)],
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    (report,) = tmp_path.glob("write-cost-*.json")
+    results = json.loads(report.read_text())["results"]
+    assert set(results) == {"vigiljob-status-patch", "vigiljob-status-put", "vigiljob-status-small", "configmap-patch"}
+    for kind, (figures,) in results.items():
+        assert figures["writes_per_second"] > 0, kind
+        if kube.on_testbed:  # the API server's CPU is read from /proc of the local test bed
+            assert figures["cpu_ms_per_write"] > 0, kind
