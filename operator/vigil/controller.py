@@ -280,10 +280,7 @@ class Controller:
                 return
             self._looked_at.add(uid)
         if key is not None:
-            if self.pod_batch_seconds > 0:
-                self.queue.add_batched(key, self.pod_batch_seconds)
-            else:
-                self.queue.add(key)
+            self.queue.add_batched(key, self.pod_batch_seconds)
 
     def _check_orphan(self, pod: Mapping[str, Any]) -> None:
         """A pod held by Vigil's finalizer whose job is not known (deleted while the job watch

@@ -55,7 +55,8 @@ class WorkQueue(Generic[K]):
         """Adds the key within `seconds`, so that the changes of that window cost one look: a key
         already waiting gets no timer (the worker that takes it reads the newest state then);
         one being processed gets a delayed add (its worker may have read the state before the
-        change). The Job controller batches its pods' events over a second too (syncJobBatchPeriod)."""
+        change). The Job controller batches its pods' events over a second too (syncJobBatchPeriod).
+        With `seconds` <= 0 it is `add`."""
         if key not in self._waiting:
             self.add_after(key, seconds)
 
