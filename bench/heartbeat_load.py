@@ -72,6 +72,8 @@ from bench.compare import (  # noqa: E402
 from testbed import cluster as testbed  # noqa: E402
 from vigil.agent import fencing  # noqa: E402
 from vigil.agent.runner import Heart, PodHeartbeat, Settings  # noqa: E402
+from vigil.api import Heartbeat  # noqa: E402
+from vigil.liveness import stamp_period  # noqa: E402
 
 JOB_LABEL = "bench.vigil.dev/heartbeat-load"
 
@@ -223,6 +225,29 @@ class LoopProbe(threading.Thread):
         return self.samples
 
 
+def wait_until_settled(operator: Operator, quiet: float, deadline: float) -> float:
+    """Waits until the operator has made no reconcile for `quiet` seconds, which also means every
+    agent has beaten once (a quiet longer than the interval); returns the seconds waited.
+
+    Starting M attempts costs the operator more than beating does (each job's Running write and
+    its first LAST-BEAT stamp), and a window that opens while it still works on them charges
+    that to the beats. Once settled, the only reconciles a beat brings are the stamps, due once
+    per stamp period, which the default window spans.
+    """
+    began = time.monotonic()
+    last, changed = operator.metric("controller_runtime_reconcile_total"), began
+    while time.monotonic() - changed < quiet:
+        if time.monotonic() - began > deadline:
+            raise SystemExit(
+                f"the operator still reconciled after {deadline:.0f} s of beats; no steady state to measure"
+            )
+        time.sleep(0.5)  # poll step, within the deadline above
+        now = operator.metric("controller_runtime_reconcile_total")
+        if now != last:
+            last, changed = now, time.monotonic()
+    return time.monotonic() - began
+
+
 def vigil_job(i: int, interval: float, timeout: float, grace: float) -> dict:
     return {
         "apiVersion": "vigil.dev/v1alpha1",
@@ -293,7 +318,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attempts", "-m", type=int, default=200, help="M: attempts held Running (default 200)")
     parser.add_argument("--interval", type=float, default=10, help="seconds between beats of one agent (default 10)")
     parser.add_argument("--timeout", type=float, default=60, help="heartbeat.timeoutSeconds (default 60)")
-    parser.add_argument("--seconds", type=float, default=60, help="the measured window (default 60)")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        help="the measured window (default: one LAST-BEAT stamp period, max(300, timeout/2) s, so the "
+        "status writes of the stamps count at their steady rate)",
+    )
     parser.add_argument("--workers", type=int, default=16, help="threads that make the agents' patches (default 16)")
     parser.add_argument("--threads", type=int, default=8, help="client threads that submit the jobs (default 8)")
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
@@ -306,6 +337,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     m = args.attempts
+    if args.seconds is None:
+        args.seconds = stamp_period(
+            Heartbeat.model_validate({"intervalSeconds": int(args.interval), "timeoutSeconds": int(args.timeout)})
+        )
 
     kubeconfig = args.kubeconfig
     if args.use_existing_cluster and not kubeconfig:
@@ -363,8 +398,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"only {len(running)} of {m} pods Running after {grace} s")
             time.sleep(0.5)
         pods.stop()
-        log(f"all {m} pods Running and beating after {time.monotonic() - began:.0f} s; warming up one interval")
-        time.sleep(args.interval + 2)  # every agent has beaten at least once before the window
+        log(f"all {m} pods Running and beating after {time.monotonic() - began:.0f} s; letting the operator settle")
+        settled = wait_until_settled(operator, quiet=args.interval + 2, deadline=max(300.0, m / 2))
+        log(f"settled after {settled:.0f} s more (no reconcile for {args.interval + 2:.0f} s)")
 
         pids = {"operator": operator.pid}
         if cluster:

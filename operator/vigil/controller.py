@@ -29,6 +29,7 @@ from vigil.liveness import HeartbeatTracker, beat_stamp_due, heard
 from vigil.metrics import CONTROLLER, Metrics, count_transition
 from vigil.podcache import PodCache, job_uid_of
 from vigil.queueing import Admission
+from vigil.rechecks import StartingRechecks
 from vigil.recorder import EventRecorder
 from vigil.seen import Delta
 from vigil.workqueue import WorkQueue
@@ -188,7 +189,7 @@ class Controller:
         )
         self._failures: dict[Key, int] = {}
         self._strangers: dict[Key, Mapping[str, Any]] = {}  # pods bearing an attempt's name, not ours
-        self._starting_since: dict[Key, float] = {}  # jobs in Starting: when they and their pods were last read
+        self._starting: StartingRechecks[Key] = StartingRechecks(self.queue.add, monotonic, STARTING_RECHECK_SECONDS)
         self._tasks: list[asyncio.Task] = []
         self._started = False  # start() was called: every watch has listed
         self._background: set[asyncio.Task] = set()
@@ -249,7 +250,7 @@ class Controller:
         self.alarms.cancel(key)
         self._failures.pop(key, None)
         self._strangers.pop(key, None)
-        self._starting_since.pop(key, None)
+        self._starting.clear(key)
 
     def pod_changed(self, pod: Mapping[str, Any], deleted: bool = False) -> None:
         """A pod of some job changed. The hot path: most events are heartbeats, which cost a few
@@ -336,6 +337,7 @@ class Controller:
         await self.events.close()  # the last decisions' events, briefly, before the lease goes
         self.queue.shutdown()
         self.alarms.shutdown()
+        self._starting.shutdown()
 
     def _in_background(self, work: Callable[[], Awaitable[None]], what: str) -> None:
         """Runs `work` apart from the work queue, retried with backoff until it succeeds (it is
@@ -640,12 +642,9 @@ class Controller:
         Pending pod has no heartbeat deadline that would catch a lost event). Returns the job to
         decide on; None if it is gone."""
         if (job.get("status") or {}).get("phase") != "Starting":
-            self._starting_since.pop(key, None)
+            self._starting.clear(key)
             return job
-        now = self.monotonic()
-        since = self._starting_since.setdefault(key, now)
-        if now - since >= STARTING_RECHECK_SECONDS:
-            self._starting_since[key] = now
+        if self._starting.due(key):
             fresh = await self.kube.read_job(*key)
             if fresh is None or fresh["metadata"]["uid"] != job["metadata"]["uid"]:
                 self.job_gone(job)
@@ -655,9 +654,9 @@ class Controller:
             job_uid = job["metadata"]["uid"]
             self._take_truth(job_uid, await self._read_truth(job))
             if (job.get("status") or {}).get("phase") != "Starting":
-                self._starting_since.pop(key, None)
+                self._starting.clear(key)
                 return job
-        self.queue.add_after(key, STARTING_RECHECK_SECONDS)
+        self._starting.arm(key)
         return job
 
     def _look_if_unseen(self, key: Key, job_uid: str) -> None:

@@ -306,6 +306,24 @@ def test_a_job_left_starting_has_itself_and_its_pods_read_from_the_api_server():
     assert c.pods.of_job("job-uid")[0]["status"]["phase"] == "Succeeded", "the truth replaced the rumour"
 
 
+def test_a_job_that_leaves_starting_takes_its_recheck_timer_with_it():
+    """Every started job once left a delayed look behind, a period after it ran: a thousand jobs
+    started at once cost a thousand reconciles for nothing 30 s later."""
+
+    async def looks() -> tuple[int, int, int]:
+        c = Controller(kube=None, monotonic=Clock())  # type: ignore[arg-type]
+        starting, running = job(phase="Starting"), job(phase="Running")
+        await c._recheck_starting(("ns", "j"), starting)
+        timers_while_starting = len(c._starting)
+        await c._recheck_starting(("ns", "j"), running)
+        timers_once_running = len(c._starting)
+        await c._recheck_starting(("ns", "j"), starting)
+        c._drop(("ns", "j"))
+        return timers_while_starting, timers_once_running, len(c._starting)
+
+    assert asyncio.run(looks()) == (1, 0, 0)
+
+
 def test_a_job_left_starting_that_the_api_server_no_longer_has_is_forgotten():
     clock = Clock()
 

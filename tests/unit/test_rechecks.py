@@ -1,0 +1,101 @@
+"""StartingRechecks: when a job left in Starting is read directly, and that its timer goes with it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from vigil.rechecks import StartingRechecks
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_read_is_due_one_period_after_the_first_look_and_then_one_period_after_each_read():
+    clock = Clock()
+    rechecks: StartingRechecks[str] = StartingRechecks(lambda key: None, clock, period=30)
+    assert not rechecks.due("j"), "the first look starts the count"
+    clock.now += 29.9
+    assert not rechecks.due("j")
+    clock.now += 0.1
+    assert rechecks.due("j")
+    clock.now += 10
+    assert not rechecks.due("j"), "the read just made starts the count again"
+    clock.now += 20
+    assert rechecks.due("j")
+
+
+def test_a_job_that_leaves_starting_starts_its_count_afresh_if_it_comes_back():
+    clock = Clock()
+    rechecks: StartingRechecks[str] = StartingRechecks(lambda key: None, clock, period=30)
+    rechecks.due("j")
+    clock.now += 40
+    rechecks.clear("j")  # Running now
+    assert len(rechecks) == 0, "nothing remembered of a job that left Starting"
+    assert not rechecks.due("j"), "Starting again (a new attempt): counted from now"
+
+
+async def rings(wakes: asyncio.Queue[str], seconds: float) -> list[str]:
+    """The keys woken within `seconds`, in order."""
+    woken: list[str] = []
+    deadline = asyncio.get_running_loop().time() + seconds
+    while (left := deadline - asyncio.get_running_loop().time()) > 0:
+        try:
+            woken.append(await asyncio.wait_for(wakes.get(), left))
+        except TimeoutError:
+            break
+    return woken
+
+
+def test_the_timer_wakes_a_job_still_starting_once_per_arming():
+    async def scenario() -> list[str]:
+        wakes: asyncio.Queue[str] = asyncio.Queue()
+        rechecks: StartingRechecks[str] = StartingRechecks(wakes.put_nowait, Clock(), period=0.05)
+        rechecks.arm("j")
+        rechecks.arm("j")  # a second look before the ring: still one timer
+        return await rings(wakes, 0.3)
+
+    assert asyncio.run(scenario()) == ["j"]
+
+
+def test_a_job_that_left_starting_is_not_woken_by_its_old_timer():
+    async def scenario() -> list[str]:
+        wakes: asyncio.Queue[str] = asyncio.Queue()
+        rechecks: StartingRechecks[str] = StartingRechecks(wakes.put_nowait, Clock(), period=0.05)
+        rechecks.arm("started")
+        rechecks.arm("stuck")
+        rechecks.clear("started")
+        return await rings(wakes, 0.3)
+
+    assert asyncio.run(scenario()) == ["stuck"]
+
+
+def test_shutdown_cancels_every_timer():
+    async def scenario() -> list[str]:
+        wakes: asyncio.Queue[str] = asyncio.Queue()
+        rechecks: StartingRechecks[str] = StartingRechecks(wakes.put_nowait, Clock(), period=0.05)
+        rechecks.arm("a")
+        rechecks.arm("b")
+        rechecks.shutdown()
+        assert len(rechecks) == 0
+        return await rings(wakes, 0.2)
+
+    assert asyncio.run(scenario()) == []
+
+
+@pytest.mark.parametrize("period", [0.0, 0.01])
+def test_a_short_period_still_wakes_after_the_arming_look_returns(period: float):
+    async def scenario() -> list[str]:
+        wakes: asyncio.Queue[str] = asyncio.Queue()
+        rechecks: StartingRechecks[str] = StartingRechecks(wakes.put_nowait, Clock(), period=period)
+        rechecks.arm("j")
+        assert wakes.empty(), "never from inside arm(): the look that armed it is still running"
+        return await rings(wakes, 0.2)
+
+    assert asyncio.run(scenario()) == ["j"]
