@@ -312,9 +312,11 @@ class Controller:
         if status.get("phase") == "Uncertain":
             return True
         heartbeat = self._heartbeats[key]
+        if not heartbeat.required:
+            return False  # no stamp: liveness is the pod phase alone
         stored = (status.get("currentAttempt") or {}).get("lastHeartbeatAt")
-        verdict = self.tracker.verdict(uid, heartbeat, self.monotonic())
-        return beat_stamp_due(dt.datetime.fromisoformat(stored) if stored else None, verdict.last_beat_at, heartbeat)
+        last_beat_at = self.tracker.last_beat_at(uid)
+        return beat_stamp_due(dt.datetime.fromisoformat(stored) if stored else None, last_beat_at, heartbeat)
 
     # --- workers ------------------------------------------------------------------------
 

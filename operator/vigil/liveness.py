@@ -190,6 +190,12 @@ class HeartbeatTracker:
         state: State = "Lost" if now >= lost_at else "Uncertain" if now >= uncertain_at else "Healthy"
         return Verdict(state, silence, _detail(state, seen, heartbeat), seen.beat_wall)
 
+    def last_beat_at(self, uid: str) -> datetime | None:
+        """The wall-clock time the pod's last beat was seen (if the shell gave one): what
+        lastHeartbeatAt shows. Asked on every beat, so without building a verdict."""
+        seen = self._pods.get(uid)
+        return None if seen is None else seen.beat_wall
+
     def deadline(self, uid: str, heartbeat: api.Heartbeat, now: float) -> float | None:
         """The monotonic time at which the verdict changes next if no beat arrives; None if it
         never will (not required, not running yet, or already Lost)."""
@@ -226,21 +232,26 @@ def _clock(seen: _Seen, heartbeat: api.Heartbeat) -> tuple[float, float, float] 
 
 
 def _detail(state: State, seen: _Seen, heartbeat: api.Heartbeat) -> str:
+    # Only the message of the state at hand is built: this runs on every beat.
     uncertain_after, lost_after = thresholds(heartbeat)
     if seen.beat_at is None:
         grace = heartbeat.startup_grace_seconds
-        return {
-            "Healthy": f"waiting for the first heartbeat (startup grace {grace}s)",
-            "Uncertain": f"no first heartbeat within {grace + uncertain_after:g}s of the container starting "
-            f"(startup grace {grace}s); Lost after {grace + lost_after:g}s",
-            "Lost": f"no first heartbeat within {grace + lost_after:g}s of the container starting "
-            f"(startup grace {grace}s + heartbeat.timeoutSeconds {heartbeat.timeout_seconds}s)",
-        }[state]
-    return {
-        "Healthy": "heartbeats arriving",
-        "Uncertain": f"no heartbeat for {uncertain_after:g}s or more; Lost after {lost_after:g}s of silence",
-        "Lost": f"no heartbeat for {lost_after:g}s or more (heartbeat.timeoutSeconds)",
-    }[state]
+        if state == "Healthy":
+            return f"waiting for the first heartbeat (startup grace {grace}s)"
+        if state == "Uncertain":
+            return (
+                f"no first heartbeat within {grace + uncertain_after:g}s of the container starting "
+                f"(startup grace {grace}s); Lost after {grace + lost_after:g}s"
+            )
+        return (
+            f"no first heartbeat within {grace + lost_after:g}s of the container starting "
+            f"(startup grace {grace}s + heartbeat.timeoutSeconds {heartbeat.timeout_seconds}s)"
+        )
+    if state == "Healthy":
+        return "heartbeats arriving"
+    if state == "Uncertain":
+        return f"no heartbeat for {uncertain_after:g}s or more; Lost after {lost_after:g}s of silence"
+    return f"no heartbeat for {lost_after:g}s or more (heartbeat.timeoutSeconds)"
 
 
 def heard(verdict: Verdict, hearing: bool) -> Verdict:

@@ -84,6 +84,27 @@ def test_beats_alone_do_not_reconcile_but_other_changes_do():
     assert drain(c) == [("ns", "j")], "so is a new checkpoint"
 
 
+@pytest.mark.parametrize("required", [True, False])
+def test_a_beat_brings_a_look_when_the_last_beat_stamp_is_due(required: bool):
+    """lastHeartbeatAt is written on its own once per stamp period (5 minutes here); the beat
+    that finds it that stale is worth a look. Not so when beats are not required."""
+    clock, wall = Clock(), [dt.datetime(2026, 11, 29, 10, 0, 5, tzinfo=dt.UTC)]  # stamp: 10:00:00
+    c = Controller(kube=None, clock=lambda: wall[0], monotonic=clock, pod_batch_seconds=0)  # type: ignore[arg-type]
+    quiet = job()
+    quiet["spec"]["heartbeat"]["required"] = required
+    c.job_seen(quiet)
+    c.pod_changed(pod(10, beat="1"))
+    drain(c)
+    wall[0] += dt.timedelta(seconds=290)
+    clock.now += 290
+    c.pod_changed(pod(11, beat="2"))
+    assert drain(c) == [], "seen 295 s after the stamp: not due yet"
+    wall[0] += dt.timedelta(seconds=10)
+    clock.now += 10
+    c.pod_changed(pod(12, beat="3"))
+    assert drain(c) == ([("ns", "j")] if required else [])
+
+
 def test_a_beat_wakes_an_uncertain_job_at_once():
     clock = Clock()
     c = controller(clock)
