@@ -53,40 +53,35 @@ async def rings(wakes: asyncio.Queue[str], seconds: float) -> list[str]:
     return woken
 
 
-def test_the_timer_wakes_a_job_still_starting_once_per_arming():
+def woken(armed: list[str], cleared: tuple[str, ...] = (), shutdown: bool = False) -> list[str]:
+    """The keys woken within 0.3 s after arming `armed` in order (0.05 s period), then clearing
+    `cleared` and, if asked, shutting down."""
+
     async def scenario() -> list[str]:
         wakes: asyncio.Queue[str] = asyncio.Queue()
         rechecks: StartingRechecks[str] = StartingRechecks(wakes.put_nowait, Clock(), period=0.05)
-        rechecks.arm("j")
-        rechecks.arm("j")  # a second look before the ring: still one timer
+        for key in armed:
+            rechecks.arm(key)
+        for key in cleared:
+            rechecks.clear(key)
+        if shutdown:
+            rechecks.shutdown()
+            assert len(rechecks) == 0
         return await rings(wakes, 0.3)
 
-    assert asyncio.run(scenario()) == ["j"]
+    return asyncio.run(scenario())
+
+
+def test_the_timer_wakes_a_job_still_starting_once_per_arming():
+    assert woken(["j", "j"]) == ["j"], "a second look before the ring: still one timer"
 
 
 def test_a_job_that_left_starting_is_not_woken_by_its_old_timer():
-    async def scenario() -> list[str]:
-        wakes: asyncio.Queue[str] = asyncio.Queue()
-        rechecks: StartingRechecks[str] = StartingRechecks(wakes.put_nowait, Clock(), period=0.05)
-        rechecks.arm("started")
-        rechecks.arm("stuck")
-        rechecks.clear("started")
-        return await rings(wakes, 0.3)
-
-    assert asyncio.run(scenario()) == ["stuck"]
+    assert woken(["started", "stuck"], cleared=("started",)) == ["stuck"]
 
 
 def test_shutdown_cancels_every_timer():
-    async def scenario() -> list[str]:
-        wakes: asyncio.Queue[str] = asyncio.Queue()
-        rechecks: StartingRechecks[str] = StartingRechecks(wakes.put_nowait, Clock(), period=0.05)
-        rechecks.arm("a")
-        rechecks.arm("b")
-        rechecks.shutdown()
-        assert len(rechecks) == 0
-        return await rings(wakes, 0.2)
-
-    assert asyncio.run(scenario()) == []
+    assert woken(["a", "b"], shutdown=True) == []
 
 
 @pytest.mark.parametrize("period", [0.0, 0.01])
