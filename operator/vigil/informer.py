@@ -79,12 +79,14 @@ class Informer:
         monotonic: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         on_relist: Callable[[], None] = lambda: None,
+        pace: float = 0.0,
     ) -> None:
         self.reader, self.path, self.on_delta, self.name = reader, path, on_delta, name
         self.on_relist = on_relist
         self.params = dict(params or {})
         self.accept = accept  # a client-side filter (namespace globs)
         self.watch_seconds = watch_seconds
+        self.pace = pace  # seconds the watch's connection rests after each read (ApiReader.watch)
         self.monotonic = monotonic
         self.rng = rng or random.Random()
         self.seen = SeenObjects()
@@ -172,7 +174,7 @@ class Informer:
             alive = True
             self.freshness.recovered(self.monotonic())
 
-        events = self.reader.watch(self.path, params, self.freshness.deadline, on_bytes)
+        events = self.reader.watch(self.path, params, self.freshness.deadline, on_bytes, self.pace)
         try:
             async for event in events:
                 obj = event.get("object") or {}

@@ -34,7 +34,7 @@ class ScriptedReader:
         self.lists += 1
         return [dict(o) for o in self.world.values()], "100"
 
-    async def watch(self, path, params, deadline, on_bytes):
+    async def watch(self, path, params, deadline, on_bytes, pace=0.0):
         self.watch_versions.append(params["resourceVersion"])
         if not self.watches:
             self.done.set()

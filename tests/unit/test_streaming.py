@@ -1,14 +1,19 @@
-"""The lean reader authenticates as the official client does."""
+"""The lean reader: it authenticates as the official client does, and a paced watch loses and
+reorders nothing while it reads in batches (against a small local HTTP server streaming events)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 from kubernetes import client, config
 
-from vigil.streaming import ApiReader, resource_path
+from vigil.runtime import event_loop_factory
+from vigil.streaming import ApiReader, Stalled, resource_path
 
 pytestmark = pytest.mark.unit
 
@@ -37,3 +42,82 @@ def test_collection_paths():
     assert (
         resource_path("vigil.dev", "v1alpha1", "vigiljobs", "ns") == "/apis/vigil.dev/v1alpha1/namespaces/ns/vigiljobs"
     )
+
+
+EVENTS = 60
+SPACING = 0.01  # seconds between two events: 100 a second, a heartbeat load's rate
+
+
+def event(n: int) -> bytes:
+    pod = {"metadata": {"name": f"p-{n}", "resourceVersion": str(n)}, "status": {"phase": "Running"}}
+    return json.dumps({"type": "MODIFIED", "object": pod}).encode() + b"\n"
+
+
+async def stream(request: web.Request) -> web.StreamResponse:
+    """EVENTS events SPACING apart, then the end of the watch (or, with ?hang, silence)."""
+    response = web.StreamResponse()
+    await response.prepare(request)
+    for n in range(1, EVENTS + 1):
+        await response.write(event(n))
+        await asyncio.sleep(SPACING)
+    if "hang" in request.query:
+        await asyncio.sleep(3600)
+    return response
+
+
+async def serving(scenario: Callable[[ApiReader], Awaitable[None]]) -> None:
+    app = web.Application()
+    app.router.add_get("/api/v1/pods", stream)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)  # a hanging stream is cut
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    configuration = client.Configuration()
+    configuration.host = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    reader = ApiReader(configuration)
+    try:
+        await scenario(reader)
+    finally:
+        await reader.close()
+        await runner.cleanup()
+
+
+async def read_all(events: AsyncIterator[dict]) -> list[str]:
+    return [e["object"]["metadata"]["resourceVersion"] async for e in events]
+
+
+def watched(pace: float, loop_factory: Callable[[], asyncio.AbstractEventLoop] | None) -> tuple[list[str], int]:
+    """(the versions delivered, the reads that delivered them) of one watch of the stream."""
+    got: list[str] = []
+    reads = 0
+
+    def on_bytes() -> None:
+        nonlocal reads
+        reads += 1
+
+    async def scenario(reader: ApiReader) -> None:
+        got.extend(await asyncio.wait_for(read_all(reader.watch("/api/v1/pods", {}, 10, on_bytes, pace)), 20))
+
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(serving(scenario))
+    return got, reads - 1  # the first call is the stream being accepted
+
+
+@pytest.mark.parametrize("loop_factory", [None, event_loop_factory()], ids=["asyncio", "the operator's loop"])
+def test_a_paced_watch_delivers_every_event_in_order_in_a_few_reads(loop_factory):
+    everything = [str(n) for n in range(1, EVENTS + 1)]
+    unpaced, unpaced_reads = watched(0.0, loop_factory)
+    paced, paced_reads = watched(0.1, loop_factory)
+    assert unpaced == everything and paced == everything
+    # 0.6 s of events: one read per 0.1 s rest and a few at the edges, against one read an event.
+    assert paced_reads <= 12, paced_reads
+    assert unpaced_reads > 3 * paced_reads, (unpaced_reads, paced_reads)
+
+
+def test_a_paced_watch_still_notices_a_stall():
+    async def scenario(reader: ApiReader) -> None:
+        events = reader.watch("/api/v1/pods", {"hang": "1"}, 0.5, lambda: None, 0.1)
+        with pytest.raises(Stalled):
+            await asyncio.wait_for(read_all(events), 10)
+
+    asyncio.run(serving(scenario))
