@@ -41,11 +41,12 @@ log = logging.getLogger(__name__)
 _GLOB = frozenset("*?[")
 
 # The pod watches carry every heartbeat (a whole pod per beat). Resting their connections 0.1 s
-# after each read lets the beats of that time come in one read: the reading costs a third as much
-# CPU (bench/README.md, "Reading watches in batches"), and a pod's change is seen at most 0.1 s
-# later, nothing beside heartbeat timeouts of seconds. The job and queue watches are not paced: a
-# new job is started as soon as it is seen.
+# after each read lets the beats of that time come in one read: the reading costs less than half
+# the CPU (bench/README.md, "Reading watches in batches"), and a pod's change is seen at most
+# 0.1 s later, nothing beside heartbeat timeouts of seconds. The job and queue watches are not
+# paced: a new job is started as soon as it is seen. `vigil operator --pod-watch-pace` sets it.
 POD_WATCH_PACE_SECONDS = 0.1
+MAX_POD_WATCH_PACE_SECONDS = 1.0  # beyond this the delay would start to eat into short timeouts
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -76,10 +77,14 @@ def watch_scopes(patterns: Collection[str]) -> tuple[list[str | None], Callable[
 
 
 def build_informers(
-    reader: ApiReader, controller: Controller, namespaces: Collection[str]
+    reader: ApiReader,
+    controller: Controller,
+    namespaces: Collection[str],
+    pod_watch_pace: float = POD_WATCH_PACE_SECONDS,
 ) -> tuple[list[Informer], list[Informer]]:
     """(job and queue informers, pod informers), one of each kind per watched scope. Pods are
-    filtered by the API server: only those labelled with a job's UID reach the operator."""
+    filtered by the API server: only those labelled with a job's UID reach the operator; their
+    watches rest `pod_watch_pace` seconds after each read."""
     scopes, accept = watch_scopes(namespaces)
     kinds = (  # (name, group, version, plural, handler, query)
         ("jobs", api.GROUP, api.VERSION, api.PLURAL, controller.job_delta, {}),
@@ -97,7 +102,7 @@ def build_informers(
                 name=f"{name} in {scope or 'all namespaces'}",
                 accept=accept,
                 on_relist=controller.metrics.watch_relists.labels(plural).inc,
-                pace=POD_WATCH_PACE_SECONDS if plural == "pods" else 0.0,
+                pace=pod_watch_pace if plural == "pods" else 0.0,
             )
             (pods if plural == "pods" else objects).append(informer)
     return objects, pods
@@ -118,9 +123,11 @@ class OperatorRuntime:
         webhook: tuple[str, str, str] | None = None,
         metrics_address: str | None = None,
         lease: tuple[ElectionConfig, str, str] | None = None,
+        pod_watch_pace: float = POD_WATCH_PACE_SECONDS,
     ) -> None:
         self.namespaces = tuple(namespaces)
         self.workers = workers
+        self.pod_watch_pace = pod_watch_pace
         self.health_address = health_address
         self.webhook = webhook  # (HOST:PORT, certificate file, key file) of the admission webhook
         self.metrics_address = metrics_address
@@ -183,7 +190,7 @@ class OperatorRuntime:
             metrics.leader.labels(lease_name).set_function(lambda: 1.0 if elector.deadline_ok() else 0.0)
         else:
             metrics.leader.labels("vigil").set(1)  # no election: this process acts
-        object_informers, pod_informers = build_informers(reader, controller, self.namespaces)
+        object_informers, pod_informers = build_informers(reader, controller, self.namespaces, self.pod_watch_pace)
         informers = object_informers + pod_informers
         controller.hearing = lambda: all(informer.fresh() for informer in pod_informers)
 

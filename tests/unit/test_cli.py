@@ -1,0 +1,21 @@
+"""`vigil operator` refuses bad flags before it touches a cluster: exit code 2, and a message that
+says what to fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from vigil import cli
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("pace", ["-0.1", "1.5"])
+def test_a_pod_watch_pace_out_of_range_is_refused_with_its_bounds(pace: str, capsys: pytest.CaptureFixture[str]):
+    assert cli.main(["operator", "--pod-watch-pace", pace]) == 2
+    assert f"--pod-watch-pace must be between 0 and 1 seconds, not {float(pace):g}" in capsys.readouterr().err
+
+
+def test_a_webhook_address_without_its_certificate_is_refused(capsys: pytest.CaptureFixture[str]):
+    assert cli.main(["operator", "--webhook-address", "0.0.0.0:9443"]) == 2
+    assert "--webhook-address needs --webhook-cert-file and --webhook-key-file" in capsys.readouterr().err
