@@ -37,6 +37,7 @@ import math
 import os
 import queue
 import random
+import shlex
 import sys
 import tempfile
 import threading
@@ -335,6 +336,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profile", action="store_true", help="sample the operator with py-spy over the window (the bench extra)"
     )
+    parser.add_argument(
+        "--operator-args",
+        default="",
+        help="more arguments for `vigil operator`, e.g. '--pod-watch-pace 0' (default none)",
+    )
     args = parser.parse_args(argv)
     m = args.attempts
     if args.seconds is None:
@@ -358,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     namespace = f"bench-beat-{uuid.uuid4().hex[:4]}"
     create_namespace(api, namespace)
     workdir = Path(tempfile.mkdtemp(prefix="vigil-bench-beat-"))
-    operator = Operator(kubeconfig, namespace, workdir / "operator.log")
+    operator = Operator(kubeconfig, namespace, workdir / "operator.log", tuple(shlex.split(args.operator_args)))
     agents = probe = None
     log(f"{m} attempts in {namespace}; operator log {operator.log_path}")
     try:
@@ -457,6 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         operator_cpu = cpu_after["operator"] - cpu_before["operator"]
         result = {
             "attempts": m,
+            "operator_args": args.operator_args,
             "interval_seconds": args.interval,
             "window_seconds": window,
             "beats_intended_per_second": m / args.interval,
