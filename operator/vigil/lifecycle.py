@@ -95,8 +95,10 @@ from vigil.liveness import Verdict, beat_stamp_due
 from vigil.pods import attempt_pod_manifest, attempt_pod_name
 
 # How often a job blocked by a pod it does not own looks again: that pod's deletion is not an
-# event Vigil sees, as the pod does not carry the job's label.
-POD_NAME_CONFLICT_RECHECK_SECONDS = 30.0
+# event Vigil sees, as the pod does not carry the job's label. Such a job waits for someone to
+# delete the pod in its way, so it should start soon after; one GET per job so blocked every 10 s
+# is nothing, and such jobs are rare.
+POD_NAME_CONFLICT_RECHECK_SECONDS = 10.0
 
 CONDITION_HEARTBEAT = "HeartbeatHealthy"
 # Present once a checkpoint was refused; its message is the memory that makes the warning event
