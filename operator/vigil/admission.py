@@ -39,8 +39,9 @@ ADMISSION_API_VERSION = "admission.k8s.io/v1"
 # How long an admitted job counts as pending without the watch showing it. It must outlive the
 # longest time a created job can take to reach the operator's count while the watch is still
 # believed: ~ms normally, but a stalled watch is noticed only at the informer's progress deadline
-# (60 s) and then listed again. 30 s would let a stall turn expired entries into an overshoot;
-# the price of 90 s is only that an admitted create that then fails holds a slot that long.
+# (informer.PROGRESS_DEADLINE_SECONDS, 30 s) and then listed again, plus the list itself. A TTL
+# near the deadline would let a stall turn expired entries into an overshoot; the price of 90 s is
+# only that an admitted create that then fails holds a slot that long.
 PENDING_TTL_SECONDS = 90.0
 
 # Entries over all queues. Per queue, Pending never holds more than maxQueued (it only records

@@ -27,7 +27,9 @@ from vigil.admission import (
     parse,
     review,
 )
+from vigil.informer import PROGRESS_DEADLINE_SECONDS
 from vigil.queueing import QueueSpec
+from vigil.streaming import LIST_TIMEOUT_SECONDS
 
 pytestmark = pytest.mark.unit
 
@@ -399,3 +401,10 @@ def test_n_processes_overshoot_by_at_most_what_the_others_admitted_unseen(replic
                 pendings[r].seen("etl", job, f"uid-{job}")
                 shown[r].add(job)
         assert len(inflight) + len(stored) <= replicas * max_queued
+
+
+def test_a_pending_entry_outlives_a_stalled_watch_and_its_relist():
+    """PENDING_TTL_SECONDS's reason: a job admitted while the watch is stalled is shown by the
+    relist that follows the progress deadline, a list that may take up to its timeout; the entry
+    must not expire before, or that many jobs would get in over maxQueued."""
+    assert PENDING_TTL_SECONDS >= PROGRESS_DEADLINE_SECONDS + LIST_TIMEOUT_SECONDS
