@@ -12,7 +12,7 @@ TLS, HTTP and JSON decoding included, and none of the server's. Each pace is mea
 
 - `0` (the baseline): one read per event as it arrives, how the operator read before and how a
   client without pacing (the official client, kopf) reads;
-- `0.1` (`vigil.runtime.POD_WATCH_PACE_SECONDS`): the connection rests 0.1 s after each read.
+- `0.1` (`vigil.informer.POD_WATCH_PACE_SECONDS`): the connection rests 0.1 s after each read.
 
 What this leaves out, and bench.heartbeat_load measures: what Vigil does with each event.
 """
@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from vigil.runtime import POD_WATCH_PACE_SECONDS
+from vigil.informer import POD_WATCH_PACE_SECONDS
 
 PACES = (0.0, POD_WATCH_PACE_SECONDS)
 

@@ -8,10 +8,11 @@ import signal
 import sys
 
 from vigil import __version__, election
+from vigil.informer import MAX_POD_WATCH_PACE_SECONDS, POD_WATCH_PACE_SECONDS
 
 
 def _operator(args: argparse.Namespace) -> int:
-    from vigil.runtime import MAX_POD_WATCH_PACE_SECONDS, OperatorRuntime
+    from vigil.runtime import OperatorRuntime
 
     if not 0 <= args.pod_watch_pace <= MAX_POD_WATCH_PACE_SECONDS:
         print(
@@ -74,11 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     operator.add_argument(
         "--pod-watch-pace",
         type=float,
-        default=0.1,
+        default=POD_WATCH_PACE_SECONDS,
         metavar="SECONDS",
         help="the pod watches rest this long after each read, so that heartbeats come in batches: less "
         "CPU per beat, a pod's change seen at most this much later; 0 reads every event at once "
-        "(default 0.1, at most 1)",
+        f"(default {POD_WATCH_PACE_SECONDS:g}, at most {MAX_POD_WATCH_PACE_SECONDS:g})",
     )
     operator.add_argument(
         "--health-address",

@@ -28,7 +28,7 @@ from vigil.admission import Pending
 from vigil.apiclient import ApiClient, pool_size
 from vigil.controller import Controller
 from vigil.election import ElectionConfig, LeaderElector, default_identity, user_agent
-from vigil.informer import Informer
+from vigil.informer import POD_WATCH_PACE_SECONDS, Informer
 from vigil.kube import Kube
 from vigil.leadermark import LeaderMark, OwnPod
 from vigil.metrics import Metrics, StateCollector
@@ -39,14 +39,6 @@ from vigil.webhook import WebhookServer
 log = logging.getLogger(__name__)
 
 _GLOB = frozenset("*?[")
-
-# The pod watches carry every heartbeat (a whole pod per beat). Resting their connections 0.1 s
-# after each read lets the beats of that time come in one read: the reading costs less than half
-# the CPU (bench/README.md, "Reading watches in batches"), and a pod's change is seen at most
-# 0.1 s later, nothing beside heartbeat timeouts of seconds. The job and queue watches are not
-# paced: a new job is started as soon as it is seen. `vigil operator --pod-watch-pace` sets it.
-POD_WATCH_PACE_SECONDS = 0.1
-MAX_POD_WATCH_PACE_SECONDS = 1.0  # beyond this the delay would start to eat into short timeouts
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
