@@ -5,8 +5,8 @@
 No cluster: a local HTTPS server (aiohttp, a self-signed certificate from `vigil.webhook`) streams
 one watch of pod-sized MODIFIED events (`--event-bytes`, 3,900 by default: a heartbeat's pod event
 as measured on the test bed) at `--rate` events a second for `--seconds`. The reader is the
-operator's own: `vigil.streaming.ApiReader.watch` on the operator's event loop (uvloop where
-installed), in a process of its own, so its CPU (getrusage: user + system) is the reading alone,
+operator's own: `vigil.streaming.ApiReader.watch` on the operator's event loop (asyncio's), in a
+process of its own, so its CPU (getrusage: user + system) is the reading alone,
 TLS, HTTP and JSON decoding included, and none of the server's. Each pace is measured in turns,
 `--rounds` times, so that a drift of the machine shows as a spread rather than as a difference:
 
@@ -169,11 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(serve(float(rate), float(seconds), int(size), Path(certs)))
         return 0
     if argv[:1] == ["_read"]:
-        from vigil.runtime import event_loop_factory
-
         port, pace, certs = argv[1:]
-        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-            print(json.dumps(runner.run(read(int(port), float(pace), Path(certs)))))
+        print(json.dumps(asyncio.run(read(int(port), float(pace), Path(certs)))))
         return 0
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -41,17 +41,6 @@ log = logging.getLogger(__name__)
 _GLOB = frozenset("*?[")
 
 
-def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's event loop where it is installed (a dependency on Linux and macOS), else asyncio's
-    own (None). Most of the operator's CPU goes to reading watch events through TLS and the loop
-    that carries them: with uvloop a heartbeat costs it about a fifth less (bench/README.md)."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
-
-
 def watch_scopes(patterns: Collection[str]) -> tuple[list[str | None], Callable[[Mapping], bool]]:
     """Where to list and watch, and which objects to keep. Literal namespaces are watched one by
     one (so a namespaced Role suffices); any glob means watching all namespaces and keeping those
@@ -147,8 +136,12 @@ class OperatorRuntime:
         return not self._thread.is_alive()
 
     def _run(self) -> None:
+        # asyncio's own event loop, not uvloop: uvloop can leave a TCP transport registered on the
+        # descriptor of a connection attempt that failed or was cancelled, and every later
+        # connection given that descriptor then fails ("File descriptor N is used by transport";
+        # MagicStack/uvloop#653, unfixed). It struck here when the API server restarted.
         try:
-            with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+            with asyncio.Runner() as runner:
                 runner.run(self._main())
         except BaseException as err:  # the caller decides what a dead operator means
             self.error = err
@@ -158,7 +151,6 @@ class OperatorRuntime:
         self._loop, self._stopping = asyncio.get_running_loop(), asyncio.Event()
         if self._stop.is_set():
             return
-        log.info("event loop: %s.%s", type(self._loop).__module__, type(self._loop).__name__)
         configuration = _client_configuration()
         # The holder identity is chosen before any request, so that every write of this process
         # names it in its User-Agent: an audit log then tells the replicas apart (election.user_agent).

@@ -148,8 +148,7 @@ class ApiReader:
 
 
 async def _rest(transport: Any, seconds: float) -> None:
-    """Leave a connection unread for `seconds`: what arrives meanwhile waits in the socket.
-    (Duck-typed: uvloop's plain TCP transport is not a subclass of asyncio's ReadTransport.)"""
+    """Leave a connection unread for `seconds`: what arrives meanwhile waits in the socket."""
     if transport is None or transport.is_closing():
         return
     transport.pause_reading()

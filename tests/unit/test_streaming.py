@@ -12,7 +12,6 @@ import pytest
 from aiohttp import web
 from kubernetes import client, config
 
-from vigil.runtime import event_loop_factory
 from vigil.streaming import ApiReader, Stalled, resource_path
 
 pytestmark = pytest.mark.unit
@@ -86,7 +85,7 @@ async def read_all(events: AsyncIterator[dict]) -> list[str]:
     return [e["object"]["metadata"]["resourceVersion"] async for e in events]
 
 
-def watched(pace: float, loop_factory: Callable[[], asyncio.AbstractEventLoop] | None) -> tuple[list[str], int]:
+def watched(pace: float) -> tuple[list[str], int]:
     """(the versions delivered, the reads that delivered them) of one watch of the stream."""
     got: list[str] = []
     reads = 0
@@ -98,16 +97,14 @@ def watched(pace: float, loop_factory: Callable[[], asyncio.AbstractEventLoop] |
     async def scenario(reader: ApiReader) -> None:
         got.extend(await asyncio.wait_for(read_all(reader.watch("/api/v1/pods", {}, 10, on_bytes, pace)), 20))
 
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
-        runner.run(serving(scenario))
+    asyncio.run(serving(scenario))
     return got, reads - 1  # the first call is the stream being accepted
 
 
-@pytest.mark.parametrize("loop_factory", [None, event_loop_factory()], ids=["asyncio", "the operator's loop"])
-def test_a_paced_watch_delivers_every_event_in_order_in_a_few_reads(loop_factory):
+def test_a_paced_watch_delivers_every_event_in_order_in_a_few_reads():
     everything = [str(n) for n in range(1, EVENTS + 1)]
-    unpaced, unpaced_reads = watched(0.0, loop_factory)
-    paced, paced_reads = watched(0.1, loop_factory)
+    unpaced, unpaced_reads = watched(0.0)
+    paced, paced_reads = watched(0.1)
     assert unpaced == everything and paced == everything
     # 0.6 s of events: one read per 0.1 s rest and a few at the edges, against one read an event.
     assert paced_reads <= 12, paced_reads
