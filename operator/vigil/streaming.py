@@ -147,7 +147,7 @@ class ApiReader:
                     await _rest(response.connection.transport, pace)
 
 
-async def _rest(transport: Any, seconds: float) -> None:
+async def _rest(transport: asyncio.Transport | None, seconds: float) -> None:
     """Leave a connection unread for `seconds`: what arrives meanwhile waits in the socket."""
     if transport is None or transport.is_closing():
         return

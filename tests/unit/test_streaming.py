@@ -58,9 +58,9 @@ async def stream(request: web.Request) -> web.StreamResponse:
     await response.prepare(request)
     for n in range(1, EVENTS + 1):
         await response.write(event(n))
-        await asyncio.sleep(SPACING)
+        await asyncio.sleep(SPACING)  # the stream's rate: the workload, not a wait
     if "hang" in request.query:
-        await asyncio.sleep(3600)
+        await asyncio.Event().wait()  # silent until the server's shutdown cancels it
     return response
 
 
