@@ -1,4 +1,5 @@
-"""What one write costs kube-apiserver: a VigilJob status write beside a built-in kind's write.
+"""What one write costs kube-apiserver: a VigilJob status write beside a built-in kind's write,
+and a heartbeat on a pod beside one on a Lease.
 
     .venv/bin/python -m bench.write_cost            # --writes 800 --rounds 2 [--kubeconfig PATH] [--out DIR]
 
@@ -13,13 +14,19 @@ spread rather than as a difference:
 - `vigiljob-status-put`: the same status as a PUT of the whole object (what the Job controller's
   UpdateStatus does);
 - `vigiljob-status-small`: a status of one condition, as a merge patch;
-- `configmap-patch`: a merge patch of a ConfigMap's data, a built-in kind, for scale.
+- `configmap-patch`: a merge patch of a ConfigMap's data, a built-in kind, for scale;
+- `pod-heartbeat-patch`: what vigil-agent writes on every beat, a merge patch of the
+  `vigil.dev/heartbeat` annotation of a Running pod (kwok's); the pod's watchers (kwok, the
+  scheduler, kube-controller-manager) are sent every such change;
+- `lease-renew`: the same beat as the kubelet makes it since KEP-589, a merge patch of a
+  coordination.k8s.io Lease's `spec.renewTime`: what a beat would cost on a Lease per attempt.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import datetime as dt
 import json
 import math
 import sys
@@ -36,6 +43,7 @@ from bench.compare import (
     install_crds,
     log,
     own_cluster,
+    pod_spec,
     testbed_of,
 )
 from testbed import cluster as testbed
@@ -44,6 +52,8 @@ THREADS = 4
 OBJECTS_PER_THREAD = 10
 GROUP_PATH = "/apis/vigil.dev/v1alpha1"
 MERGE_PATCH = "application/merge-patch+json"
+LEASES_PATH = "/apis/coordination.k8s.io/v1"
+HEARTBEAT = "vigil.dev/heartbeat"
 
 
 def condition(kind: str, status: str, message: str) -> dict[str, Any]:
@@ -112,16 +122,34 @@ class Writer:
             self.jobs[i] = json.loads(self._send("POST", self._jobs(), job, "application/json"))
             config_map = {"metadata": {"name": f"cm-{i}"}, "data": {"a": "0"}}
             self._send("POST", f"/api/v1/namespaces/{self.namespace}/configmaps", config_map, "application/json")
+            pod = {
+                "metadata": {"name": f"pod-{i}", "annotations": {HEARTBEAT: "0"}},
+                "spec": {**pod_spec(), "restartPolicy": "Never"},  # on kwok's nodes
+            }
+            self._send("POST", f"/api/v1/namespaces/{self.namespace}/pods", pod, "application/json")
+            lease = {"metadata": {"name": f"pod-{i}"}, "spec": {"holderIdentity": f"pod-{i}", "renewTime": _now()}}
+            self._send("POST", f"{LEASES_PATH}/namespaces/{self.namespace}/leases", lease, "application/json")
+
+    def wait_running(self, timeout: float = 120) -> None:
+        """The pods are Running on kwok's nodes, their status filled, as a beating attempt's is."""
+        deadline = time.monotonic() + timeout
+        while True:
+            pods = json.loads(self._send("GET", f"/api/v1/namespaces/{self.namespace}/pods", None, ""))["items"]
+            if sum((p.get("status") or {}).get("phase") == "Running" for p in pods) == len(self.jobs):
+                return
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the pods of {self.namespace} were not all Running after {timeout:.0f}s")
+            time.sleep(0.5)
 
     def _jobs(self) -> str:
         return f"{GROUP_PATH}/namespaces/{self.namespace}/vigiljobs"
 
-    def _send(self, verb: str, path: str, body: dict[str, Any], content_type: str) -> bytes:
+    def _send(self, verb: str, path: str, body: dict[str, Any] | None, content_type: str) -> bytes:
         resp = self.api.http.request(
             verb,
             self.api.host + path,
-            body=json.dumps(body).encode(),
-            headers={**self.api.headers, "Content-Type": content_type},
+            body=json.dumps(body).encode() if body is not None else None,
+            headers={**self.api.headers, "Content-Type": content_type} if content_type else self.api.headers,
             timeout=30,
             retries=False,
         )
@@ -147,7 +175,24 @@ class Writer:
             "configmap-patch": lambda i, n: self._send(
                 "PATCH", f"/api/v1/namespaces/{self.namespace}/configmaps/cm-{i}", {"data": {"a": str(n)}}, MERGE_PATCH
             ),
+            "pod-heartbeat-patch": lambda i, n: self._send(
+                "PATCH",
+                f"/api/v1/namespaces/{self.namespace}/pods/pod-{i}",
+                {"metadata": {"annotations": {HEARTBEAT: str(n)}}},
+                MERGE_PATCH,
+            ),
+            "lease-renew": lambda i, n: self._send(
+                "PATCH",
+                f"{LEASES_PATH}/namespaces/{self.namespace}/leases/pod-{i}",
+                {"spec": {"renewTime": _now()}},
+                MERGE_PATCH,
+            ),
         }
+
+
+def _now() -> str:
+    """A Lease's MicroTime."""
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def measure(write: Callable[[int, int], None], writes: int, apiserver: int | None) -> dict[str, float]:
@@ -215,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         writer = Writer(api, namespace)
         writer.setup()
+        writer.wait_running()
         time.sleep(2)  # let the creations' watch events and the garbage collector's look settle
         results: dict[str, list[dict[str, float]]] = {}
         for round_ in range(1, args.rounds + 1):

@@ -585,7 +585,10 @@ class Controller:
                     created=job["metadata"].get("creationTimestamp"),
                     now=self.clock(),
                 )
-                self.job_seen(updated)
+                # No look at our own write: a decision is complete, and deciding again on what it
+                # wrote changes nothing (tests/unit/test_lifecycle_properties.py checks it). What
+                # comes next is a watch event, a timer or a pod's change, each a look of its own.
+                self.job_seen(updated, look=False)
                 return updated
             case actions.CreatePod(manifest=manifest):
                 await self._create_pod(job, manifest)

@@ -98,7 +98,14 @@ def test_write_cost_measures_every_kind_of_write(kube: Kube, tmp_path: Path) -> 
     assert result.returncode == 0, result.stderr[-2000:]
     (report,) = tmp_path.glob("write-cost-*.json")
     results = json.loads(report.read_text())["results"]
-    assert set(results) == {"vigiljob-status-patch", "vigiljob-status-put", "vigiljob-status-small", "configmap-patch"}
+    assert set(results) == {
+        "vigiljob-status-patch",
+        "vigiljob-status-put",
+        "vigiljob-status-small",
+        "configmap-patch",
+        "pod-heartbeat-patch",
+        "lease-renew",
+    }
     for kind, (figures,) in results.items():
         assert figures["writes_per_second"] > 0, kind
         if kube.on_testbed:  # the API server's CPU is read from /proc of the local test bed

@@ -44,6 +44,7 @@ from vigil import api, podstate
 from vigil.actions import (
     AnnotatePod,
     CreatePod,
+    Decision,
     DeleteJob,
     DeletePod,
     EmitEvent,
@@ -168,6 +169,7 @@ class World:
             liveness=self.liveness(),
         )
         actions = decision.actions if crash_after is None else decision.actions[:crash_after]
+        version = self.job["metadata"]["resourceVersion"]
         try:
             for action in actions:
                 self.execute(action)
@@ -175,6 +177,8 @@ class World:
             return
         if view == "fresh" and fresh_pods and crash_after is None:
             self.check_released_within_one_decision()
+            if self.job["metadata"]["resourceVersion"] != version and not self.job_deleted:
+                self.check_own_write_needs_no_look(decision, pods, may_start)
 
     def liveness(self) -> dict[str, Verdict]:
         return {uid: Verdict(state, 0.0, f"said so ({state})", self.now) for uid, state in self.verdicts.items()}
@@ -189,6 +193,26 @@ class World:
             stored = self.pods[uid]
             if podstate.is_finished(seen) or podstate.is_force_deleted(seen):
                 assert stored.deleted or not stored.tracked, f"pod {uid} can say nothing more, yet is held"
+
+    def check_own_write_needs_no_look(self, decision: Decision, pods: list[dict[str, Any]], may_start: bool) -> None:
+        """A complete decision leaves nothing for a look at its own status write: decided again on
+        the job it wrote and the same pods, it changes no status and does nothing it did not do
+        already (at most the same steps again, on a pod view that has not caught up). So the
+        shell takes its own write into the cache without a look (Controller._execute); what
+        comes next arrives as a watch event, a timer or a pod's change, each a look of its own."""
+        again = decide(
+            copy.deepcopy(self.job),
+            copy.deepcopy(pods),
+            self.now,
+            rng=random.Random(0),
+            may_start=may_start,
+            liveness=self.liveness(),
+        )
+        for action in again.actions:
+            if isinstance(action, PatchStatus):
+                assert merge_patch(self.status, action.status) == self.status, "a look at its own write changes status"
+            elif not isinstance(action, RequeueAfter):
+                assert action in decision.actions, f"a look at its own write does more: {action}"
 
     def restart(self) -> None:
         self.cached_job = copy.deepcopy(self.job)
