@@ -154,6 +154,7 @@ def decide(
     _apply_suspend(draft)
     _enforce_deadlines(draft, rng)
     _run(draft, observed, may_start, waiting)
+    _arm_deadlines(draft)
     _expire_after_ttl(draft)
     _stop_stray_pods(draft, observed)
     _record_final_states(draft, observed)
@@ -672,15 +673,13 @@ def _apply_suspend(draft: _Draft) -> None:
 
 def _enforce_deadlines(draft: _Draft, rng: random.Random) -> None:
     """activeDeadlineSeconds ends the whole job; attemptDeadlineSeconds ends one attempt. The
-    attempt is closed here; _stop_stray_pods deletes its pod."""
+    attempt is closed here; _stop_stray_pods deletes its pod. The timers for deadlines still to
+    come are set by _arm_deadlines, once _run may have started an attempt."""
     status, spec = draft.status, draft.spec
     if status.is_terminal or status.phase == "Suspended":
         return
     if spec.active_deadline_seconds is not None and status.started_at is not None:
-        due = status.started_at + timedelta(seconds=spec.active_deadline_seconds)
-        if draft.now < due:
-            draft.requeue_at(due)
-        else:
+        if draft.now >= status.started_at + timedelta(seconds=spec.active_deadline_seconds):
             if status.current_attempt is not None:
                 _close_attempt(
                     draft,
@@ -696,10 +695,7 @@ def _enforce_deadlines(draft: _Draft, rng: random.Random) -> None:
             return
     current = draft.status.current_attempt
     if current is not None and spec.attempt_deadline_seconds is not None:
-        due = current.started_at + timedelta(seconds=spec.attempt_deadline_seconds)
-        if draft.now < due:
-            draft.requeue_at(due)
-        else:
+        if draft.now >= current.started_at + timedelta(seconds=spec.attempt_deadline_seconds):
             summary = _close_attempt(
                 draft,
                 "DeadlineExceeded",
@@ -707,6 +703,20 @@ def _enforce_deadlines(draft: _Draft, rng: random.Random) -> None:
                 detail=f"ran longer than attemptDeadlineSeconds ({spec.attempt_deadline_seconds}s)",
             )
             _after_failure(draft, rng, summary)
+
+
+def _arm_deadlines(draft: _Draft) -> None:
+    """A look when the job's or the current attempt's deadline comes, an attempt started by this
+    very decision included: the decision is complete, no look at its own write is needed to set
+    the timer."""
+    status, spec = draft.status, draft.spec
+    if status.is_terminal or status.phase == "Suspended":
+        return
+    if spec.active_deadline_seconds is not None and status.started_at is not None:
+        draft.requeue_at(status.started_at + timedelta(seconds=spec.active_deadline_seconds))
+    current = status.current_attempt
+    if current is not None and spec.attempt_deadline_seconds is not None:
+        draft.requeue_at(current.started_at + timedelta(seconds=spec.attempt_deadline_seconds))
 
 
 def _run(draft: _Draft, observed: _ObservedPods, may_start: bool, waiting: tuple[str, str] | None) -> None:

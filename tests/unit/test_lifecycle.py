@@ -604,6 +604,18 @@ def test_the_job_past_its_active_deadline_is_dead_lettered() -> None:
     assert decision.of_type(SetDeadLetterLabel) == [SetDeadLetterLabel(True)]
 
 
+def test_the_decision_that_starts_an_attempt_sets_the_timers_of_its_deadlines() -> None:
+    # No look at its own write follows the start (Controller._execute): the timers come with it.
+    first = run(make_job(spec={"attemptDeadlineSeconds": 60, "activeDeadlineSeconds": 300}))
+    assert kinds(first)[:2] == ["PatchStatus", "CreatePod"]
+    assert first.of_type(RequeueAfter) == [RequeueAfter(60.0)]
+
+    job, _ = failed_attempt_1({"attemptDeadlineSeconds": 60, "retry": {"backoff": {"initialSeconds": 10}}})
+    retry = run(job, [make_pod(1, phase="Failed", exit_code=1)], at(30))  # backoff over: attempt 2
+    assert kinds(retry)[:2] == ["PatchStatus", "CreatePod"]
+    assert retry.of_type(RequeueAfter) == [RequeueAfter(60.0)]
+
+
 def test_the_active_deadline_also_ends_a_job_that_is_backing_off() -> None:
     job, _ = failed_attempt_1({"activeDeadlineSeconds": 30, "retry": {"backoff": {"initialSeconds": 600}}})
     job, decision = step(job, [make_pod(1, phase="Failed", exit_code=1)], at(30))

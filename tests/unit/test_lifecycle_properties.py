@@ -208,10 +208,13 @@ class World:
             may_start=may_start,
             liveness=self.liveness(),
         )
+        timers = [action.seconds for action in decision.of_type(RequeueAfter)]
         for action in again.actions:
             if isinstance(action, PatchStatus):
                 assert merge_patch(self.status, action.status) == self.status, "a look at its own write changes status"
-            elif not isinstance(action, RequeueAfter):
+            elif isinstance(action, RequeueAfter):  # the decision's own timer comes no later
+                assert timers and min(timers) <= action.seconds, f"a look at its own write sets a timer: {action}"
+            else:
                 assert action in decision.actions, f"a look at its own write does more: {action}"
 
     def restart(self) -> None:
