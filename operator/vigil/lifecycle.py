@@ -678,31 +678,26 @@ def _enforce_deadlines(draft: _Draft, rng: random.Random) -> None:
     status, spec = draft.status, draft.spec
     if status.is_terminal or status.phase == "Suspended":
         return
-    if spec.active_deadline_seconds is not None and status.started_at is not None:
-        if draft.now >= status.started_at + timedelta(seconds=spec.active_deadline_seconds):
-            if status.current_attempt is not None:
-                _close_attempt(
-                    draft,
-                    "DeadlineExceeded",
-                    reason="ActiveDeadlineExceeded",
-                    detail="was stopped by the job's activeDeadlineSeconds",
-                )
-            _dead_letter(
+    active, started = spec.active_deadline_seconds, status.started_at
+    if active is not None and started is not None and draft.now >= started + timedelta(seconds=active):
+        if status.current_attempt is not None:
+            _close_attempt(
                 draft,
                 "DeadlineExceeded",
-                f"the job ran longer than activeDeadlineSeconds ({spec.active_deadline_seconds}s)",
+                reason="ActiveDeadlineExceeded",
+                detail="was stopped by the job's activeDeadlineSeconds",
             )
-            return
-    current = draft.status.current_attempt
-    if current is not None and spec.attempt_deadline_seconds is not None:
-        if draft.now >= current.started_at + timedelta(seconds=spec.attempt_deadline_seconds):
-            summary = _close_attempt(
-                draft,
-                "DeadlineExceeded",
-                reason="AttemptDeadlineExceeded",
-                detail=f"ran longer than attemptDeadlineSeconds ({spec.attempt_deadline_seconds}s)",
-            )
-            _after_failure(draft, rng, summary)
+        _dead_letter(draft, "DeadlineExceeded", f"the job ran longer than activeDeadlineSeconds ({active}s)")
+        return
+    current, limit = draft.status.current_attempt, spec.attempt_deadline_seconds
+    if current is not None and limit is not None and draft.now >= current.started_at + timedelta(seconds=limit):
+        summary = _close_attempt(
+            draft,
+            "DeadlineExceeded",
+            reason="AttemptDeadlineExceeded",
+            detail=f"ran longer than attemptDeadlineSeconds ({limit}s)",
+        )
+        _after_failure(draft, rng, summary)
 
 
 def _arm_deadlines(draft: _Draft) -> None:
