@@ -671,6 +671,17 @@ def _apply_suspend(draft: _Draft) -> None:
         draft.event("Resumed", message)
 
 
+def _deadlines(draft: _Draft) -> tuple[datetime | None, datetime | None]:
+    """When the whole job (activeDeadlineSeconds) and its current attempt
+    (attemptDeadlineSeconds) run out of time; None where there is no such limit yet."""
+    status, spec = draft.status, draft.spec
+    active, started = spec.active_deadline_seconds, status.started_at
+    current, limit = status.current_attempt, spec.attempt_deadline_seconds
+    job_due = started + timedelta(seconds=active) if active is not None and started is not None else None
+    attempt_due = current.started_at + timedelta(seconds=limit) if current is not None and limit is not None else None
+    return job_due, attempt_due
+
+
 def _enforce_deadlines(draft: _Draft, rng: random.Random) -> None:
     """activeDeadlineSeconds ends the whole job; attemptDeadlineSeconds ends one attempt. The
     attempt is closed here; _stop_stray_pods deletes its pod. The timers for deadlines still to
@@ -678,8 +689,8 @@ def _enforce_deadlines(draft: _Draft, rng: random.Random) -> None:
     status, spec = draft.status, draft.spec
     if status.is_terminal or status.phase == "Suspended":
         return
-    active, started = spec.active_deadline_seconds, status.started_at
-    if active is not None and started is not None and draft.now >= started + timedelta(seconds=active):
+    job_due, attempt_due = _deadlines(draft)
+    if job_due is not None and draft.now >= job_due:
         if status.current_attempt is not None:
             _close_attempt(
                 draft,
@@ -687,15 +698,17 @@ def _enforce_deadlines(draft: _Draft, rng: random.Random) -> None:
                 reason="ActiveDeadlineExceeded",
                 detail="was stopped by the job's activeDeadlineSeconds",
             )
-        _dead_letter(draft, "DeadlineExceeded", f"the job ran longer than activeDeadlineSeconds ({active}s)")
-        return
-    current, limit = draft.status.current_attempt, spec.attempt_deadline_seconds
-    if current is not None and limit is not None and draft.now >= current.started_at + timedelta(seconds=limit):
+        _dead_letter(
+            draft,
+            "DeadlineExceeded",
+            f"the job ran longer than activeDeadlineSeconds ({spec.active_deadline_seconds}s)",
+        )
+    elif attempt_due is not None and draft.now >= attempt_due:
         summary = _close_attempt(
             draft,
             "DeadlineExceeded",
             reason="AttemptDeadlineExceeded",
-            detail=f"ran longer than attemptDeadlineSeconds ({limit}s)",
+            detail=f"ran longer than attemptDeadlineSeconds ({spec.attempt_deadline_seconds}s)",
         )
         _after_failure(draft, rng, summary)
 
@@ -704,14 +717,11 @@ def _arm_deadlines(draft: _Draft) -> None:
     """A look when the job's or the current attempt's deadline comes, an attempt started by this
     very decision included: the decision is complete, no look at its own write is needed to set
     the timer."""
-    status, spec = draft.status, draft.spec
-    if status.is_terminal or status.phase == "Suspended":
+    if draft.status.is_terminal or draft.status.phase == "Suspended":
         return
-    if spec.active_deadline_seconds is not None and status.started_at is not None:
-        draft.requeue_at(status.started_at + timedelta(seconds=spec.active_deadline_seconds))
-    current = status.current_attempt
-    if current is not None and spec.attempt_deadline_seconds is not None:
-        draft.requeue_at(current.started_at + timedelta(seconds=spec.attempt_deadline_seconds))
+    for due in _deadlines(draft):
+        if due is not None:
+            draft.requeue_at(due)
 
 
 def _run(draft: _Draft, observed: _ObservedPods, may_start: bool, waiting: tuple[str, str] | None) -> None:
