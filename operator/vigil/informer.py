@@ -90,6 +90,7 @@ class Informer:
         rng: random.Random | None = None,
         on_relist: Callable[[], None] = lambda: None,
         pace: float = 0.0,
+        trim: Callable[[dict], dict] = strip,
     ) -> None:
         self.reader, self.path, self.on_delta, self.name = reader, path, on_delta, name
         self.on_relist = on_relist
@@ -97,6 +98,7 @@ class Informer:
         self.accept = accept  # a client-side filter (namespace globs)
         self.watch_seconds = watch_seconds
         self.pace = pace  # seconds the watch's connection rests after each read (ApiReader.watch)
+        self.trim = trim  # drops, in place, what the consumer never reads (streaming.strip, strip_pod)
         self.monotonic = monotonic
         self.rng = rng or random.Random()
         self.seen = SeenObjects()
@@ -160,7 +162,7 @@ class Informer:
 
     async def _list(self) -> None:
         items, version = await self.reader.list_all(self.path, self.params)
-        deltas = self.seen.relist(strip(item) for item in items if self.accept(item))
+        deltas = self.seen.relist(self.trim(item) for item in items if self.accept(item))
         if self.synced.is_set():
             self.relists += 1
             self.on_relist()
@@ -192,7 +194,7 @@ class Informer:
                 if event.get("type") == "BOOKMARK":
                     self._resource_version = version or self._resource_version
                     continue
-                strip(obj)
+                self.trim(obj)
                 if self.accept(obj):
                     for delta in self.seen.event(event["type"], obj):
                         self._deliver(delta)

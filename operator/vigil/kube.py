@@ -18,7 +18,7 @@ from kubernetes.client.rest import ApiException
 from vigil.api import FINALIZER_ATTEMPT_TRACKING, GROUP, LABEL_JOB_UID, PLURAL, QUEUE_PLURAL, VERSION
 from vigil.apiclient import JSON, MERGE_PATCH, STRATEGIC_MERGE_PATCH, ApiClient
 from vigil.metrics import Metrics
-from vigil.streaming import strip
+from vigil.streaming import strip, strip_pod
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class Kube:
             if err.status in (400, 403, 422):  # 422: the manifest itself; 400/403: a webhook, quota, policy
                 raise _refusal(err) from err
             raise
-        return strip(pod)
+        return strip_pod(pod)
 
     async def read_pod(self, namespace: str, name: str) -> dict | None:
         try:
@@ -105,7 +105,7 @@ class Kube:
             if err.status == 404:
                 return None
             raise
-        return strip(pod)
+        return strip_pod(pod)
 
     async def list_job_pods(self, namespace: str, job_uid: str) -> list[dict]:
         """The job's pods as the API server has them now: a consistent read, not this
@@ -118,7 +118,7 @@ class Kube:
             PODS.format(namespace=namespace),
             params={"labelSelector": f"{LABEL_JOB_UID}={job_uid}"},
         )
-        return [strip(pod) for pod in pods.get("items") or []]
+        return [strip_pod(pod) for pod in pods.get("items") or []]
 
     async def list_pod_names(self, namespace: str, label_selector: str) -> list[str]:
         pods = await self._call(
@@ -174,7 +174,10 @@ class Kube:
         """A PATCH with the content type the official client chose for it: a strategic merge
         patch for pods (a core kind), a merge patch for Vigil's custom resources."""
         kind = STRATEGIC_MERGE_PATCH if resource == "pods" else MERGE_PATCH
-        return await self._call("patch", resource, "PATCH", path, body=patch, content_type=kind)
+        answer = await self._call("patch", resource, "PATCH", path, body=patch, content_type=kind)
+        # The answer becomes the cached version of the job or queue (the watch's echo of the same
+        # resourceVersion is then skipped): stripped as the watch's copies are.
+        return strip(answer) if isinstance(answer, dict) else answer
 
     # --- jobs ---------------------------------------------------------------------------
 
@@ -205,11 +208,12 @@ class Kube:
 
     async def read_job(self, namespace: str, name: str) -> dict | None:
         try:
-            return await self._call("get", "vigiljobs", "GET", f"{JOBS.format(namespace=namespace)}/{name}")
+            job = await self._call("get", "vigiljobs", "GET", f"{JOBS.format(namespace=namespace)}/{name}")
         except ApiException as err:
             if err.status == 404:
                 return None
             raise
+        return strip(job)
 
     async def patch_job_labels(self, namespace: str, name: str, labels: dict[str, str | None]) -> dict | None:
         try:

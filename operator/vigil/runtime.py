@@ -33,7 +33,7 @@ from vigil.kube import Kube
 from vigil.leadermark import LeaderMark, OwnPod
 from vigil.metrics import Metrics, StateCollector
 from vigil.queueing import Standing
-from vigil.streaming import ApiReader, resource_path
+from vigil.streaming import ApiReader, resource_path, strip, strip_pod
 from vigil.webhook import WebhookServer
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,8 @@ def build_informers(
 ) -> tuple[list[Informer], list[Informer]]:
     """(job and queue informers, pod informers), one of each kind per watched scope. Pods are
     filtered by the API server: only those labelled with a job's UID reach the operator; their
-    watches rest `pod_watch_pace` seconds after each read."""
+    watches rest `pod_watch_pace` seconds after each read, and each pod is kept without the spec
+    Vigil does not read (`strip_pod`)."""
     scopes, accept = watch_scopes(namespaces)
     kinds = (  # (name, group, version, plural, handler, query)
         ("jobs", api.GROUP, api.VERSION, api.PLURAL, controller.job_delta, {}),
@@ -84,6 +85,7 @@ def build_informers(
                 accept=accept,
                 on_relist=controller.metrics.watch_relists.labels(plural).inc,
                 pace=pod_watch_pace if plural == "pods" else 0.0,
+                trim=strip_pod if plural == "pods" else strip,
             )
             (pods if plural == "pods" else objects).append(informer)
     return objects, pods

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import socket
 import threading
@@ -101,7 +102,8 @@ def test_a_pod_round_trips_as_the_api_servers_json():
         created = await kube.create_pod("work", manifest)
         assert created is not None
         assert created["metadata"]["creationTimestamp"] == "2026-11-30T07:00:00Z"  # RFC 3339 as sent
-        assert "managedFields" not in created["metadata"]  # as the watch's copies (streaming.strip)
+        assert "managedFields" not in created["metadata"]  # as the watch's copies (streaming.strip_pod)
+        assert created["spec"] == {}  # of the spec, Vigil keeps only nodeName (it has none yet)
         assert created["status"]["someFutureField"] == {"x": 1}
         request = server.seen[-1]
         assert (request["method"], request["path"]) == ("POST", "/api/v1/namespaces/work/pods")
@@ -117,6 +119,38 @@ def test_a_pod_round_trips_as_the_api_servers_json():
         assert server.seen[-1]["query"] == {"labelSelector": "vigil.dev/job-uid=job-uid"}
         assert await kube.list_pod_names("work", "x=y") == ["ledger-1", "ledger-1"]
         assert server.seen[-1]["query"] == {"labelSelector": "x=y"}
+
+    run(scenario)
+
+
+def test_the_answers_the_operator_keeps_come_without_managed_fields_and_pod_specs():
+    """What a write or a direct read answers becomes the operator's cached version of the object
+    (the watch's echo of it is then skipped): trimmed as the watch's copies are, so that 10,000
+    jobs fit in memory (bench/README.md, "Memory at 10,000 jobs")."""
+    fields = [{"manager": "vigil", "operation": "Update", "fieldsV1": {"f:status": {}}}]
+    job = {"metadata": {**JOB["metadata"], "managedFields": fields}, "spec": {"template": {}}, "status": {}}
+    pod = {
+        "metadata": {"name": "ledger-1", "uid": "u1", "managedFields": fields},
+        "spec": {"nodeName": "node-a", "containers": [{"name": "c", "image": "i"}], "volumes": []},
+        "status": {"phase": "Running"},
+    }
+
+    async def scenario(server: Server, kube: Kube) -> None:
+        def answer(method: str, path: str) -> Answer:
+            if path.endswith("/pods"):
+                return 200, {"items": [copy.deepcopy(pod)]}
+            return 200, copy.deepcopy(pod if "/pods/" in path else job)
+
+        server.answer = answer
+        answers = [
+            await kube.patch_job_status("work", "ledger", "7", {"phase": "Running"}),
+            await kube.read_job("work", "ledger"),
+            await kube.patch_job_labels("work", "ledger", {"vigil.dev/dead-letter": "true"}),
+        ]
+        assert all("managedFields" not in a["metadata"] and a["spec"] == {"template": {}} for a in answers)
+        pods = [await kube.read_pod("work", "ledger-1"), *await kube.list_job_pods("work", "job-uid")]
+        assert [p["spec"] for p in pods] == [{"nodeName": "node-a"}] * 2
+        assert all("managedFields" not in p["metadata"] and p["status"] == {"phase": "Running"} for p in pods)
 
     run(scenario)
 

@@ -11,7 +11,7 @@ import pytest
 
 from vigil import informer as informer_module
 from vigil.informer import Freshness, Informer
-from vigil.streaming import ApiError, Stalled
+from vigil.streaming import ApiError, Stalled, strip_pod
 
 pytestmark = pytest.mark.unit
 
@@ -52,9 +52,9 @@ class ScriptedReader:
             await asyncio.Event().wait()
 
 
-def run(reader: ScriptedReader, deltas: list, check=None) -> Informer:
+def run(reader: ScriptedReader, deltas: list, check=None, **options) -> Informer:
     async def main():
-        informer = Informer(reader, "/p", deltas.append, name="test", rng=random.Random(1))
+        informer = Informer(reader, "/p", deltas.append, name="test", rng=random.Random(1), **options)
         task = asyncio.create_task(informer.run())
         await asyncio.wait_for(reader.done.wait(), 5)
         if check:
@@ -95,6 +95,26 @@ def test_410_gone_relists_and_a_normal_end_resumes_without_listing():
     run(reader, deltas)
     assert reader.lists == 2, "one list at start, one after 410; a watch that merely ended resumes"
     assert reader.watch_versions == ["100", "100", "100", "100"]
+
+
+def pod(name: str, version: int) -> dict:
+    whole = obj(name, version)
+    whole["metadata"]["managedFields"] = [{"manager": "kubelet"}]
+    return {**whole, "spec": {"nodeName": "n", "containers": [{"name": "c"}]}, "status": {"phase": "Running"}}
+
+
+def test_what_is_listed_and_watched_is_delivered_trimmed():
+    reader = ScriptedReader({"a": pod("a", 1)}, [([{"type": "MODIFIED", "object": pod("b", 2)}], "end")])
+    deltas: list = []
+    run(reader, deltas)  # by default, only managedFields go
+    assert [d.obj["spec"]["containers"] for d in deltas] == [[{"name": "c"}]] * 2
+    assert not any("managedFields" in d.obj["metadata"] for d in deltas)
+
+    reader = ScriptedReader({"a": pod("a", 1)}, [([{"type": "MODIFIED", "object": pod("b", 2)}], "end")])
+    deltas = []
+    run(reader, deltas, trim=strip_pod)  # the pod watches' choice
+    assert [(d.obj["spec"], d.obj["status"]) for d in deltas] == [({"nodeName": "n"}, {"phase": "Running"})] * 2
+    assert not any("managedFields" in d.obj["metadata"] for d in deltas)
 
 
 def test_bookmarks_move_the_resume_point():

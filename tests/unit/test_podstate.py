@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from datetime import timedelta
 
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 
 from tests.unit.factories import JOB_UID, at, make_pod, stamp
 from vigil import api
+from vigil.controller import _more_than_a_beat
 from vigil.podstate import (
     CLOCK_SKEW_ALLOWANCE,
     PodReport,
@@ -20,6 +22,7 @@ from vigil.podstate import (
     is_tracked,
     read_pod,
 )
+from vigil.streaming import strip_pod
 
 pytestmark = pytest.mark.unit
 
@@ -229,3 +232,49 @@ def test_a_deleted_pod_is_a_success_only_with_proof_that_it_ended_before_the_req
     assert (report.state == "Succeeded") == proven
     assert report.state in (("Succeeded",) if proven else ("Disrupted",) if disrupted else ("Stopped",))
     assert report.exit_code == 0
+
+
+pods = st.builds(
+    make_pod,
+    st.integers(1, 3),
+    phase=st.sampled_from(["Pending", "Running", "Unknown", "Succeeded", "Failed"]),
+    exit_code=st.none() | st.sampled_from([0, 1, 137]),
+    reason=st.none() | st.sampled_from(["Evicted", "DeadlineExceeded"]),
+    conditions=st.sampled_from([None, [{"type": "DisruptionTarget", "status": "True"}]]),
+    node=st.none() | st.sampled_from(["node-a", "node-b"]),
+    deleting=st.booleans(),
+    tracked=st.booleans(),
+    checkpoint=st.none() | st.just("{}"),
+    heartbeat=st.none() | st.sampled_from(["1", "2"]),
+    resource_version=st.sampled_from(["1", "2"]),
+)
+
+
+def kept(pod: dict) -> dict:
+    """The pod as the operator keeps it (its watch, creations and reads all trim it)."""
+    return strip_pod(copy.deepcopy(pod))
+
+
+@given(pod=pods, other=pods)
+def test_a_kept_pod_reads_as_the_whole_pod(pod: dict, other: dict) -> None:
+    """The operator keeps pods without the spec it does not read (memory at 10,000 jobs): every
+    reading of a kept pod, and the test of whether a pod changed in more than its heartbeat, give
+    what they give on the whole pod."""
+    kept_pod, kept_other = kept(pod), kept(other)
+    assert read_pod(kept_pod) == read_pod(pod)
+    assert attempt_of(kept_pod) == attempt_of(pod)
+    assert is_controlled_by(kept_pod, JOB_UID) == is_controlled_by(pod, JOB_UID)
+    assert (is_tracked(kept_pod), is_force_deleted(kept_pod)) == (is_tracked(pod), is_force_deleted(pod))
+    assert freshest_by_uid([kept_pod, kept_other]) == [kept(p) for p in freshest_by_uid([pod, other])]
+    assert _more_than_a_beat(kept_pod, kept_other) == _more_than_a_beat(pod, other)
+
+
+def test_a_kept_pod_has_of_its_spec_only_the_node():
+    pod = make_pod(1, phase="Running", node="node-a")
+    pod["metadata"]["managedFields"] = [{"manager": "kube-scheduler"}]
+    assert kept(pod) == {
+        **pod,
+        "metadata": {k: v for k, v in pod["metadata"].items() if k != "managedFields"},
+        "spec": {"nodeName": "node-a"},
+    }
+    assert kept(make_pod(1, node=None))["spec"] == {}
