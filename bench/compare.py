@@ -461,7 +461,8 @@ class Operator:
         raise SystemExit(f"vigil operator not ready after {timeout:.0f} s; see {self.log_path}")
 
     def metric(self, name: str) -> float:
-        """The sum of every sample of `name` on the operator's /metrics (0 when absent)."""
+        """The sum of every sample of `name` on the operator's /metrics (0 when absent); `name` may carry
+        its labels as printed, e.g. `vigil_jobs{phase="Running"}`, for that one sample."""
         text = urllib3.PoolManager().request("GET", f"http://127.0.0.1:{self.metrics_port}/metrics").data.decode()
         total = 0.0
         for line in text.splitlines():

@@ -226,18 +226,22 @@ class LoopProbe(threading.Thread):
         return self.samples
 
 
-def wait_until_settled(operator: Operator, quiet: float, deadline: float) -> float:
-    """Waits until the operator has made no reconcile for `quiet` seconds, which also means every
-    agent has beaten once (a quiet longer than the interval); returns the seconds waited.
+def wait_until_settled(operator: Operator, attempts: int, quiet: float, deadline: float) -> float:
+    """Waits until the operator has made no reconcile for `quiet` seconds, or has held all
+    `attempts` jobs Running for `quiet` seconds (both also mean every agent has beaten once: a
+    quiet longer than the interval); returns the seconds waited.
 
-    Starting M attempts costs the operator more than beating does (each job's Running write and
-    its first LAST-BEAT stamp), and a window that opens while it still works on them charges
-    that to the beats. Once settled, the only reconciles a beat brings are the stamps, due once
-    per stamp period, which the default window spans.
+    Starting M attempts costs the operator more than beating does (each job's Running write),
+    and a window that opens while it still works on them charges that to the beats. Once
+    settled, the only reconciles a beat brings are the LAST-BEAT stamps, each job's once per
+    stamp period, which the default window spans. With many attempts the stamps of the first
+    jobs come due before the last ones have started (at M = 10,000 starting takes longer than a
+    stamp period), so the operator is never quiet: then every job Running is the steady state.
     """
     began = time.monotonic()
     last, changed = operator.metric("controller_runtime_reconcile_total"), began
-    while time.monotonic() - changed < quiet:
+    all_running_since = None
+    while time.monotonic() - min(changed, all_running_since or math.inf) < quiet:
         if time.monotonic() - began > deadline:
             raise SystemExit(
                 f"the operator still reconciled after {deadline:.0f} s of beats; no steady state to measure"
@@ -246,6 +250,10 @@ def wait_until_settled(operator: Operator, quiet: float, deadline: float) -> flo
         now = operator.metric("controller_runtime_reconcile_total")
         if now != last:
             last, changed = now, time.monotonic()
+        if operator.metric('vigil_jobs{phase="Running"}') < attempts:
+            all_running_since = None
+        elif all_running_since is None:
+            all_running_since = time.monotonic()
     return time.monotonic() - began
 
 
@@ -405,8 +413,8 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.5)
         pods.stop()
         log(f"all {m} pods Running and beating after {time.monotonic() - began:.0f} s; letting the operator settle")
-        settled = wait_until_settled(operator, quiet=args.interval + 2, deadline=max(300.0, m / 2))
-        log(f"settled after {settled:.0f} s more (no reconcile for {args.interval + 2:.0f} s)")
+        settled = wait_until_settled(operator, m, quiet=args.interval + 2, deadline=max(300.0, m / 2))
+        log(f"settled after {settled:.0f} s more (no reconcile, or every job Running, for {args.interval + 2:.0f} s)")
 
         pids = {"operator": operator.pid}
         if cluster:
