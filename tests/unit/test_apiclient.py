@@ -126,9 +126,17 @@ def test_a_pod_round_trips_as_the_api_servers_json():
 def test_the_answers_the_operator_keeps_come_without_managed_fields_and_pod_specs():
     """What a write or a direct read answers becomes the operator's cached version of the object
     (the watch's echo of it is then skipped): trimmed as the watch's copies are, so that 10,000
-    jobs fit in memory (bench/README.md, "Memory at 10,000 jobs")."""
+    jobs fit in memory (bench/README.md, "N = 10,000, and memory at 10,000 jobs")."""
     fields = [{"manager": "vigil", "operation": "Update", "fieldsV1": {"f:status": {}}}]
-    job = {"metadata": {**JOB["metadata"], "managedFields": fields}, "spec": {"template": {}}, "status": {}}
+    applied = {  # client-side kubectl apply's copy of the manifest; the redrive annotation stays
+        "kubectl.kubernetes.io/last-applied-configuration": '{"spec": {"template": {}}}',
+        "vigil.dev/redrive": "1",
+    }
+    job = {
+        "metadata": {**JOB["metadata"], "managedFields": fields, "annotations": applied},
+        "spec": {"template": {}},
+        "status": {},
+    }
     pod = {
         "metadata": {"name": "ledger-1", "uid": "u1", "managedFields": fields},
         "spec": {"nodeName": "node-a", "containers": [{"name": "c", "image": "i"}], "volumes": []},
@@ -148,6 +156,7 @@ def test_the_answers_the_operator_keeps_come_without_managed_fields_and_pod_spec
             await kube.patch_job_labels("work", "ledger", {"vigil.dev/dead-letter": "true"}),
         ]
         assert all("managedFields" not in a["metadata"] and a["spec"] == {"template": {}} for a in answers)
+        assert [a["metadata"]["annotations"] for a in answers] == [{"vigil.dev/redrive": "1"}] * 3
         pods = [await kube.read_pod("work", "ledger-1"), *await kube.list_job_pods("work", "job-uid")]
         assert [p["spec"] for p in pods] == [{"nodeName": "node-a"}] * 2
         assert all("managedFields" not in p["metadata"] and p["status"] == {"phase": "Running"} for p in pods)
