@@ -201,8 +201,9 @@ LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 def strip(obj: dict[str, Any]) -> dict[str, Any]:
     """Drops what Vigil never reads and what makes objects large, in place: managedFields and
     kubectl's last-applied copy. Every object Vigil keeps goes through here: a VigilJob's
-    managedFields are half of it in memory (about 14 of 27 KB as Python objects). Nothing Vigil
-    writes is built from a kept object, so what is dropped here is never written back."""
+    managedFields are half of it in memory (about 14 of 27 KB as Python objects). What is dropped
+    is never written back: Vigil's writes are patches of named fields, and a pod is built from
+    the job's spec.template, kept whole."""
     metadata = obj.get("metadata", {})
     metadata.pop("managedFields", None)
     annotations = metadata.get("annotations")
