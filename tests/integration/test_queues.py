@@ -489,6 +489,8 @@ def test_two_hundred_jobs_with_retries_never_run_more_than_max_running_and_kubec
     def at_a_glance() -> tuple[str, dict[str, str]] | None:
         table = bed.kube.kubectl("get", "vq", "busy", "-n", bed.namespace).stdout
         header, row = table.splitlines()
+        if len(row.split()) < len(header.split()):
+            return None  # a column still blank: the operator has not written the queue's status yet
         cells = dict(zip(header.split(), row.split(), strict=True))
         full = (cells["RUNNING"], cells["SATURATED"]) == ("10", "True")
         backlog = int(cells["QUEUED"]) > 0 and int(cells["OLDEST-WAIT"]) >= 1
