@@ -40,6 +40,7 @@ import threading
 import time
 import urllib.parse
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -432,6 +433,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def sum_samples(text: str, names: Iterable[str]) -> dict[str, float]:
+    """For each name, the sum of its samples in a Prometheus text exposition (0 when absent). A name
+    may carry labels as printed (`vigil_jobs{phase="Running"}`): then that one sample."""
+    totals = dict.fromkeys(names, 0.0)
+    for line in text.splitlines():
+        for name in totals:
+            if line.startswith(name) and line[len(name) : len(name) + 1] in (" ", "{"):
+                totals[name] += float(line.rsplit(" ", 1)[1])
+    return totals
+
+
 class Operator:
     """`vigil operator` for one namespace, with the given kubeconfig, as users run it."""
 
@@ -463,12 +475,12 @@ class Operator:
     def metric(self, name: str) -> float:
         """The sum of every sample of `name` on the operator's /metrics (0 when absent); `name` may carry
         its labels as printed, e.g. `vigil_jobs{phase="Running"}`, for that one sample."""
+        return self.metrics(name)[name]
+
+    def metrics(self, *names: str) -> dict[str, float]:
+        """`metric` for each of `names`, from one scrape of /metrics."""
         text = urllib3.PoolManager().request("GET", f"http://127.0.0.1:{self.metrics_port}/metrics").data.decode()
-        total = 0.0
-        for line in text.splitlines():
-            if line.startswith(name) and line[len(name) : len(name) + 1] in (" ", "{"):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return sum_samples(text, names)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -238,8 +238,9 @@ def wait_until_settled(operator: Operator, attempts: int, quiet: float, deadline
     jobs come due before the last ones have started (at M = 10,000 starting takes longer than a
     stamp period), so the operator is never quiet: then every job Running is the steady state.
     """
+    reconciles, running = "controller_runtime_reconcile_total", 'vigil_jobs{phase="Running"}'
     began = time.monotonic()
-    last, changed = operator.metric("controller_runtime_reconcile_total"), began
+    last, changed = operator.metric(reconciles), began
     all_running_since = None
     while time.monotonic() - min(changed, all_running_since or math.inf) < quiet:
         if time.monotonic() - began > deadline:
@@ -247,10 +248,10 @@ def wait_until_settled(operator: Operator, attempts: int, quiet: float, deadline
                 f"the operator still reconciled after {deadline:.0f} s of beats; no steady state to measure"
             )
         time.sleep(0.5)  # poll step, within the deadline above
-        now = operator.metric("controller_runtime_reconcile_total")
-        if now != last:
-            last, changed = now, time.monotonic()
-        if operator.metric('vigil_jobs{phase="Running"}') < attempts:
+        seen = operator.metrics(reconciles, running)
+        if seen[reconciles] != last:
+            last, changed = seen[reconciles], time.monotonic()
+        if seen[running] < attempts:
             all_running_since = None
         elif all_running_since is None:
             all_running_since = time.monotonic()
