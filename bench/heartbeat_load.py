@@ -226,10 +226,12 @@ class LoopProbe(threading.Thread):
         return self.samples
 
 
-def wait_until_settled(operator: Operator, attempts: int, quiet: float, deadline: float) -> float:
+def wait_until_settled(operator: Operator, attempts: int, quiet: float, deadline: float) -> float | None:
     """Waits until the operator has made no reconcile for `quiet` seconds, or has held all
     `attempts` jobs Running for `quiet` seconds (both also mean every agent has beaten once: a
-    quiet longer than the interval); returns the seconds waited.
+    quiet longer than the interval); returns the seconds waited, or None when `deadline` passed
+    first (a control plane that cannot carry the beats keeps attempts flapping, and then the
+    window measures that).
 
     Starting M attempts costs the operator more than beating does (each job's Running write),
     and a window that opens while it still works on them charges that to the beats. Once
@@ -244,9 +246,7 @@ def wait_until_settled(operator: Operator, attempts: int, quiet: float, deadline
     all_running_since = None
     while time.monotonic() - min(changed, all_running_since or math.inf) < quiet:
         if time.monotonic() - began > deadline:
-            raise SystemExit(
-                f"the operator still reconciled after {deadline:.0f} s of beats; no steady state to measure"
-            )
+            return None
         time.sleep(0.5)  # poll step, within the deadline above
         seen = operator.metrics(reconciles, running)
         if seen[reconciles] != last:
@@ -278,6 +278,8 @@ def report(result: dict, args: argparse.Namespace, max_gap: float) -> int:
     """Prints the figures (and writes them as JSON with --out); 1 when an attempt became Uncertain falsely."""
     m, window = result["attempts"], result["window_seconds"]
     print(f"## Heartbeat load, M = {m:,} attempts beating every {args.interval:.0f} s ({window:.0f} s measured)\n")
+    if not result["settled"]:
+        print("Not settled: the window opened while the operator still reconciled and not every job was Running.\n")
     print("| figure | value |\n| --- | ---: |")
     for key, value in result.items():
         if key == "profile":
@@ -335,6 +337,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the measured window (default: one LAST-BEAT stamp period, max(300, timeout/2) s, so the "
         "status writes of the stamps count at their steady rate)",
     )
+    parser.add_argument(
+        "--settle-seconds",
+        type=float,
+        default=None,
+        help="how long to wait for a steady state before the window (default max(300, M/2)); past it the "
+        "window is measured anyway and the figures say settled: False",
+    )
     parser.add_argument("--workers", type=int, default=16, help="threads that make the agents' patches (default 16)")
     parser.add_argument("--threads", type=int, default=8, help="client threads that submit the jobs (default 8)")
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
@@ -352,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     m = args.attempts
+    if args.settle_seconds is None:
+        args.settle_seconds = max(300.0, m / 2)
     if args.seconds is None:
         args.seconds = stamp_period(
             Heartbeat.model_validate({"intervalSeconds": int(args.interval), "timeoutSeconds": int(args.timeout)})
@@ -414,8 +425,15 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.5)
         pods.stop()
         log(f"all {m} pods Running and beating after {time.monotonic() - began:.0f} s; letting the operator settle")
-        settled = wait_until_settled(operator, m, quiet=args.interval + 2, deadline=max(300.0, m / 2))
-        log(f"settled after {settled:.0f} s more (no reconcile, or every job Running, for {args.interval + 2:.0f} s)")
+        settled = wait_until_settled(operator, m, quiet=args.interval + 2, deadline=args.settle_seconds)
+        if settled is None:
+            log(
+                f"warning: not settled after {args.settle_seconds:.0f} s (the operator still reconciles and not "
+                "every job is Running); measuring anyway: see the control plane's figures"
+            )
+        else:
+            quiet = args.interval + 2
+            log(f"settled after {settled:.0f} s more (no reconcile, or every job Running, for {quiet:.0f} s)")
 
         pids = {"operator": operator.pid}
         if cluster:
@@ -475,6 +493,7 @@ def main(argv: list[str] | None = None) -> int:
             "operator_args": args.operator_args,
             "interval_seconds": args.interval,
             "window_seconds": window,
+            "settled": settled is not None,
             "beats_intended_per_second": m / args.interval,
             "beats_per_second": beats / window,
             "beats_renewed": renewed,

@@ -77,6 +77,7 @@ def test_heartbeat_load_runs_and_finds_no_false_uncertain(kube: Kube, tmp_path: 
     (report,) = tmp_path.glob("heartbeat-*.json")
     figures = json.loads(report.read_text())
     assert figures["beats_renewed"] > 0
+    assert figures["settled"] is True  # 50 attempts on the idle bed reach a steady state
     for key in (
         "operator_cpu_seconds_per_1000_beats",
         "operator_peak_rss_mib",
