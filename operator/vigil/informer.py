@@ -98,7 +98,7 @@ class Informer:
         self.accept = accept  # a client-side filter (namespace globs)
         self.watch_seconds = watch_seconds
         self.pace = pace  # seconds the watch's connection rests after each read (ApiReader.watch)
-        self.trim = trim  # drops, in place, what the consumer never reads (streaming.strip, strip_pod)
+        self.trim = trim  # drops, in place, what the consumer never reads (streaming.strip, podstate.strip_pod)
         self.monotonic = monotonic
         self.rng = rng or random.Random()
         self.seen = SeenObjects()

@@ -18,7 +18,8 @@ from kubernetes.client.rest import ApiException
 from vigil.api import FINALIZER_ATTEMPT_TRACKING, GROUP, LABEL_JOB_UID, PLURAL, QUEUE_PLURAL, VERSION
 from vigil.apiclient import JSON, MERGE_PATCH, STRATEGIC_MERGE_PATCH, ApiClient
 from vigil.metrics import Metrics
-from vigil.streaming import strip, strip_pod
+from vigil.podstate import strip_pod
+from vigil.streaming import strip
 
 log = logging.getLogger(__name__)
 

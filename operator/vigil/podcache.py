@@ -11,8 +11,8 @@ A created pod the watch has not shown yet is kept until the watch shows it or a 
 says it is gone: never forgotten on a timer. `unseen()` lists them with their age so the shell
 can ask about those the watch is slow to show.
 
-Size: one dict per pod of a job Vigil knows, as `streaming.strip_pod` leaves it (metadata
-without managedFields, status, and of the spec only nodeName): about 9 KB of Python objects.
+Size: one dict per pod of a job Vigil knows, as `podstate.strip_pod` leaves it (metadata
+without managedFields; of the spec only nodeName; of the status only what `podstate` reads).
 """
 
 from __future__ import annotations

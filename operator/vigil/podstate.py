@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from vigil import api
+from vigil.streaming import strip
 
 Pod = Mapping[str, Any]
 # Stopped: finished after its deletion was requested (see the module docstring); Deleted: being
@@ -52,6 +53,55 @@ class PodReport:
     reason: str | None = None
     node_name: str | None = None
     checkpoint: str | None = None
+
+
+# What a terminated container's state tells the readings below (`_exit`, `_ended_before_deletion`).
+_TERMINATED_KEYS = ("exitCode", "reason", "finishedAt")
+
+
+def strip_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    """What Vigil keeps of a pod, in place: `streaming.strip`, and of the spec and status only
+    what the readings of this module and the controller's change test read. Every pod of every
+    job is kept (the watch, creations and direct reads all go through here), and the rest is most
+    of a pod in memory: the spec (containers, volumes, tolerations) about 13 of 22 KB as Python
+    objects (bench/README.md, "N = 10,000, and memory at 10,000 jobs"), and of the status the
+    kubelet's bookkeeping (Ready and other conditions, IPs, images, container IDs, termination
+    messages). A reading added here must keep what it reads: the property test
+    `test_a_kept_pod_reads_as_the_whole_pod` fails otherwise.
+
+    Kept: metadata (less managedFields and kubectl's last-applied copy); spec.nodeName;
+    status.phase and status.reason; DisruptionTarget conditions (type, status); and of each
+    container, init containers first as the kubelet lists them, only a terminated state's exit
+    code, reason and finishedAt. Dropping the rest also spares a reconcile per change the
+    decision cannot see, such as a node controller flipping a pod's Ready condition."""
+    strip(pod)
+    spec = pod.get("spec")
+    if spec is not None:
+        pod["spec"] = {"nodeName": spec["nodeName"]} if "nodeName" in spec else {}
+    status = pod.get("status")
+    if status is not None:
+        pod["status"] = _kept_status(status)
+    return pod
+
+
+def _kept_status(status: Mapping[str, Any]) -> dict[str, Any]:
+    kept = {key: status[key] for key in ("phase", "reason") if key in status}
+    disruptions = [
+        {"type": c.get("type"), "status": c.get("status")}
+        for c in status.get("conditions") or []
+        if c.get("type") == "DisruptionTarget"
+    ]
+    if disruptions:
+        kept["conditions"] = disruptions
+    for key in ("initContainerStatuses", "containerStatuses"):
+        ended = [
+            {"state": {"terminated": {k: terminated.get(k) for k in _TERMINATED_KEYS}}}
+            for container in status.get(key) or []
+            if (terminated := (container.get("state") or {}).get("terminated"))
+        ]
+        if ended:
+            kept[key] = ended
+    return kept
 
 
 def uid_of(pod: Pod) -> str:

@@ -32,8 +32,9 @@ from vigil.informer import POD_WATCH_PACE_SECONDS, Informer
 from vigil.kube import Kube
 from vigil.leadermark import LeaderMark, OwnPod
 from vigil.metrics import Metrics, StateCollector
+from vigil.podstate import strip_pod
 from vigil.queueing import Standing
-from vigil.streaming import ApiReader, resource_path, strip, strip_pod
+from vigil.streaming import ApiReader, resource_path, strip
 from vigil.webhook import WebhookServer
 
 log = logging.getLogger(__name__)

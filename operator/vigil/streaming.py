@@ -210,16 +210,3 @@ def strip(obj: dict[str, Any]) -> dict[str, Any]:
     if annotations and LAST_APPLIED in annotations:
         del annotations[LAST_APPLIED]
     return obj
-
-
-def strip_pod(pod: dict[str, Any]) -> dict[str, Any]:
-    """`strip`, and of the spec only `nodeName`, in place: the one spec field Vigil reads of a
-    pod (`podstate`, the controller's change test); metadata and status stay whole. The rest of
-    the spec (containers, volumes, tolerations) is most of a pod in memory, about 13 of 22 KB as
-    Python objects, and every pod of every job is kept (bench/README.md, "N = 10,000, and memory
-    at 10,000 jobs")."""
-    strip(pod)
-    spec = pod.get("spec")
-    if spec is not None:
-        pod["spec"] = {"nodeName": spec["nodeName"]} if "nodeName" in spec else {}
-    return pod

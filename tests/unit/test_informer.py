@@ -11,7 +11,8 @@ import pytest
 
 from vigil import informer as informer_module
 from vigil.informer import Freshness, Informer
-from vigil.streaming import ApiError, Stalled, strip_pod
+from vigil.podstate import strip_pod
+from vigil.streaming import ApiError, Stalled
 
 pytestmark = pytest.mark.unit
 

@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.unit.factories import JOB_UID, at, make_pod, stamp
+from tests.unit.factories import JOB_UID, T0, at, make_pod, stamp
 from vigil import api
 from vigil.controller import _more_than_a_beat
+from vigil.liveness import _is_running
 from vigil.podstate import (
     CLOCK_SKEW_ALLOWANCE,
     PodReport,
@@ -21,8 +22,8 @@ from vigil.podstate import (
     is_force_deleted,
     is_tracked,
     read_pod,
+    strip_pod,
 )
-from vigil.streaming import strip_pod
 
 pytestmark = pytest.mark.unit
 
@@ -234,7 +235,7 @@ def test_a_deleted_pod_is_a_success_only_with_proof_that_it_ended_before_the_req
     assert report.exit_code == 0
 
 
-pods = st.builds(
+whole_pods = st.builds(
     make_pod,
     st.integers(1, 3),
     phase=st.sampled_from(["Pending", "Running", "Unknown", "Succeeded", "Failed"]),
@@ -243,6 +244,8 @@ pods = st.builds(
     conditions=st.sampled_from([None, [{"type": "DisruptionTarget", "status": "True"}]]),
     node=st.none() | st.sampled_from(["node-a", "node-b"]),
     deleting=st.booleans(),
+    grace=st.sampled_from([0, 1, 30]),
+    finished_at=st.none() | st.sampled_from([T0 - timedelta(seconds=60), T0 + timedelta(seconds=10)]),
     tracked=st.booleans(),
     checkpoint=st.none() | st.just("{}"),
     heartbeat=st.none() | st.sampled_from(["1", "2"]),
@@ -250,23 +253,89 @@ pods = st.builds(
 )
 
 
+@st.composite
+def pods(draw: st.DrawFn) -> dict:
+    """A pod as a kubelet reports it: besides what Vigil reads, the kubelet's bookkeeping (Ready
+    and other conditions, IPs, images, container IDs, a termination message), which varies
+    between two snapshots of the same attempt; sometimes a terminated init container too."""
+    pod = draw(whole_pods)
+    status = pod["status"]
+    if draw(st.booleans()):
+        ready = draw(st.sampled_from(["True", "False"]))
+        status["conditions"] = [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2025-03-01T12:00:00Z"},
+            *status["conditions"],
+            {"type": "Ready", "status": ready, "lastTransitionTime": f"2025-03-01T12:00:0{draw(st.integers(0, 9))}Z"},
+        ]
+        status.update(podIP="10.244.0.7", hostIP="127.0.0.1", qosClass="BestEffort", startTime="2025-03-01T12:00:00Z")
+        for container in status.get("containerStatuses") or []:
+            container.update(image="registry.example/ledger:1", imageID="sha256:ab", ready=ready == "True")
+            container.update(restartCount=0, started=False, lastState={}, containerID="containerd://0f")
+            if terminated := container["state"].get("terminated"):
+                terminated.update(containerID="containerd://0f", startedAt="2025-03-01T12:00:00Z")
+                terminated["message"] = draw(st.sampled_from(["", "x" * 4096]))  # up to 4 KiB
+    if draw(st.booleans()):
+        state = draw(st.sampled_from([{"terminated": {"exitCode": draw(st.sampled_from([0, 2]))}}, {"running": {}}]))
+        status["initContainerStatuses"] = [{"name": "setup", "state": state}]
+    if draw(st.booleans()):  # a terminated state that says nothing Vigil reads: still a container that ended
+        status.setdefault("containerStatuses", []).append({"name": "side", "state": {"terminated": {"signal": 9}}})
+    return pod
+
+
 def kept(pod: dict) -> dict:
     """The pod as the operator keeps it (its watch, creations and reads all trim it)."""
     return strip_pod(copy.deepcopy(pod))
 
 
-@given(pod=pods, other=pods)
+def readings(pod: dict) -> tuple:
+    return (
+        read_pod(pod),
+        attempt_of(pod),
+        is_controlled_by(pod, JOB_UID),
+        is_tracked(pod),
+        is_force_deleted(pod),
+        _is_running(pod),
+    )
+
+
+@given(pod=pods(), other=pods())
 def test_a_kept_pod_reads_as_the_whole_pod(pod: dict, other: dict) -> None:
-    """The operator keeps pods without the spec it does not read (memory at 10,000 jobs): every
-    reading of a kept pod, and the test of whether a pod changed in more than its heartbeat, give
-    what they give on the whole pod."""
+    """The operator keeps pods without the spec and the status it does not read (memory at
+    10,000 jobs): every reading of a kept pod gives what it gives on the whole pod, and the test of
+    whether a pod changed in more than its heartbeat sees every change a reading sees, and no
+    change the whole pods do not show."""
     kept_pod, kept_other = kept(pod), kept(other)
-    assert read_pod(kept_pod) == read_pod(pod)
-    assert attempt_of(kept_pod) == attempt_of(pod)
-    assert is_controlled_by(kept_pod, JOB_UID) == is_controlled_by(pod, JOB_UID)
-    assert (is_tracked(kept_pod), is_force_deleted(kept_pod)) == (is_tracked(pod), is_force_deleted(pod))
+    assert readings(kept_pod) == readings(pod)
     assert freshest_by_uid([kept_pod, kept_other]) == [kept(p) for p in freshest_by_uid([pod, other])]
-    assert _more_than_a_beat(kept_pod, kept_other) == _more_than_a_beat(pod, other)
+    changed = _more_than_a_beat(kept_pod, kept_other)
+    if readings(pod) != readings(other) or but_the_beat(pod) != but_the_beat(other):
+        assert changed
+    if not _more_than_a_beat(pod, other):
+        assert not changed
+
+
+def but_the_beat(pod: dict) -> dict:
+    annotations = {k: v for k, v in pod["metadata"]["annotations"].items() if k != api.ANNOTATION_HEARTBEAT}
+    return {**pod["metadata"], "annotations": annotations, "resourceVersion": None}
+
+
+def test_a_kept_pod_has_of_its_status_only_what_vigil_reads():
+    pod = make_pod(
+        1,
+        phase="Failed",
+        exit_code=1,
+        finished_at=T0,
+        conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}],
+    )
+    pod["status"]["containerStatuses"][0].update(image="registry.example/ledger:1", ready=False, restartCount=0)
+    pod["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = "x" * 4096
+    pod["status"].update(podIP="10.244.0.7", qosClass="BestEffort")
+    pod["status"]["conditions"].append({"type": "Ready", "status": "False"})
+    assert kept(pod)["status"] == {
+        "phase": "Failed",
+        "conditions": [{"type": "DisruptionTarget", "status": "True"}],
+        "containerStatuses": [{"state": {"terminated": {"exitCode": 1, "reason": "Error", "finishedAt": stamp(T0)}}}],
+    }
 
 
 def test_a_kept_pod_has_of_its_spec_only_the_node():
@@ -276,5 +345,6 @@ def test_a_kept_pod_has_of_its_spec_only_the_node():
         **pod,
         "metadata": {k: v for k, v in pod["metadata"].items() if k != "managedFields"},
         "spec": {"nodeName": "node-a"},
+        "status": {"phase": "Running"},  # a running container's state is not read
     }
     assert kept(make_pod(1, node=None))["spec"] == {}
