@@ -70,7 +70,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -272,6 +272,15 @@ class _Draft:
 
     def event(self, reason: str, message: str, *, warning: bool = False) -> None:
         self.events.append(EmitEvent("Warning" if warning else "Normal", reason, message))
+
+    def say_more(self, reason: str, message: str, *, warning: bool = False) -> None:
+        """Gives the event of `reason` this decision already posts the longer `message`, or posts
+        one: one event per happening, since every event is a write to the API server."""
+        for i in range(len(self.events) - 1, -1, -1):
+            if self.events[i].reason == reason:
+                self.events[i] = replace(self.events[i], message=message)
+                return
+        self.event(reason, message, warning=warning)
 
     def requeue_at(self, moment: datetime) -> None:
         self.requeue_after.append(max(0.0, (moment - self.now).total_seconds()))
@@ -929,7 +938,9 @@ def _after_failure(draft: _Draft, rng: random.Random, summary: str) -> None:
     draft.update(next_attempt_at=next_attempt_at)
     message = f"{summary}; attempt {draft.status.attempts + 1} starts in {delay:.1f}s, at {_stamp(next_attempt_at)}"
     draft.set_phase("BackingOff", f"Attempt{last.outcome}", message)
-    draft.event("BackingOff", message)
+    # The attempt's own event (Warning AttemptFailed, AttemptLost...) says when the next starts,
+    # rather than a second event about the same failure.
+    draft.say_more(f"Attempt{last.outcome}", message, warning=True)
     draft.requeue_at(next_attempt_at)
 
 

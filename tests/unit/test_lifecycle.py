@@ -281,6 +281,10 @@ def test_a_failed_pod_backs_off_with_its_exit_code_in_history() -> None:
     assert decision.of_type(RequeueAfter) == [RequeueAfter(pytest.approx(delay))]
     assert decision.of_type(CreatePod) == []
     assert condition(status, "Succeeded")["status"] == "Unknown"
+    # One event for the failure, saying when the next attempt starts: each event is an API write.
+    (event,) = decision.of_type(EmitEvent)
+    assert (event.type, event.reason, event.message) == ("Warning", "AttemptFailed", status["message"])
+    assert "exit code 7" in event.message and "attempt 2 starts in" in event.message
 
 
 def test_the_exit_code_is_the_first_non_zero_one_init_containers_first() -> None:

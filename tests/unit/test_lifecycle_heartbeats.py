@@ -130,7 +130,7 @@ def test_an_unreachable_node_and_a_silent_agent_make_the_attempt_uncertain() -> 
 def test_a_lost_attempt_is_marked_superseded_deleted_and_retried_after_backoff() -> None:
     job, decision = lost_attempt_1({"retry": {"backoff": {"initialSeconds": 10, "jitter": 0.0}}})
 
-    assert kinds(decision) == ["PatchStatus", "AnnotatePod", "DeletePod", "EmitEvent", "EmitEvent", "RequeueAfter"]
+    assert kinds(decision) == ["PatchStatus", "AnnotatePod", "DeletePod", "EmitEvent", "RequeueAfter"]
     assert decision.of_type(AnnotatePod) == [AnnotatePod("ledger-1", "pod-1", SUPERSEDED)]
     assert decision.of_type(DeletePod) == [DeletePod("ledger-1", "pod-1")]
     status = job["status"]
@@ -140,7 +140,9 @@ def test_a_lost_attempt_is_marked_superseded_deleted_and_retried_after_backoff()
     assert status["roundAttempts"] == 1  # Lost counts against maxAttempts
     assert "currentAttempt" not in status
     assert condition(status, "HeartbeatHealthy")["status"] == "False"
-    assert events(decision) == [("Warning", "AttemptLost"), ("Normal", "BackingOff")]
+    assert events(decision) == [("Warning", "AttemptLost")]  # one event, saying when attempt 2 starts
+    assert decision.of_type(EmitEvent)[0].message == status["message"]
+    assert status["message"].endswith(f"attempt 2 starts in 10.0s, at {stamp(at(70 + 10))}")
 
     # AtLeastOnce: attempt 2 starts while attempt 1's pod still terminates, with a greater token
     job, decision = step(job, [make_pod(1, phase="Running", deleting=True)], at(80))
