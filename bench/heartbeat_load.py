@@ -499,8 +499,8 @@ def main(argv: list[str] | None = None) -> int:
             "beats_renewed": renewed,
             "beat_errors": dict(agents.errors),
             "beats_seen_by_operator": seen,
-            # A beat alone reconciles nothing; these are other pod changes (on kwok under load, the
-            # node lifecycle controller flipping pods' Ready condition) and due LAST-BEAT stamps.
+            # A beat alone reconciles nothing; these are due LAST-BEAT stamps and changes to what
+            # Vigil reads of a pod (a Ready flip is not one: podstate.strip_pod drops it).
             "reconciles_in_window": reconciles,
             "beat_start_lateness_p99_seconds": percentile(lateness, 99),
             "max_gap_between_renewals_seconds": agents.max_gap,
