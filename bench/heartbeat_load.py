@@ -16,7 +16,7 @@ service-account tokens. After every attempt beats, it measures for `--seconds`:
 - that no attempt became Uncertain falsely: vigil_attempts_uncertain_total from the operator's
   /metrics, the VigilJobs' phases and HeartbeatHealthy conditions at the end, against the
   largest gap between two renewals of one pod the agents themselves saw (a gap under the
-  timeout makes any Uncertain a false one);
+  detector's Uncertain threshold, `liveness.thresholds`, makes any Uncertain a false one);
 - what the control plane paid: kube-apiserver's and etcd's CPU (cores), and the API server's
   own latency for PATCH pods (apiserver_request_duration_seconds, p50/p99 from its buckets), so
   that a saturated API server or etcd shows in their figures rather than in a claim.
@@ -74,7 +74,7 @@ from testbed import cluster as testbed  # noqa: E402
 from vigil.agent import fencing  # noqa: E402
 from vigil.agent.runner import Heart, PodHeartbeat, Settings  # noqa: E402
 from vigil.api import Heartbeat  # noqa: E402
-from vigil.liveness import stamp_period  # noqa: E402
+from vigil.liveness import stamp_period, thresholds  # noqa: E402
 
 JOB_LABEL = "bench.vigil.dev/heartbeat-load"
 
@@ -274,6 +274,14 @@ def vigil_job(i: int, interval: float, timeout: float, grace: float) -> dict:
     }
 
 
+def falsely_uncertain(uncertain_total: float, max_gap: float, heartbeat: Heartbeat) -> bool:
+    """Whether attempts became Uncertain although no pod went silent for long enough: every gap
+    between two renewals was under the silence after which the detector says Uncertain. A gap past
+    it (a client or an API server that cannot carry the beats) makes Uncertain the right verdict."""
+    uncertain_after, _lost_after = thresholds(heartbeat)
+    return uncertain_total > 0 and max_gap < uncertain_after
+
+
 def report(result: dict, args: argparse.Namespace, max_gap: float) -> int:
     """Prints the figures (and writes them as JSON with --out); 1 when an attempt became Uncertain falsely."""
     m, window = result["attempts"], result["window_seconds"]
@@ -297,10 +305,12 @@ def report(result: dict, args: argparse.Namespace, max_gap: float) -> int:
             own = profile["self"][n] if n < len(profile["self"]) else ("", 0.0)
             inc = profile["total"][n] if n < len(profile["total"]) else ("", 0.0)
             print(f"| {n + 1} | `{own[0]}` | {own[1]:.1%} | `{inc[0]}` | {inc[1]:.1%} |")
-    false_uncertain = result["vigil_attempts_uncertain_total_since_start"] > 0 and max_gap < args.timeout
+    heartbeat = Heartbeat.model_validate({"intervalSeconds": int(args.interval), "timeoutSeconds": int(args.timeout)})
+    false_uncertain = falsely_uncertain(result["vigil_attempts_uncertain_total_since_start"], max_gap, heartbeat)
+    uncertain_after, lost_after = thresholds(heartbeat)
     print(
         f"\nfalse Uncertain: {'YES' if false_uncertain else 'none'} (largest gap between renewals "
-        f"{max_gap:.1f} s, timeout {args.timeout:.0f} s)"
+        f"{max_gap:.1f} s; Uncertain after {uncertain_after:.0f} s of silence, Lost after {lost_after:.0f} s)"
     )
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

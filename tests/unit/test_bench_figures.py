@@ -1,11 +1,14 @@
-"""The benches read the operator's /metrics with `compare.sum_samples`: a wrong sum would move
-every settle and every per-beat figure, so its reading of the text format is checked here."""
+"""Figures the benches derive, checked without a cluster: the operator's /metrics as
+`compare.sum_samples` reads them (a wrong sum would move every settle and per-beat figure), and
+when `heartbeat_load` calls an Uncertain false."""
 
 from __future__ import annotations
 
 import pytest
 
 from bench.compare import sum_samples
+from bench.heartbeat_load import falsely_uncertain
+from vigil.api import Heartbeat
 
 pytestmark = pytest.mark.unit
 
@@ -31,3 +34,13 @@ def test_a_bare_name_sums_all_its_samples_and_a_labelled_one_reads_that_sample()
 
 def test_a_metric_not_exposed_reads_zero():
     assert sum_samples(EXPOSITION, ["vigil_heartbeats_total"]) == {"vigil_heartbeats_total": 0.0}
+
+
+EVERY_10_S = Heartbeat.model_validate({"intervalSeconds": 10, "timeoutSeconds": 60})  # Uncertain after 30 s
+
+
+def test_an_uncertain_is_false_only_when_no_pod_was_silent_as_long_as_the_uncertain_threshold():
+    assert falsely_uncertain(1, max_gap=29.0, heartbeat=EVERY_10_S)
+    # Beats held up 57 s by a saturated API server: Uncertain is the right verdict, though under the timeout.
+    assert not falsely_uncertain(3297, max_gap=57.0, heartbeat=EVERY_10_S)
+    assert not falsely_uncertain(0, max_gap=11.2, heartbeat=EVERY_10_S)
