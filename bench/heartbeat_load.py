@@ -274,6 +274,11 @@ def vigil_job(i: int, interval: float, timeout: float, grace: float) -> dict:
     }
 
 
+def heartbeat_of(args: argparse.Namespace) -> Heartbeat:
+    """The heartbeat spec the bench's jobs run with, as the operator reads it."""
+    return Heartbeat.model_validate({"intervalSeconds": int(args.interval), "timeoutSeconds": int(args.timeout)})
+
+
 def falsely_uncertain(uncertain_total: float, max_gap: float, heartbeat: Heartbeat) -> bool:
     """Whether attempts became Uncertain although no pod went silent for long enough: every gap
     between two renewals was under the silence after which the detector says Uncertain. A gap past
@@ -305,7 +310,7 @@ def report(result: dict, args: argparse.Namespace, max_gap: float) -> int:
             own = profile["self"][n] if n < len(profile["self"]) else ("", 0.0)
             inc = profile["total"][n] if n < len(profile["total"]) else ("", 0.0)
             print(f"| {n + 1} | `{own[0]}` | {own[1]:.1%} | `{inc[0]}` | {inc[1]:.1%} |")
-    heartbeat = Heartbeat.model_validate({"intervalSeconds": int(args.interval), "timeoutSeconds": int(args.timeout)})
+    heartbeat = heartbeat_of(args)
     false_uncertain = falsely_uncertain(result["vigil_attempts_uncertain_total_since_start"], max_gap, heartbeat)
     uncertain_after, lost_after = thresholds(heartbeat)
     print(
@@ -374,9 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.settle_seconds is None:
         args.settle_seconds = max(300.0, m / 2)
     if args.seconds is None:
-        args.seconds = stamp_period(
-            Heartbeat.model_validate({"intervalSeconds": int(args.interval), "timeoutSeconds": int(args.timeout)})
-        )
+        args.seconds = stamp_period(heartbeat_of(args))
 
     kubeconfig = args.kubeconfig
     if args.use_existing_cluster and not kubeconfig:
