@@ -1,8 +1,9 @@
 """What the decision core asks the shell to do, as plain data.
 
 The shell executes a decision's actions in order and stops at the first one that fails: the
-first mutating action is always a PatchStatus carrying the resourceVersion the decision was
-based on, so a decision made on a stale view of the job fails there, before it touches a pod.
+first mutating action is always a fence carrying the resourceVersion the decision was based on
+(a PatchStatus when the decision changes status, else a ConfirmVersion), so a decision made on
+a stale view of the job fails there, before it touches a pod.
 """
 
 from __future__ import annotations
@@ -22,6 +23,15 @@ class PatchStatus:
     """
 
     status: dict[str, Any]
+    resource_version: str | None
+
+
+@dataclass(frozen=True)
+class ConfirmVersion:
+    """The fence of a decision that writes no status: read the job from the API server and fail
+    with a conflict, as a PatchStatus would, unless its resourceVersion is still this one. A
+    read costs the API server a fraction of a write (bench/README.md, "One write at a time")."""
+
     resource_version: str | None
 
 
@@ -99,6 +109,7 @@ class RequeueAfter:
 
 Action = (
     PatchStatus
+    | ConfirmVersion
     | CreatePod
     | DeletePod
     | AnnotatePod

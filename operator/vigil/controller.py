@@ -590,6 +590,8 @@ class Controller:
                 # comes next is a watch event, a timer or a pod's change, each a look of its own.
                 self.job_seen(updated, look=False)
                 return updated
+            case actions.ConfirmVersion(resource_version=rv):
+                await self._confirm_version(job, rv)
             case actions.CreatePod(manifest=manifest):
                 await self._create_pod(job, manifest)
             case actions.DeletePod(name=pod_name, uid=uid):
@@ -609,6 +611,18 @@ class Controller:
             case _:
                 raise TypeError(f"unknown action {action!r}")
         return job
+
+    async def _confirm_version(self, job: Mapping[str, Any], resource_version: str | None) -> None:
+        """The fence of a decision that writes no status: the job as the API server has it now
+        must be the version decided on, else the decision is void (a Conflict, as a status
+        write's 409 would be)."""
+        stored = await self.kube.read_job(*key_of(job))
+        if stored is None or stored["metadata"]["uid"] != job["metadata"]["uid"]:
+            raise Gone(f"{key_of(job)} is gone")
+        if stored["metadata"]["resourceVersion"] != resource_version:
+            self.job_seen(stored, look=False, read=True)
+            stored_rv = stored["metadata"]["resourceVersion"]
+            raise Conflict(f"the job is at resourceVersion {stored_rv}, not {resource_version}")
 
     async def _create_pod(self, job: Mapping[str, Any], manifest: Mapping[str, Any]) -> None:
         namespace, pod_name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]

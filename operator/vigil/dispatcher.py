@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from vigil import api, queueing
-from vigil.actions import Decision, PatchStatus
+from vigil.actions import CreatePod, Decision, PatchStatus
 from vigil.conditions import set_condition
 from vigil.metrics import Metrics
 from vigil.queueing import Admission, QueueBook, QueueKey, Standing, queue_status, view_of
@@ -142,9 +142,9 @@ class Dispatcher:
         """Seconds a start must still wait under its queue's maxStartsPerSecond, or None to go now.
 
         The token bucket spaces the starts `dispatch` gives; the workers carry them out later, and
-        a busy worker pool would bunch them up again. So the start itself (the status write that
-        reserves the attempt) is spaced too, at most one per 1/rate seconds per queue; a start
-        told to wait keeps its hold and is looked at again then.
+        a busy worker pool would bunch them up again. So the start itself (the decision that
+        reserves the attempt or creates its pod) is spaced too, at most one per 1/rate seconds per
+        queue; a start told to wait keeps its hold and is looked at again then.
         """
         if admission.reason != "Admitted" or not _reserves_attempt(job, decision):
             return None
@@ -258,6 +258,10 @@ def _without_times(patch: Mapping[str, Any] | None) -> Any:
 
 
 def _reserves_attempt(job: Mapping[str, Any], decision: Decision) -> bool:
-    """Whether the decision's status write starts a new attempt."""
+    """Whether the decision starts a new attempt: its status write reserves one, or it creates
+    the pod of one that status does not hold yet (the pod first, see vigil.lifecycle)."""
     before = int((job.get("status") or {}).get("attempts") or 0)
-    return any(int(write.status.get("attempts") or 0) > before for write in decision.of_type(PatchStatus))
+    if any(int(write.status.get("attempts") or 0) > before for write in decision.of_type(PatchStatus)):
+        return True
+    creations = decision.of_type(CreatePod)
+    return any(int(create.manifest["metadata"]["labels"][api.LABEL_ATTEMPT]) > before for create in creations)

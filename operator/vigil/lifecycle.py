@@ -4,11 +4,20 @@
 level-triggered and built for doubt: the operator may crash between any two actions, and the
 snapshot it gets may be stale, duplicated or out of order. What keeps it safe:
 
-- Status first. An attempt is reserved in status (`currentAttempt`, `attempts`) in a PatchStatus
-  that precedes its CreatePod, so a pod never exists for an attempt that status does not know.
-- Fencing by resourceVersion. Every decision that mutates anything starts with a PatchStatus
-  carrying the resourceVersion it read; on a stale snapshot that write fails with a conflict and
-  the shell drops the rest of the decision.
+- The pod first, then status. A decision that only starts attempt N+1 creates its pod and writes
+  no status: the next look finds the pod (the shell writes what it created through to its
+  cache, and the watch brings it anyway) and records the attempt, with the pod's UID and
+  whatever the pod did meanwhile, in the one write it makes anyway (_adopt_newer_attempt). That
+  saves the API server one custom-resource write per attempt, its dearest kind of request. The
+  pod is the attempt's record until then: it carries the job's UID and its number, and the
+  attempt-tracking finalizer keeps its object until status holds its outcome, so it cannot
+  vanish unrecorded. A start that comes with other changes of status still reserves the attempt
+  in that decision's status write, before the pod.
+- Fencing by resourceVersion. Every decision that mutates anything starts with a fence carrying
+  the resourceVersion it read: its PatchStatus, or, when it changes no status, a ConfirmVersion
+  (the shell reads the job and compares). On a stale snapshot the fence fails with a conflict
+  and the shell drops the rest of the decision: no pod is created for an attempt number a newer
+  status has used already, whose pod may be gone.
 - Deterministic pod names. Creating attempt N's pod twice fails with AlreadyExists; a pod of
   that name that the job does not own is never adopted.
 - A pod, once seen, is remembered by UID (`currentAttempt.podUID`): if it vanishes, the attempt
@@ -50,7 +59,7 @@ same Lost/PodDeleted: it was stopped, it did not finish.
 The attempt-tracking finalizer (`vigil.dev/attempt-tracking`, put on every attempt pod by
 `vigil.pods`) keeps a deleted pod's object until Vigil has read how it ended: no final phase or
 exit code is lost, a late success included. The rule, in _record_final_states and _release_pods:
-a pod is released (ReleasePod, after the PatchStatus of the same decision) when
+a pod is released (ReleasePod, after the fence of the same decision) when
 - it is not the current attempt's pod: its attempt is closed, so its outcome is in the status
   this decision writes (the pod that ends the current attempt is released by the decision that
   closes it), with the pod's exit code in the record (added when the pod ends after its attempt
@@ -63,7 +72,7 @@ force-deleted, so Vigil never holds a pod longer than Kubernetes would have kept
 until its next look. The pods of a job being deleted are released at once: what they say can be
 written nowhere any more (and a foreground deletion of the job waits for them). ReleasePod is
 emitted only for pods that still carry the finalizer; it changes nothing in status, but like
-every mutation it comes after the fencing PatchStatus.
+every mutation it comes after the decision's fence.
 """
 
 from __future__ import annotations
@@ -78,6 +87,7 @@ from vigil import api, podstate
 from vigil.actions import (
     Action,
     AnnotatePod,
+    ConfirmVersion,
     CreatePod,
     Decision,
     DeleteJob,
@@ -166,14 +176,19 @@ def reject_pod(job: Mapping[str, Any], attempt: int, message: str, now: datetime
     """The actions after the API server refused attempt `attempt`'s pod as invalid (422).
 
     The template is immutable, so no attempt can ever succeed: the job is dead-lettered with
-    reason InvalidPodTemplate and the API server's message, instead of retrying in a loop. Does
-    nothing if that attempt is no longer the current one (the refusal is stale).
+    reason InvalidPodTemplate and the API server's message, instead of retrying in a loop. The
+    attempt is the current one, or the next one if its pod was to come first (it is recorded
+    then, to be closed). Does nothing otherwise (the refusal is stale).
     """
     parsed = _parse(job)
-    current = parsed.status.current_attempt
-    if current is None or current.number != attempt or parsed.status.is_terminal:
+    status = parsed.status
+    if status.is_terminal:
         return Decision()
     draft = _Draft(parsed, now)
+    if status.current_attempt is None and attempt == status.attempts + 1:
+        _record_start(draft, attempt, attempt_pod_name(parsed.metadata.name, attempt), None, now)
+    elif status.current_attempt is None or status.current_attempt.number != attempt:
+        return Decision()
     summary = _close_attempt(draft, "Failed", reason="PodRejected", detail=f"could not start: {message}")
     _dead_letter(
         draft,
@@ -195,7 +210,7 @@ def _release_all(job: VigilJob, observed: _ObservedPods) -> Decision:
     ]
     if not releases:
         return Decision()
-    return Decision((PatchStatus(_wire(job.status), job.metadata.resource_version), *releases))
+    return Decision((ConfirmVersion(job.metadata.resource_version), *releases))
 
 
 # ----------------------------------------------------------------------------- observations
@@ -236,6 +251,14 @@ class _ObservedPods:
 # --------------------------------------------------------------------------------- the draft
 
 
+@dataclass(frozen=True)
+class _Start:
+    """The status just before and just after a decision reserved its attempt."""
+
+    before: VigilJobStatus
+    after: VigilJobStatus
+
+
 @dataclass
 class _Draft:
     """The decision being built: the new status and the actions beside it."""
@@ -252,6 +275,7 @@ class _Draft:
     # conditions beyond the three derived from the phase: type -> (status, reason, message)
     conditions_to_set: dict[str, tuple[api.ConditionStatus, str, str]] = field(default_factory=dict)
     beat: tuple[str, datetime] | None = None  # (pod UID, wall time of its last beat) of the current attempt
+    start: _Start | None = None  # the attempt this decision reserved, if any
 
     def __post_init__(self) -> None:
         self.status = self.job.status
@@ -307,6 +331,8 @@ class _Draft:
         return self.liveness.get(podstate.uid_of(pod)) or _NO_VERDICT
 
     def decision(self) -> Decision:
+        if self._only_starts():
+            self.status = self.job.status  # the next look records the attempt, on finding its pod
         self._refresh_conditions()
         dead_lettered = self.status.phase == "DeadLettered"
         label_is_set = self.job.metadata.labels.get(api.LABEL_DEAD_LETTER) == "true"
@@ -324,14 +350,30 @@ class _Draft:
 
         new_status = _wire(self.status)
         actions: list[Action] = []
-        # The status write also fences the mutations: it fails if the snapshot was stale.
-        if mutations or self.events or new_status != _wire(self.job.status):
+        # The fence: it fails if the snapshot was stale. A status write if there is one to make,
+        # else a read, which costs the API server a fraction of a write that changes nothing.
+        changed = new_status != _wire(self.job.status)
+        if changed:
             actions.append(PatchStatus(new_status, self.job.metadata.resource_version))
+        elif mutations or self.events:
+            actions.append(ConfirmVersion(self.job.metadata.resource_version))
         actions += mutations
         actions += self.events
         if self.requeue_after and not self.delete_job:
             actions.append(RequeueAfter(min(self.requeue_after)))
         return Decision(tuple(actions))
+
+    def _only_starts(self) -> bool:
+        """Whether this decision does nothing but start the attempt it reserved: then it creates
+        the pod alone, and the reservation is left to the look that finds the pod."""
+        start = self.start
+        if start is None or _wire(start.before) != _wire(self.job.status) or _wire(self.status) != _wire(start.after):
+            return False
+        creations = [action for action in self.pod_actions if isinstance(action, CreatePod)]
+        only_its_pod = len(self.pod_actions) == 1 and len(creations) == 1 and not self.releases
+        only_its_event = [event.reason for event in self.events] == ["AttemptStarting"]
+        label_stays = self.job.metadata.labels.get(api.LABEL_DEAD_LETTER) != "true"
+        return only_its_pod and only_its_event and label_stays and not self.delete_job and not self.conditions_to_set
 
     def _status_changed(self) -> bool:
         return _wire(self.status) != _wire(self.job.status)
@@ -408,29 +450,25 @@ def _stamp(moment: datetime) -> str:
 
 
 def _adopt_newer_attempt(draft: _Draft, observed: _ObservedPods) -> None:
-    """A pod of ours with a number above status.attempts means status was lost (or this
-    snapshot is stale, and the fenced write will fail): take that pod as the current attempt
-    rather than start another under a number already used."""
+    """A pod of ours with a number above status.attempts is an attempt status does not hold
+    yet: take it as the current attempt rather than start another under a number already used.
+
+    Attempt N+1's pod is how an attempt normally starts (the pod first, see the module
+    docstring): its start is recorded now, from the pod, with the time the API server created
+    it. A number further on means status was lost (or this snapshot is stale, and the fenced
+    write will fail): that is adopted with a warning."""
     newest = observed.newest()
     if newest is None or draft.status.is_terminal:
         return
     number = podstate.attempt_of(newest) or 0
     if number <= draft.status.attempts:
         return
-    draft.update(
-        attempts=number,
-        round_attempts=min(draft.spec.retry.max_attempts, draft.status.round_attempts + 1),
-        current_attempt=CurrentAttempt(
-            number=number,
-            pod_name=podstate.name_of(newest),
-            pod_uid=podstate.uid_of(newest),
-            phase="Starting",
-            started_at=draft.now,
-        ),
-        next_attempt_at=None,
-        started_at=draft.status.started_at or draft.now,
-    )
-    message = f"found pod {podstate.name_of(newest)} of attempt {number}, unknown to status"
+    name, uid = podstate.name_of(newest), podstate.uid_of(newest)
+    if number == draft.status.attempts + 1:
+        _record_start(draft, number, name, uid, min(draft.now, podstate.created_at(newest) or draft.now))
+        return
+    _record_start(draft, number, name, uid, draft.now)
+    message = f"found pod {name} of attempt {number}, unknown to status"
     draft.set_phase("Starting", "AttemptAdopted", message)
     draft.event("AttemptAdopted", message, warning=True)
 
@@ -804,20 +842,29 @@ def _previous_pod_remains(draft: _Draft, observed: _ObservedPods) -> bool:
 
 
 def _reserve_next_attempt(draft: _Draft) -> None:
-    """Record attempt N+1 in status; _run then creates its pod, in the same decision and after
-    the status write."""
-    number = draft.status.attempts + 1
-    pod_name = attempt_pod_name(draft.job.metadata.name, number)
+    """Record attempt N+1 in status; _run then creates its pod, in the same decision. If the
+    decision does nothing else, the record is not written: the look that finds the pod makes
+    it (see _Draft._only_starts)."""
+    before = draft.status
+    number = before.attempts + 1
+    _record_start(draft, number, attempt_pod_name(draft.job.metadata.name, number), None, draft.now)
+    draft.event("AttemptStarting", draft.status.message or "")
+    draft.start = _Start(before, draft.status)
+
+
+def _record_start(draft: _Draft, number: int, pod_name: str, pod_uid: str | None, started_at: datetime) -> None:
+    """Status as it is when attempt `number` starts (reserved, or found in its pod)."""
     draft.update(
         attempts=number,
-        round_attempts=draft.status.round_attempts + 1,
-        current_attempt=CurrentAttempt(number=number, pod_name=pod_name, phase="Starting", started_at=draft.now),
+        round_attempts=min(draft.spec.retry.max_attempts, draft.status.round_attempts + 1),
+        current_attempt=CurrentAttempt(
+            number=number, pod_name=pod_name, pod_uid=pod_uid, phase="Starting", started_at=started_at
+        ),
         next_attempt_at=None,
-        started_at=draft.status.started_at or draft.now,
+        started_at=draft.status.started_at or started_at,
     )
     message = f"starting attempt {number} in pod {pod_name} (fencing token {number})"
     draft.set_phase("Starting", "AttemptStarting", message)
-    draft.event("AttemptStarting", message)
 
 
 def _expire_after_ttl(draft: _Draft) -> None:

@@ -222,6 +222,13 @@ class StateCollector(Collector):
         yield from families.values()
 
 
+def _started_at(status: Mapping[str, Any], number: int) -> Any:
+    current = status.get("currentAttempt") or {}
+    if current.get("number") == number:
+        return current.get("startedAt")
+    return next((r.get("startedAt") for r in status.get("history") or [] if r.get("number") == number), None)
+
+
 def count_transition(
     metrics: Metrics,
     before: Mapping[str, Any],
@@ -240,7 +247,10 @@ def count_transition(
         metrics.queue_starts.labels(*queue).inc(started)
         ready = before.get("nextAttemptAt") or (created if not before.get("attempts") else None)
         if ready:
-            metrics.queue_wait.labels(*queue).observe(max(0.0, (now - _time(ready)).total_seconds()))
+            # Until the attempt began: its pod may have come first, and this write found it.
+            began = _started_at(after, int(before.get("attempts") or 0) + 1)
+            until = min(now, _time(began)) if began else now
+            metrics.queue_wait.labels(*queue).observe(max(0.0, (until - _time(ready)).total_seconds()))
     known = {record.get("number") for record in before.get("history") or []}
     for record in after.get("history") or []:
         if record.get("number") in known:

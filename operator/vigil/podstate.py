@@ -124,6 +124,11 @@ def attempt_of(pod: Pod) -> int | None:
     return int(value) if value.isdigit() else None
 
 
+def created_at(pod: Pod) -> datetime | None:
+    """When the API server created the pod (its clock), if the pod says."""
+    return _time(pod["metadata"].get("creationTimestamp"))
+
+
 def is_finished(pod: Pod) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 

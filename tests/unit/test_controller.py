@@ -394,3 +394,35 @@ def test_the_current_attempts_pod_missing_from_a_list_is_read_by_name(by_name: s
     truth = asyncio.run(c._read_truth(running))
     assert reads == ["j-1"]
     assert [p["metadata"]["uid"] for p in truth] == (["pod-uid"] if by_name == "ours" else [])
+
+
+def test_a_decision_that_writes_no_status_runs_only_on_the_version_the_api_server_still_has():
+    """ConfirmVersion is the fence of a decision without a status write (one that only creates
+    its next attempt's pod, say): a job changed since the decision read it voids the decision,
+    as a status write's 409 would, and the version read is what the retry decides on."""
+    from vigil.actions import ConfirmVersion
+    from vigil.kube import Conflict, Gone
+
+    stored: dict[str, Any] | None = None
+
+    class Api:
+        async def read_job(self, namespace, name):
+            return stored
+
+    c = Controller(kube=Api())  # type: ignore[arg-type]
+    c.job_seen(job(), look=False)
+
+    stored = job()  # still version 5: the decision goes on
+    assert asyncio.run(c._execute(job(), ConfirmVersion("5"))) == job()
+
+    stored = {**job(), "metadata": {**job()["metadata"], "resourceVersion": "9"}}
+    with pytest.raises(Conflict):
+        asyncio.run(c._execute(job(), ConfirmVersion("5")))
+    assert c.jobs[("ns", "j")]["metadata"]["resourceVersion"] == "9"
+
+    stored = {**job(), "metadata": {**job()["metadata"], "uid": "another-job-of-that-name"}}
+    with pytest.raises(Gone):
+        asyncio.run(c._execute(job(), ConfirmVersion("5")))
+    stored = None
+    with pytest.raises(Gone):
+        asyncio.run(c._execute(job(), ConfirmVersion("5")))

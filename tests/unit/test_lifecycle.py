@@ -16,11 +16,11 @@ from tests.unit.factories import (
     condition,
     make_job,
     make_pod,
-    merge_patch,
     status_of,
 )
 from vigil import api
 from vigil.actions import (
+    ConfirmVersion,
     CreatePod,
     Decision,
     DeleteJob,
@@ -73,24 +73,47 @@ def failed_attempt_1(spec: dict[str, Any] | None = None, exit_code: int = 1) -> 
 # ------------------------------------------------------------------------------ first attempt
 
 
-def test_a_new_job_reserves_attempt_1_in_status_before_creating_its_pod() -> None:
+def test_a_new_job_creates_attempt_1s_pod_first_behind_a_check_of_its_version() -> None:
     decision = run(make_job())
 
-    assert kinds(decision) == ["PatchStatus", "CreatePod", "EmitEvent"]
-    status = status_of(decision)
-    assert status["phase"] == "Starting"
-    assert status["attempts"] == 1
-    assert status["roundAttempts"] == 1
-    assert status["currentAttempt"]["number"] == 1
-    assert status["currentAttempt"]["podName"] == "ledger-1"
-    assert status["startedAt"] == "2025-03-01T12:00:00Z"
+    # No status write: the look that finds the pod records the attempt (one write per attempt fewer).
+    assert kinds(decision) == ["ConfirmVersion", "CreatePod", "EmitEvent"]
+    assert decision.actions[0] == ConfirmVersion("100")
     (create,) = decision.of_type(CreatePod)
     assert create.manifest["metadata"]["name"] == "ledger-1"
-    assert decision.of_type(PatchStatus)[0].resource_version == "100"
+    assert create.manifest["metadata"]["labels"][api.LABEL_ATTEMPT] == "1"
+    assert [(e.reason, e.message) for e in decision.of_type(EmitEvent)] == [
+        ("AttemptStarting", "starting attempt 1 in pod ledger-1 (fencing token 1)")
+    ]
+
+
+def test_the_look_that_finds_the_new_pod_records_its_attempt_from_the_pod() -> None:
+    pod = make_pod(1, phase="Pending", node=None)
+    pod["metadata"]["creationTimestamp"] = "2025-03-01T12:00:01Z"
+
+    decision = run(make_job(), [pod], at(2))
+
+    assert kinds(decision) == ["PatchStatus"], "the start's event went with the pod"
+    status = status_of(decision)
+    assert (status["phase"], status["reason"]) == ("Starting", "AttemptStarting")
+    assert status["message"] == "starting attempt 1 in pod ledger-1 (fencing token 1)"
+    assert (status["attempts"], status["roundAttempts"]) == (1, 1)
+    current = status["currentAttempt"]
+    assert (current["number"], current["podName"], current["podUID"]) == (1, "ledger-1", "pod-1")
+    assert current["startedAt"] == status["startedAt"] == "2025-03-01T12:00:01Z", "when the pod was created"
+
+
+def test_a_pod_found_several_attempts_ahead_of_status_is_adopted_with_a_warning() -> None:
+    decision = run(make_job(), [make_pod(3, phase="Running")], at(2))
+
+    status = status_of(decision)
+    assert status["attempts"] == 3
+    assert status["currentAttempt"]["podUID"] == "pod-3"
+    assert ("Warning", "AttemptAdopted") in [(e.type, e.reason) for e in decision.of_type(EmitEvent)]
 
 
 def test_a_new_job_gets_conditions_in_metav1_shape() -> None:
-    status = status_of(run(make_job(generation=3)))
+    status = status_of(run(make_job(generation=3), [make_pod(1)]))
 
     assert {c["type"] for c in status["conditions"]} == {
         "Succeeded",
@@ -138,8 +161,8 @@ def test_the_queue_says_why_it_holds_a_job_back_and_a_new_count_costs_no_write()
 def test_a_queued_job_starts_when_the_queue_admits_it() -> None:
     job, _ = step(make_job(), may_start=False)
     decision = run(job, now=at(60))
-    assert status_of(decision)["currentAttempt"]["number"] == 1
-    assert len(decision.of_type(CreatePod)) == 1
+    assert kinds(decision) == ["ConfirmVersion", "CreatePod", "EmitEvent"]
+    assert status_of(run(job, [make_pod(1)], now=at(61)))["currentAttempt"]["number"] == 1
 
 
 def test_a_job_created_suspended_starts_nothing() -> None:
@@ -154,13 +177,16 @@ def test_a_job_created_suspended_starts_nothing() -> None:
 
 
 def test_status_written_but_pod_never_created_creates_the_same_attempt_again() -> None:
-    job, _ = step(make_job())  # the shell died after PatchStatus
+    # A start that came with other changes reserves the attempt in status before its pod; here
+    # the shell died after that PatchStatus.
+    job = make_job(labels={api.LABEL_DEAD_LETTER: "true"})  # left by a dead letter before a redrive
+    job, first = step(job)
+    assert kinds(first)[0] == "PatchStatus" and "SetDeadLetterLabel" in kinds(first)
+    assert job["status"]["currentAttempt"]["number"] == 1
 
     decision = run(job, now=at(3))
 
-    assert kinds(decision) == ["PatchStatus", "CreatePod"]
-    fence = decision.of_type(PatchStatus)[0].status
-    assert merge_patch(job["status"], fence) == job["status"]  # a pure fence: it changes nothing
+    assert kinds(decision) == ["ConfirmVersion", "CreatePod"], "nothing to write: a read fences it"
     assert decision.of_type(CreatePod)[0].manifest["metadata"]["name"] == "ledger-1"
 
 
@@ -172,8 +198,9 @@ def test_pod_created_but_not_yet_seen_is_only_created_again_under_its_own_name()
 
 def test_a_decision_on_a_stale_job_is_fenced_by_its_resource_version() -> None:
     job = make_job(resource_version="41")
-    decision = run(job)
-    assert decision.actions[0] == PatchStatus(status_of(decision), "41")
+    assert run(job).actions[0] == ConfirmVersion("41")
+    held = run(job, may_start=False)
+    assert held.actions[0] == PatchStatus(status_of(held), "41")
 
 
 @pytest.mark.parametrize(
@@ -311,11 +338,12 @@ def test_backing_off_waits_until_next_attempt_at_then_starts_the_next_attempt() 
     assert kinds(early) == ["RequeueAfter"]
 
     job, decision = step(job, [failed_pod], next_at)
+    assert decision.of_type(CreatePod)[0].manifest["metadata"]["name"] == "ledger-2"
+    job, decision = step(job, [failed_pod, make_pod(2)], next_at)
     assert job["status"]["currentAttempt"]["number"] == 2
     assert job["status"]["attempts"] == 2
     assert job["status"]["roundAttempts"] == 2
     assert "nextAttemptAt" not in job["status"]
-    assert decision.of_type(CreatePod)[0].manifest["metadata"]["name"] == "ledger-2"
 
 
 def test_the_backoff_delay_grows_with_each_failure() -> None:
@@ -554,7 +582,10 @@ def test_a_pod_with_the_attempts_name_but_another_owner_is_never_adopted() -> No
     assert "not owned by this job" in status["message"]
     assert "podUID" not in status["currentAttempt"]
     assert condition(status, "Running")["reason"] == "PodNameConflict"
-    assert [e.type for e in decision.of_type(EmitEvent)] == ["Warning"]
+    assert [(e.type, e.reason) for e in decision.of_type(EmitEvent)] == [
+        ("Normal", "AttemptStarting"),
+        ("Warning", "PodNameConflict"),
+    ]
     assert decision.of_type(RequeueAfter) == [RequeueAfter(POD_NAME_CONFLICT_RECHECK_SECONDS)]
 
     again = run(job, [stranger], at(31))
@@ -611,12 +642,12 @@ def test_the_job_past_its_active_deadline_is_dead_lettered() -> None:
 def test_the_decision_that_starts_an_attempt_sets_the_timers_of_its_deadlines() -> None:
     # No look at its own write follows the start (Controller._execute): the timers come with it.
     first = run(make_job(spec={"attemptDeadlineSeconds": 60, "activeDeadlineSeconds": 300}))
-    assert kinds(first)[:2] == ["PatchStatus", "CreatePod"]
+    assert kinds(first)[:2] == ["ConfirmVersion", "CreatePod"]
     assert first.of_type(RequeueAfter) == [RequeueAfter(60.0)]
 
     job, _ = failed_attempt_1({"attemptDeadlineSeconds": 60, "retry": {"backoff": {"initialSeconds": 10}}})
     retry = run(job, [make_pod(1, phase="Failed", exit_code=1)], at(30))  # backoff over: attempt 2
-    assert kinds(retry)[:2] == ["PatchStatus", "CreatePod"]
+    assert kinds(retry)[:2] == ["ConfirmVersion", "CreatePod"]
     assert retry.of_type(RequeueAfter) == [RequeueAfter(60.0)]
 
 
@@ -765,7 +796,7 @@ def test_a_missing_dead_letter_label_is_put_back() -> None:
     job = dead_lettered_job()
     del job["metadata"]["labels"][api.LABEL_DEAD_LETTER]  # the shell crashed before labelling
     decision = run(job, [], at(100))
-    assert kinds(decision) == ["PatchStatus", "SetDeadLetterLabel"]
+    assert kinds(decision) == ["ConfirmVersion", "SetDeadLetterLabel"]
 
 
 # ------------------------------------------------------------------------- status bookkeeping
@@ -835,8 +866,19 @@ def test_status_round_trips_through_the_models() -> None:
 # ----------------------------------------------------------------------------- pod rejection
 
 
+def test_a_pod_refused_before_status_holds_its_attempt_dead_letters_the_job() -> None:
+    job = make_job()  # the pod comes first: status does not hold attempt 1 yet
+    decision = reject_pod(job, 1, 'Pod "ledger-1" is invalid: spec.containers[0].image: Required value', at(1))
+
+    status = status_of(decision)
+    assert (status["phase"], status["reason"]) == ("DeadLettered", "InvalidPodTemplate")
+    assert (status["attempts"], status["history"][-1]["number"]) == (1, 1)
+    assert status["history"][-1]["reason"] == "PodRejected"
+    assert reject_pod(job, 2, "stale", at(1)).actions == (), "only the attempt whose pod was to come next"
+
+
 def test_a_pod_the_api_server_refuses_dead_letters_the_job_with_its_message() -> None:
-    job, _ = step(make_job())
+    job, _ = step(make_job(labels={api.LABEL_DEAD_LETTER: "true"}))  # reserves attempt 1 in status
     decision = reject_pod(job, 1, 'Pod "ledger-1" is invalid: spec.containers[0].image: Required value', at(1))
 
     status = status_of(decision)
@@ -889,10 +931,7 @@ def test_a_release_lost_in_a_crash_is_redone_behind_a_fence_that_writes_nothing(
     # The shell died after the status write: the pod still carries the finalizer.
     decision = run(job, [make_pod(1, phase="Succeeded", exit_code=0, tracked=True)], at(31))
 
-    assert kinds(decision) == ["PatchStatus", "ReleasePod"]
-    fence = decision.of_type(PatchStatus)[0]
-    assert merge_patch(job["status"], fence.status) == job["status"]
-    assert fence.resource_version == job["metadata"]["resourceVersion"]
+    assert decision.actions == (ConfirmVersion(job["metadata"]["resourceVersion"]), ReleasePod("ledger-1", "pod-1"))
 
 
 def test_a_pod_of_another_owner_is_never_released() -> None:
@@ -908,9 +947,8 @@ def test_the_pods_of_a_job_being_deleted_are_released_at_once() -> None:
 
     decision = run(job, pods, at(60))
 
-    assert kinds(decision) == ["PatchStatus", "ReleasePod"]  # pod-2 carries no finalizer
+    assert kinds(decision) == ["ConfirmVersion", "ReleasePod"]  # pod-2 carries no finalizer
     assert decision.of_type(ReleasePod) == [RELEASE_1]
-    assert merge_patch(job["status"], status_of(decision)) == job["status"]
 
 
 # ---------------------------------------------------------------- pods deleted by someone else
@@ -1041,7 +1079,7 @@ def test_an_unscheduled_pod_vigil_deleted_is_released_at_once() -> None:
 def test_a_dead_lettered_jobs_stray_pod_is_released_once_it_ends() -> None:
     job, _ = failed_attempt_1({"retry": {"maxAttempts": 1}})
     stray = make_pod(1, phase="Failed", exit_code=1, tracked=True)  # the release was lost
-    assert kinds(run(job, [stray], at(100))) == ["PatchStatus", "ReleasePod"]
+    assert kinds(run(job, [stray], at(100))) == ["ConfirmVersion", "ReleasePod"]
 
 
 def test_a_pod_whose_record_left_the_history_is_released_without_a_write() -> None:

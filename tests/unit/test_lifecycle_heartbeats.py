@@ -167,7 +167,7 @@ def test_without_backoff_the_old_pod_is_stopped_before_the_new_one_is_created() 
 def test_a_crash_before_the_marking_is_repaired_by_the_next_look() -> None:
     job, _ = lost_attempt_1()  # only its PatchStatus landed
     decision = run(job, [make_pod(1, phase="Running")], at(71))
-    assert kinds(decision)[:3] == ["PatchStatus", "AnnotatePod", "DeletePod"]
+    assert kinds(decision)[:3] == ["ConfirmVersion", "AnnotatePod", "DeletePod"]
 
     marked = make_pod(1, phase="Running", annotations=SUPERSEDED)  # marked, deletion not done
     assert run(job, [marked], at(72)).of_type(AnnotatePod) == []
@@ -248,8 +248,9 @@ def test_under_no_overlap_the_next_attempt_waits_for_the_lost_pod_to_be_gone() -
     assert run(job, [terminating], at(500)).actions == ()  # it may never go: the job waits
 
     job, decision = step(job, [], at(600))
-    assert job["status"]["currentAttempt"]["number"] == 2
     assert len(decision.of_type(CreatePod)) == 1
+    job, _ = step(job, [make_pod(2)], at(601))
+    assert job["status"]["currentAttempt"]["number"] == 2
 
 
 def test_under_no_overlap_a_finished_pod_never_blocks_the_next_attempt_and_keeps_its_logs() -> None:

@@ -43,6 +43,7 @@ from tests.unit.factories import T0, make_job, merge_patch, stamp
 from vigil import api, podstate
 from vigil.actions import (
     AnnotatePod,
+    ConfirmVersion,
     CreatePod,
     Decision,
     DeleteJob,
@@ -212,6 +213,8 @@ class World:
         for action in again.actions:
             if isinstance(action, PatchStatus):
                 assert merge_patch(self.status, action.status) == self.status, "a look at its own write changes status"
+            elif isinstance(action, ConfirmVersion):  # a fence that writes nothing
+                pass
             elif isinstance(action, RequeueAfter):  # the decision's own timer comes no later
                 assert timers and min(timers) <= action.seconds, f"a look at its own write sets a timer: {action}"
             else:
@@ -226,6 +229,9 @@ class World:
     def execute(self, action: Any) -> None:
         if isinstance(action, PatchStatus):
             self.patch_status(action)
+        elif isinstance(action, ConfirmVersion):  # the shell reads the job and compares
+            if action.resource_version != self.job["metadata"]["resourceVersion"]:
+                raise Conflict
         elif isinstance(action, CreatePod):
             self.create_pod(action.manifest)
         elif isinstance(action, DeletePod):
@@ -367,9 +373,17 @@ class World:
         if any(p.current["metadata"]["name"] == name for p in self.pods.values() if not p.deleted):
             return  # AlreadyExists, and the pod is the job's: done
         attempt = int(manifest["metadata"]["labels"][api.LABEL_ATTEMPT])
-        # Status first: the stored status already names this attempt as its current one.
-        assert self.status["currentAttempt"]["number"] == attempt
-        assert self.status["phase"] not in api.TERMINAL_PHASES | {"Suspended"}
+        # The stored status names this attempt as its current one (reserved, or adopted from its
+        # pod), or it is the next attempt, whose pod comes first: never a number status has used.
+        current = self.status.get("currentAttempt")
+        if current is None:
+            assert attempt == self.status.get("attempts", 0) + 1, f"pod of attempt {attempt} after {self.status}"
+            if attempt not in self.round_of:  # the attempt starts now, recorded by the next look
+                self.round_of[attempt] = self.status.get("redrives", 0)
+                self.check_backoff_was_waited(self.status, attempt, self.status.get("roundAttempts", 0))
+        else:
+            assert current["number"] == attempt
+        assert self.status.get("phase") not in api.TERMINAL_PHASES | {"Suspended"}
         if self.spec.get("guarantee") == "NoOverlap":
             # A finished pod can run nothing any more; any other pod may, even while terminating.
             others = [
@@ -508,9 +522,15 @@ class World:
         old_number = (old.get("currentAttempt") or {}).get("number")
         number = (new.get("currentAttempt") or {}).get("number")
         if number is not None and number != old_number:
-            assert number == new["attempts"] == old.get("attempts", 0) + 1
-            self.round_of[number] = new["redrives"]
-            self.check_backoff_was_waited(new, number)
+            assert number == new["attempts"]
+        # Attempts recorded by this write: each one's pod came first (and its start was checked
+        # then), or it is the current one, reserved now before its pod. One write can record both:
+        # the pod-first attempt that just ended, and the next one.
+        for started in range(old.get("attempts", 0) + 1, new["attempts"] + 1):
+            if started not in self.round_of:
+                assert started == number, f"attempt {started} recorded with neither a pod nor a reservation"
+                self.round_of[started] = new["redrives"]
+                self.check_backoff_was_waited(new, started, new["roundAttempts"] - 1)
         if new.get("nextAttemptAt") and new.get("nextAttemptAt") != old.get("nextAttemptAt"):
             delay = (datetime.fromisoformat(new["nextAttemptAt"]) - self.now).total_seconds()
             low, high = self.backoff_bounds(new["roundAttempts"])
@@ -527,18 +547,23 @@ class World:
         base = min(backoff["maxSeconds"], backoff["initialSeconds"] * backoff["factor"] ** (failures - 1))
         return base * (1 - backoff["jitter"]), base
 
-    def check_backoff_was_waited(self, new: dict[str, Any], number: int) -> None:
-        previous = next((h for h in new.get("history", []) if h["number"] == number - 1), None)
-        if previous is None or self.round_of.get(number - 1) != new["redrives"]:
+    def check_backoff_was_waited(self, status: dict[str, Any], number: int, failures: int) -> None:
+        """Attempt `number` starts now, after `failures` attempts of its round: a failure before
+        it was waited out."""
+        previous = next((h for h in status.get("history", []) if h["number"] == number - 1), None)
+        if previous is None or self.round_of.get(number - 1) != status.get("redrives", 0):
             return  # a new round starts at once
         if self.counts(previous["outcome"]) and previous["outcome"] != "Succeeded":
             waited = (self.now - datetime.fromisoformat(previous["finishedAt"])).total_seconds()
-            low, _ = self.backoff_bounds(new["roundAttempts"] - 1)
+            low, _ = self.backoff_bounds(failures)
             assert waited >= low - 1e-3, f"attempt {number} started {waited}s after a failure, not {low}s"
 
     def check_at_rest(self) -> None:
         """After a fresh, complete reconcile: what status says matches the world."""
         if self.job_deleted:
+            return
+        if "phase" not in self.status:  # nothing written yet: the first attempt's pod comes first
+            assert {stored.attempt for stored in self.live_pods()} <= {1}
             return
         dead = self.status["phase"] == "DeadLettered"
         assert (self.job["metadata"]["labels"].get(api.LABEL_DEAD_LETTER) == "true") == dead
@@ -554,8 +579,10 @@ class World:
         else:
             assert "HeartbeatHealthy" not in conditions
         current = (self.status.get("currentAttempt") or {}).get("number")
+        # The current attempt's pod, or the next attempt's, created first and recorded by the next look.
+        allowed = {current} if current is not None else {self.status.get("attempts", 0) + 1}
         for stored in self.live_pods():
-            assert stored.attempt == current, f"a pod of attempt {stored.attempt} still runs"
+            assert stored.attempt in allowed, f"a pod of attempt {stored.attempt} still runs"
 
     def check_nothing_held(self) -> None:
         """Once every deleted pod's kubelet has done its part, Vigil holds none of them."""
@@ -582,7 +609,7 @@ class World:
             self.check_at_rest()
             if self.job_deleted:  # the shell releases the pods of a job that is gone
                 return
-            if self.status["phase"] in api.TERMINAL_PHASES:
+            if self.status.get("phase") in api.TERMINAL_PHASES:
                 self.check_nothing_held()
                 return
             for stored in [p for p in self.pods.values() if p.deleting and not p.deleted]:
@@ -720,7 +747,8 @@ def test_doubtful_histories_keep_every_invariant_and_end_terminal(
     world = World(spec, random.Random(seed))
     for step in steps:
         play(world, step)
-    attempts_before = world.status.get("attempts", 0)
+    # Attempts begun so far: those in status, and one whose pod came first and is not recorded yet.
+    attempts_before = max([world.status.get("attempts", 0), *world.pod_uids_by_attempt])
     world.settle(["Succeeded"] if succeed else ["Failed1"])
     if not world.job_deleted:
         assert world.status["phase"] in api.TERMINAL_PHASES
@@ -804,7 +832,7 @@ def test_a_late_success_of_a_lost_attempt_ends_the_job_and_no_attempt_follows(
             play(world, step)
     if world.job_deleted or world.status["phase"] in api.TERMINAL_PHASES:
         return
-    attempts = world.status["attempts"]
+    attempts = max([world.status["attempts"], *world.pod_uids_by_attempt])  # a replacement's pod may come first
     # It had ended before Vigil deleted it; the report of that comes late.
     assert lost.requested_at is not None
     world.report_end(lost, 0, lost.requested_at - timedelta(seconds=30))

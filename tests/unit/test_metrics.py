@@ -51,6 +51,20 @@ def test_a_start_a_failure_a_retry_and_a_dead_letter_are_counted_once_each():
     assert value(m, "vigil_attempt_duration_seconds_sum", outcome="Lost") == 30.0
 
 
+def test_a_start_recorded_after_its_pod_waited_until_the_pod_began_not_until_the_write():
+    m = Metrics()
+    queue = {"queue": ("ns", "batch"), "created": "2025-03-01T12:00:50+00:00", "now": NOW}  # NOW is 12:01:00
+    # The pod came first, at 12:00:52; the look that found it ended and closed it at 12:01:00.
+    found = {
+        "attempts": 1,
+        "phase": "BackingOff",
+        "history": [{**record(1, "Failed"), "startedAt": "2025-03-01T12:00:52+00:00"}],
+    }
+    count_transition(m, {}, found, **queue)
+    assert value(m, "vigil_attempts_started_total") == 1
+    assert value(m, "vigil_queue_wait_seconds_sum", namespace="ns", queue="batch") == 2.0
+
+
 def test_a_scrape_shows_jobs_by_phase_and_queues_without_any_job_name():
     m = Metrics()
     jobs = [
