@@ -14,6 +14,8 @@ spread rather than as a difference:
 - `vigiljob-status-put`: the same status as a PUT of the whole object (what the Job controller's
   UpdateStatus does);
 - `vigiljob-status-small`: a status of one condition, as a merge patch;
+- `vigiljob-get`: not a write but a read, a GET of a VigilJob: the fence of a decision that writes
+  no status (`ConfirmVersion`: an attempt's pod created first), where a status write was before;
 - `configmap-patch`: a merge patch of a ConfigMap's data, a built-in kind, for scale;
 - `pod-heartbeat-patch`: what vigil-agent writes on every beat, a merge patch of the
   `vigil.dev/heartbeat` annotation of a Running pod (kwok's); the pod's watchers (kwok, the
@@ -172,6 +174,9 @@ class Writer:
             "vigiljob-status-patch": lambda i, n: self._status(i, finished_status(f"write {n}"), put=False),
             "vigiljob-status-put": lambda i, n: self._status(i, finished_status(f"write {n}"), put=True),
             "vigiljob-status-small": lambda i, n: self._status(i, small_status(f"write {n}"), put=False),
+            "vigiljob-get": lambda i, n: self._send(
+                "GET", f"{self._jobs()}/{self.jobs[i]['metadata']['name']}", None, ""
+            ),
             "configmap-patch": lambda i, n: self._send(
                 "PATCH", f"/api/v1/namespaces/{self.namespace}/configmaps/cm-{i}", {"data": {"a": str(n)}}, MERGE_PATCH
             ),

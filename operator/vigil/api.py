@@ -34,6 +34,9 @@ ANNOTATION_REDRIVE = "vigil.dev/redrive"
 ANNOTATION_CHECKPOINT = "vigil.dev/checkpoint"
 ANNOTATION_HEARTBEAT = "vigil.dev/heartbeat"  # written by the agent; a new value is a beat
 ANNOTATION_SUPERSEDED = "vigil.dev/superseded"  # written by Vigil on a replaced attempt's pod: stop
+# Set by Vigil on the pods it creates: when the attempt started (the operator's clock, to the
+# microsecond), which status records once it finds the pod (creationTimestamp has whole seconds).
+ANNOTATION_STARTED_AT = "vigil.dev/started-at"
 # On every attempt pod; removed only once the attempt's outcome is in the job's status, so no
 # final phase or exit code is lost (as batch/v1 does with batch.kubernetes.io/job-tracking).
 FINALIZER_ATTEMPT_TRACKING = "vigil.dev/attempt-tracking"

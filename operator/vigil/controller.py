@@ -225,6 +225,8 @@ class Controller:
             # Parsed once per job version, not on every heartbeat of its pods.
             self._heartbeats[key] = _parse_heartbeat(body)
             self.dispatcher.job_seen(body)
+            for pod in self.pods.of_job(body["metadata"]["uid"]):
+                self._note_start(key, body, pod)
             self.on_job(*key, body["metadata"]["uid"])
         if look:
             self.queue.add(key)
@@ -280,8 +282,18 @@ class Controller:
             if only_a_beat and not (beat and key is not None and self._beat_matters(key, uid)):
                 return
             self._looked_at.add(uid)
+            if key is not None and (job := self.jobs.get(key)) is not None:
+                self._note_start(key, job, pod)
         if key is not None:
             self.queue.add_batched(key, self.pod_batch_seconds)
+
+    def _note_start(self, key: Key, job: Mapping[str, Any], pod: Mapping[str, Any]) -> None:
+        """A pod of an attempt the job's status does not hold yet is a start made (its pod came
+        first): its queue counts it as running until status shows it, after a restart too."""
+        attempt = podstate.attempt_of(pod)
+        recorded = int((job.get("status") or {}).get("attempts") or 0)
+        if attempt is not None and attempt > recorded and podstate.is_controlled_by(pod, job["metadata"]["uid"]):
+            self.dispatcher.started_unseen(*key, attempt)
 
     def _check_orphan(self, pod: Mapping[str, Any]) -> None:
         """A pod held by Vigil's finalizer whose job is not known (deleted while the job watch

@@ -117,6 +117,10 @@ class Dispatcher:
                 self.metrics.queue_budget_delays.labels(*queue).inc()
         return admission
 
+    def started_unseen(self, namespace: str, name: str, attempt: int) -> None:
+        """A pod of an attempt the job's status does not hold yet exists: a start that was made."""
+        self.book.started_unseen(namespace, name, attempt, self._now())
+
     def queue_numbers(self) -> list[tuple[str, str, dict[str, int]]]:
         """(namespace, queue, numbers) of every VigilQueue, for the metrics collector."""
         now, numbers = self._now(), []

@@ -310,7 +310,7 @@ class _Draft:
         self.requeue_after.append(max(0.0, (moment - self.now).total_seconds()))
 
     def create_pod(self, attempt: int) -> None:
-        manifest = attempt_pod_manifest(self.job, attempt, self.status.last_checkpoint)
+        manifest = attempt_pod_manifest(self.job, attempt, self.status.last_checkpoint, self.now)
         self.pod_actions.append(CreatePod(manifest))
 
     def delete_pod(self, pod: podstate.Pod) -> None:
@@ -454,8 +454,8 @@ def _adopt_newer_attempt(draft: _Draft, observed: _ObservedPods) -> None:
     yet: take it as the current attempt rather than start another under a number already used.
 
     Attempt N+1's pod is how an attempt normally starts (the pod first, see the module
-    docstring): its start is recorded now, from the pod, with the time the API server created
-    it. A number further on means status was lost (or this snapshot is stale, and the fenced
+    docstring): its start is recorded now, from the pod, with the time the pod says it started.
+    A number further on means status was lost (or this snapshot is stale, and the fenced
     write will fail): that is adopted with a warning."""
     newest = observed.newest()
     if newest is None or draft.status.is_terminal:
@@ -465,7 +465,7 @@ def _adopt_newer_attempt(draft: _Draft, observed: _ObservedPods) -> None:
         return
     name, uid = podstate.name_of(newest), podstate.uid_of(newest)
     if number == draft.status.attempts + 1:
-        _record_start(draft, number, name, uid, min(draft.now, podstate.created_at(newest) or draft.now))
+        _record_start(draft, number, name, uid, min(draft.now, podstate.started_at(newest) or draft.now))
         return
     _record_start(draft, number, name, uid, draft.now)
     message = f"found pod {name} of attempt {number}, unknown to status"

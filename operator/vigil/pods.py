@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+from datetime import datetime
 from typing import Any
 
 from vigil import api
@@ -24,10 +25,12 @@ def attempt_pod_name(job_name: str, attempt: int) -> str:
     return prefix + suffix
 
 
-def attempt_pod_manifest(job: api.VigilJob, attempt: int, checkpoint: str | None) -> dict[str, Any]:
+def attempt_pod_manifest(
+    job: api.VigilJob, attempt: int, checkpoint: str | None, started_at: datetime | None = None
+) -> dict[str, Any]:
     """The pod of `attempt`: the job's template as given, plus restartPolicy Never, Vigil's
-    labels, the job as controlling owner, the attempt-tracking finalizer, and the VIGIL_*
-    environment in every container."""
+    labels, the job as controlling owner, the attempt-tracking finalizer, the VIGIL_*
+    environment in every container, and when the attempt started (`vigil.dev/started-at`)."""
     meta, spec = job.metadata, job.spec
     template = copy.deepcopy(spec.template)
     pod_meta = template.get("metadata") or {}
@@ -43,6 +46,11 @@ def attempt_pod_manifest(job: api.VigilJob, attempt: int, checkpoint: str | None
         api.LABEL_ATTEMPT: str(attempt),
         api.LABEL_QUEUE: spec.queue,
     }
+    if started_at is not None:
+        pod_meta["annotations"] = {
+            **(pod_meta.get("annotations") or {}),
+            api.ANNOTATION_STARTED_AT: started_at.isoformat(),
+        }
     pod_meta["ownerReferences"] = [
         {
             "apiVersion": api.API_VERSION,

@@ -124,9 +124,11 @@ def attempt_of(pod: Pod) -> int | None:
     return int(value) if value.isdigit() else None
 
 
-def created_at(pod: Pod) -> datetime | None:
-    """When the API server created the pod (its clock), if the pod says."""
-    return _time(pod["metadata"].get("creationTimestamp"))
+def started_at(pod: Pod) -> datetime | None:
+    """When its attempt started: as Vigil wrote it on the pod, else when the API server created
+    the pod (whole seconds); None if the pod says neither."""
+    written = _time((pod["metadata"].get("annotations") or {}).get(api.ANNOTATION_STARTED_AT))
+    return written or _time(pod["metadata"].get("creationTimestamp"))
 
 
 def is_finished(pod: Pod) -> bool:

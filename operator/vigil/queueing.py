@@ -497,7 +497,8 @@ class QueueBook:
     - the queue's spec (`set_queue`), or None while no VigilQueue of that name exists;
     - the view of each job naming it that is not finished (`observe`; `forget` on deletion):
       the jobs waiting in order, those backing off, running and dead-lettered, with their counts;
-    - holds: starts given by `dispatch` to jobs whose status does not show the attempt yet.
+    - holds: starts given by `dispatch` (or seen made, `started_unseen`) to jobs whose status
+      does not show the attempt yet.
       They count as running, so concurrent reconciles cannot overshoot maxRunning in the time
       between a start and the watch echoing it; a hold ends when an observation shows the job's
       attempt number past it (a stale event cannot end it) or on `release`;
@@ -540,6 +541,12 @@ class QueueBook:
     def observe(self, view: JobView) -> None:
         """A job as the cluster holds it now (each watch event, each status the shell wrote)."""
         if view.standing is None:
+            # The first status that shows a start can also show its end (its pod came first and
+            # finished before the look that records it): the start was made, its count stays.
+            qkey = self._where.get(view.key)
+            job = self._queues[qkey].jobs[view.name] if qkey is not None else None
+            if job is not None and job.hold is not None and view.attempts >= job.hold.attempt:
+                self._end_hold(self._queues[qkey], job, started=True)
             self.forget(view.namespace, view.name)
             return
         previous = self._where.get(view.key)
@@ -588,6 +595,25 @@ class QueueBook:
             return
         self._end_hold(queue, job, started=False)
         job.not_before = now + RELEASE_RECHECK_SECONDS
+        self._file(queue, job)
+        self._changed.add(qkey)
+
+    def started_unseen(self, namespace: str, name: str, attempt: int, now: float) -> None:
+        """A pod of `attempt` exists that the job's status does not hold yet: its start was made
+        (the pod comes first, vigil.lifecycle), by this process or by one that died before the
+        job's next look recorded it. It counts as running from now on, as a hold, until an
+        observation shows the attempt. This is what keeps maxRunning across a restart: the new
+        process sees those pods in its listing, before it gives any start. Takes no token (the
+        start was paid for); counts in the retry window, which a restart emptied."""
+        qkey = self._where.get((namespace, name))
+        if qkey is None:
+            return
+        queue = self._queues[qkey]
+        job = queue.jobs[name]
+        if job.hold is not None or job.view.attempts >= attempt:
+            return
+        retry = job.view.is_retry
+        job.hold = _Hold(attempt=attempt, second=queue.window.record(now, retry), retry=retry)
         self._file(queue, job)
         self._changed.add(qkey)
 

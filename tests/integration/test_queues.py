@@ -530,9 +530,10 @@ def test_two_hundred_jobs_with_retries_never_run_more_than_max_running_and_kubec
 
 def test_max_running_holds_across_operator_sigkills_mid_run(bed: QueueBed):
     """The operator is SIGKILLed twice while the queue is saturated and restarted at once: the
-    new process counts what runs from the jobs' statuses (a start is reserved there before its
-    pod exists), so the pod watch never sees more than maxRunning, no attempt gets two pods and
-    every job finishes."""
+    new process counts what runs from the jobs' statuses and, before it gives any start, from
+    the pods of attempts those statuses do not hold yet (a start's pod comes first, and the next
+    look records it), so the pod watch never sees more than maxRunning, no attempt gets two pods
+    and every job finishes."""
     bed.create_queue("tough", maxRunning=5, retryBudget=NO_BUDGET)
     operator = bed.start_operator()
     pods = bed.watch_pods()

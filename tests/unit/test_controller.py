@@ -426,3 +426,25 @@ def test_a_decision_that_writes_no_status_runs_only_on_the_version_the_api_serve
     stored = None
     with pytest.raises(Gone):
         asyncio.run(c._execute(job(), ConfirmVersion("5")))
+
+
+@pytest.mark.parametrize("pod_first", [True, False])
+def test_a_pod_of_an_attempt_status_does_not_hold_yet_counts_as_a_start_whichever_is_seen_first(pod_first: bool):
+    """After a restart the job and pod watches list in any order; either way the queue learns of a
+    start whose pod came first before the job's next look records it (maxRunning holds)."""
+    c = controller(Clock())
+    starts = []
+    c.dispatcher.started_unseen = lambda *args: starts.append(args)  # type: ignore[method-assign]
+    queued = job(phase="Queued")
+    queued["status"] = {"phase": "Queued", "attempts": 0}
+    if pod_first:
+        c.pod_changed(pod(10))
+        c.job_seen(queued)
+    else:
+        c.job_seen(queued)
+        c.pod_changed(pod(10))
+    assert starts == [("ns", "j", 1)]
+    recorded = {**queued, "metadata": {**queued["metadata"], "resourceVersion": "6"}, "status": {"attempts": 1}}
+    c.job_seen(recorded)
+    c.pod_changed(pod(11, phase="Succeeded"))
+    assert starts == [("ns", "j", 1)], "once status holds the attempt, its pod is no news"

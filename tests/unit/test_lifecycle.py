@@ -87,8 +87,20 @@ def test_a_new_job_creates_attempt_1s_pod_first_behind_a_check_of_its_version() 
     ]
 
 
-def test_the_look_that_finds_the_new_pod_records_its_attempt_from_the_pod() -> None:
-    pod = make_pod(1, phase="Pending", node=None)
+def test_the_pod_of_a_new_attempt_says_when_it_started() -> None:
+    (create,) = run(make_job(), now=at(1.25)).of_type(CreatePod)
+    assert create.manifest["metadata"]["annotations"][api.ANNOTATION_STARTED_AT] == "2025-03-01T12:00:01.250000+00:00"
+
+
+@pytest.mark.parametrize(
+    ("annotations", "started"),
+    [
+        ({api.ANNOTATION_STARTED_AT: "2025-03-01T12:00:01.250000+00:00"}, "2025-03-01T12:00:01.250000Z"),
+        ({}, "2025-03-01T12:00:01Z"),  # a pod of an older Vigil: when the API server created it
+    ],
+)
+def test_the_look_that_finds_the_new_pod_records_its_attempt_from_the_pod(annotations: dict, started: str) -> None:
+    pod = make_pod(1, phase="Pending", node=None, annotations=annotations)
     pod["metadata"]["creationTimestamp"] = "2025-03-01T12:00:01Z"
 
     decision = run(make_job(), [pod], at(2))
@@ -100,7 +112,7 @@ def test_the_look_that_finds_the_new_pod_records_its_attempt_from_the_pod() -> N
     assert (status["attempts"], status["roundAttempts"]) == (1, 1)
     current = status["currentAttempt"]
     assert (current["number"], current["podName"], current["podUID"]) == (1, "ledger-1", "pod-1")
-    assert current["startedAt"] == status["startedAt"] == "2025-03-01T12:00:01Z", "when the pod was created"
+    assert current["startedAt"] == status["startedAt"] == started
 
 
 def test_a_pod_found_several_attempts_ahead_of_status_is_adopted_with_a_warning() -> None:
@@ -193,7 +205,10 @@ def test_status_written_but_pod_never_created_creates_the_same_attempt_again() -
 def test_pod_created_but_not_yet_seen_is_only_created_again_under_its_own_name() -> None:
     job, first = step(make_job())
     again = run(job, now=at(1))
-    assert again.of_type(CreatePod)[0].manifest == first.of_type(CreatePod)[0].manifest
+    (before,), (after,) = (d.of_type(CreatePod) for d in (first, again))
+    assert after.manifest["metadata"]["name"] == before.manifest["metadata"]["name"] == "ledger-1"
+    assert after.manifest["metadata"]["labels"] == before.manifest["metadata"]["labels"]
+    assert after.manifest["spec"] == before.manifest["spec"]  # AlreadyExists keeps the first, started-at and all
 
 
 def test_a_decision_on_a_stale_job_is_fenced_by_its_resource_version() -> None:

@@ -706,3 +706,35 @@ def test_order_key_puts_high_priority_then_old_then_name_first() -> None:
         order_key(0, 5.0, "a"),
         order_key(0, 5.0, "b"),
     ]
+
+
+def test_a_start_whose_pod_came_first_counts_as_running_until_status_shows_it() -> None:
+    """After a restart the book is rebuilt from statuses, which do not show a start whose pod was
+    created just before the crash; the shell tells the book of that pod before any dispatch."""
+    a, b = waiting("a"), waiting("b", created=1)
+    book = book_of(QueueSpec(max_running=1), a, b)
+    book.started_unseen(NS, "b", 1, T0)  # b's pod exists; its status still says Queued
+    assert book.count(QK, Standing.RUNNING) == 1
+    assert book.dispatch(QK, T0).start == (), "maxRunning 1 is used by b, though a is first in line"
+    book.started_unseen(NS, "b", 1, T0)  # seen again: still one
+    book.observe(b)  # a stale event does not free the slot
+    assert book.count(QK, Standing.RUNNING) == 1
+    book.observe(running(b))  # the look that found the pod recorded the attempt
+    assert book.count(QK, Standing.RUNNING) == 1
+    book.forget(NS, "b")
+    assert names(book.dispatch(QK, T0).start) == ["a"]
+    book.started_unseen(NS, "a", 1, T0)  # a's own pod, while it holds the start dispatch gave: no change
+    assert book.count(QK, Standing.RUNNING) == 1
+
+
+def test_a_retry_whose_first_status_shows_it_done_keeps_its_count() -> None:
+    """An attempt's pod comes first and the look that records the attempt may find it finished:
+    the status that ends the hold is the job's last one (Succeeded: no longer tracked). The retry
+    happened and must stay in the window, or the budget lets the next ones through at once."""
+    spec = QueueSpec(max_running=10, retry_budget=0.0)  # floor 3
+    retries = [replace(waiting(f"r{i}", created=float(i)), is_retry=True, attempts=1) for i in range(4)]
+    book = book_of(spec, *retries)
+    assert len(book.dispatch(QK, T0).start) == 3
+    book.observe(replace(retries[0], standing=None, attempts=2))  # r0's attempt 2 recorded as it succeeded
+    assert book.window_counts(QK, T0) == (3, 3)
+    assert book.dispatch(QK, T0 + 1).start == (), "the floor is spent: r3 waits"
