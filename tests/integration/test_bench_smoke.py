@@ -103,6 +103,7 @@ def test_write_cost_measures_every_kind_of_write(kube: Kube, tmp_path: Path) -> 
         "vigiljob-status-patch",
         "vigiljob-status-put",
         "vigiljob-status-small",
+        "vigiljob-get",
         "configmap-patch",
         "pod-heartbeat-patch",
         "lease-renew",
