@@ -338,7 +338,8 @@ def _template_meta_error(error: Any) -> str:
 
 
 class CurrentAttempt(WireModel):
-    """The attempt in flight: reserved in status before its pod is created."""
+    """The attempt in flight: recorded by the look that finds its pod, or reserved in status
+    before its pod when its start came with other changes of status (vigil.lifecycle)."""
 
     number: int = Field(ge=1, description="Attempt number; also its fencing token.")
     pod_name: str

@@ -3,8 +3,8 @@ before they run.
 
 The cache is a rumour about the cluster: it may miss a pod that exists, keep one that is gone,
 or miss heartbeats while its connection is stalled. Most decisions are harmless to take on a
-rumour, since the status write that fences them fails on a stale job and everything is
-idempotent. These are not, because they cannot be undone:
+rumour, since the fence that leads them (a status write, or a read of the job) fails on a stale
+job and everything is idempotent. These are not, because they cannot be undone:
 
 - declaring an attempt Lost (its pod is then marked superseded and deleted, and its agent
   stops a child that may be working fine): the cache may have missed its heartbeats, or a pod
