@@ -338,8 +338,7 @@ def _template_meta_error(error: Any) -> str:
 
 
 class CurrentAttempt(WireModel):
-    """The attempt in flight: recorded by the look that finds its pod, or reserved in status
-    before its pod when its start came with other changes of status (vigil.lifecycle)."""
+    """The attempt in flight: recorded from its pod once seen, or reserved before its pod is created."""
 
     number: int = Field(ge=1, description="Attempt number; also its fencing token.")
     pod_name: str
