@@ -251,14 +251,6 @@ class _ObservedPods:
 # --------------------------------------------------------------------------------- the draft
 
 
-@dataclass(frozen=True)
-class _Start:
-    """The status just before and just after a decision reserved its attempt."""
-
-    before: VigilJobStatus
-    after: VigilJobStatus
-
-
 @dataclass
 class _Draft:
     """The decision being built: the new status and the actions beside it."""
@@ -275,7 +267,8 @@ class _Draft:
     # conditions beyond the three derived from the phase: type -> (status, reason, message)
     conditions_to_set: dict[str, tuple[api.ConditionStatus, str, str]] = field(default_factory=dict)
     beat: tuple[str, datetime] | None = None  # (pod UID, wall time of its last beat) of the current attempt
-    start: _Start | None = None  # the attempt this decision reserved, if any
+    # Status just after this decision reserved an attempt, if nothing had changed it before.
+    start_alone: VigilJobStatus | None = None
 
     def __post_init__(self) -> None:
         self.status = self.job.status
@@ -366,8 +359,7 @@ class _Draft:
     def _only_starts(self) -> bool:
         """Whether this decision does nothing but start the attempt it reserved: then it creates
         the pod alone, and the reservation is left to the look that finds the pod."""
-        start = self.start
-        if start is None or _wire(start.before) != _wire(self.job.status) or _wire(self.status) != _wire(start.after):
+        if self.start_alone is None or _wire(self.status) != _wire(self.start_alone):
             return False
         creations = [action for action in self.pod_actions if isinstance(action, CreatePod)]
         only_its_pod = len(self.pod_actions) == 1 and len(creations) == 1 and not self.releases
@@ -849,7 +841,8 @@ def _reserve_next_attempt(draft: _Draft) -> None:
     number = before.attempts + 1
     _record_start(draft, number, attempt_pod_name(draft.job.metadata.name, number), None, draft.now)
     draft.event("AttemptStarting", draft.status.message or "")
-    draft.start = _Start(before, draft.status)
+    if _wire(before) == _wire(draft.job.status):
+        draft.start_alone = draft.status
 
 
 def _record_start(draft: _Draft, number: int, pod_name: str, pod_uid: str | None, started_at: datetime) -> None:
