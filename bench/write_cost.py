@@ -16,6 +16,11 @@ spread rather than as a difference:
 - `vigiljob-status-small`: a status of one condition, as a merge patch;
 - `vigiljob-get`: not a write but a read, a GET of a VigilJob: the fence of a decision that writes
   no status (`ConfirmVersion`: an attempt's pod created first), where a status write was before;
+- `vigiljob-create` and `job-create`: a submission, one new object each time, as bench.compare
+  submits them (the same pod template); the Jobs carry `spec.managedBy` of no controller, so that
+  the Job controller leaves them (and this measure) alone;
+- `job-status-put`: what the Job controller's UpdateStatus sends, a PUT of a Job's status (one
+  with `spec.managedBy`, which the Job controller leaves to us) whose `ready` count changes;
 - `configmap-patch`: a merge patch of a ConfigMap's data, a built-in kind, for scale;
 - `pod-heartbeat-patch`: what vigil-agent writes on every beat, a merge patch of the
   `vigil.dev/heartbeat` annotation of a Running pod (kwok's); the pod's watchers (kwok, the
@@ -29,6 +34,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import datetime as dt
+import itertools
 import json
 import math
 import sys
@@ -44,9 +50,11 @@ from bench.compare import (
     delete_namespace,
     install_crds,
     log,
+    native_job,
     own_cluster,
     pod_spec,
     testbed_of,
+    vigil_job,
 )
 from testbed import cluster as testbed
 
@@ -56,6 +64,9 @@ GROUP_PATH = "/apis/vigil.dev/v1alpha1"
 MERGE_PATCH = "application/merge-patch+json"
 LEASES_PATH = "/apis/coordination.k8s.io/v1"
 HEARTBEAT = "vigil.dev/heartbeat"
+JOBS_PATH = "/apis/batch/v1"
+# A Job the Job controller leaves alone (JobManagedBy), so that its status is ours to write.
+NO_CONTROLLER = "vigil.dev/bench-write-cost"
 
 
 def condition(kind: str, status: str, message: str) -> dict[str, Any]:
@@ -109,6 +120,8 @@ class Writer:
     def __init__(self, api: Api, namespace: str) -> None:
         self.api, self.namespace = api, namespace
         self.jobs: dict[int, dict[str, Any]] = {}
+        self.native: dict[int, dict[str, Any]] = {}  # the batch/v1 Jobs, as last written
+        self.fresh = itertools.count()  # names of created objects, unique over every round
 
     def setup(self) -> None:
         for i in range(THREADS * OBJECTS_PER_THREAD):
@@ -131,6 +144,22 @@ class Writer:
             self._send("POST", f"/api/v1/namespaces/{self.namespace}/pods", pod, "application/json")
             lease = {"metadata": {"name": f"pod-{i}"}, "spec": {"holderIdentity": f"pod-{i}", "renewTime": _now()}}
             self._send("POST", f"{LEASES_PATH}/namespaces/{self.namespace}/leases", lease, "application/json")
+            self._send("POST", self._native_jobs(), self._native_job(f"njob-{i}"), "application/json")
+            self._send(
+                "PUT",
+                f"{self._native_jobs()}/njob-{i}/status",
+                {
+                    **self._get_native(i),
+                    "status": {
+                        "startTime": _now()[:19] + "Z",
+                        "active": 1,
+                        "ready": 0,
+                        "terminating": 0,
+                        "uncountedTerminatedPods": {},
+                    },
+                },
+                "application/json",
+            )
 
     def wait_running(self, timeout: float = 120) -> None:
         """The pods are Running on kwok's nodes, their status filled, as a beating attempt's is."""
@@ -145,6 +174,32 @@ class Writer:
 
     def _jobs(self) -> str:
         return f"{GROUP_PATH}/namespaces/{self.namespace}/vigiljobs"
+
+    def _native_jobs(self) -> str:
+        return f"{JOBS_PATH}/namespaces/{self.namespace}/jobs"
+
+    @staticmethod
+    def _native_job(name: str) -> dict[str, Any]:
+        job = native_job("all-succeed", 0)
+        job["metadata"]["name"] = name
+        job["spec"]["managedBy"] = NO_CONTROLLER
+        return job
+
+    def _get_native(self, i: int) -> dict[str, Any]:
+        return json.loads(self._send("GET", f"{self._native_jobs()}/njob-{i}", None, ""))
+
+    def _create_vigiljob(self, i: int, n: int) -> None:
+        job = vigil_job("all-succeed", 0)
+        job["metadata"]["name"] = f"new-{next(self.fresh)}"
+        self._send("POST", self._jobs(), job, "application/json")
+
+    def _job_status(self, i: int, n: int) -> None:
+        """The Job controller's UpdateStatus: a PUT of the whole Job as last read, its status changed."""
+        job = self.native[i] if i in self.native else self._get_native(i)
+        job["status"]["ready"] = n % 2 if job["status"].get("ready") != n % 2 else 1 - n % 2
+        self.native[i] = json.loads(
+            self._send("PUT", f"{self._native_jobs()}/njob-{i}/status", job, "application/json")
+        )
 
     def _send(self, verb: str, path: str, body: dict[str, Any] | None, content_type: str) -> bytes:
         resp = self.api.http.request(
@@ -177,6 +232,11 @@ class Writer:
             "vigiljob-get": lambda i, n: self._send(
                 "GET", f"{self._jobs()}/{self.jobs[i]['metadata']['name']}", None, ""
             ),
+            "vigiljob-create": self._create_vigiljob,
+            "job-create": lambda i, n: self._send(
+                "POST", self._native_jobs(), self._native_job(f"new-{next(self.fresh)}"), "application/json"
+            ),
+            "job-status-put": self._job_status,
             "configmap-patch": lambda i, n: self._send(
                 "PATCH", f"/api/v1/namespaces/{self.namespace}/configmaps/cm-{i}", {"data": {"a": str(n)}}, MERGE_PATCH
             ),
