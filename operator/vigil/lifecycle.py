@@ -660,8 +660,10 @@ def _follow_live_pod(draft: _Draft, pod: podstate.Pod, report: podstate.PodRepor
     if report.state == "Running" and draft.status.phase not in ("Running", "Uncertain"):
         message = f"attempt {current.number} is running in pod {current.pod_name} on node {report.node_name}"
         draft.update_attempt(phase="Running")
+        # No event: a look sees a pod running only if it comes before the pod ends, so such an
+        # event would come or not by timing; the phase, the Running condition and the attempt's
+        # history say it, and the kubelet posts the pod's own Started event.
         draft.set_phase("Running", "AttemptRunning", message)
-        draft.event("AttemptRunning", message)
     elif report.state == "Pending" and draft.status.reason != "AttemptStarting":
         # e.g. after a pod name conflict was cleared: say so instead of the stale reason
         draft.set_phase(
