@@ -195,8 +195,8 @@ class Writer:
 
     def _job_status(self, i: int, n: int) -> None:
         """The Job controller's UpdateStatus: a PUT of the whole Job as last read, its status changed."""
-        job = self.native[i] if i in self.native else self._get_native(i)
-        job["status"]["ready"] = n % 2 if job["status"].get("ready") != n % 2 else 1 - n % 2
+        job = self.native.get(i) or self._get_native(i)
+        job["status"]["ready"] = 1 - (job["status"].get("ready") or 0)  # a change, or the write is a no-op
         self.native[i] = json.loads(
             self._send("PUT", f"{self._native_jobs()}/njob-{i}/status", job, "application/json")
         )
