@@ -145,7 +145,7 @@ class Writer:
             lease = {"metadata": {"name": f"pod-{i}"}, "spec": {"holderIdentity": f"pod-{i}", "renewTime": _now()}}
             self._send("POST", f"{LEASES_PATH}/namespaces/{self.namespace}/leases", lease, "application/json")
             self._send("POST", self._native_jobs(), self._native_job(f"njob-{i}"), "application/json")
-            self._send(
+            answer = self._send(
                 "PUT",
                 f"{self._native_jobs()}/njob-{i}/status",
                 {
@@ -160,6 +160,7 @@ class Writer:
                 },
                 "application/json",
             )
+            self.native[i] = json.loads(answer)  # so that no measured write reads the Job first
 
     def wait_running(self, timeout: float = 120) -> None:
         """The pods are Running on kwok's nodes, their status filled, as a beating attempt's is."""
@@ -195,7 +196,7 @@ class Writer:
 
     def _job_status(self, i: int, n: int) -> None:
         """The Job controller's UpdateStatus: a PUT of the whole Job as last read, its status changed."""
-        job = self.native.get(i) or self._get_native(i)
+        job = self.native[i]
         job["status"]["ready"] = 1 - (job["status"].get("ready") or 0)  # a change, or the write is a no-op
         self.native[i] = json.loads(
             self._send("PUT", f"{self._native_jobs()}/njob-{i}/status", job, "application/json")
