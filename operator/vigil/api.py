@@ -305,7 +305,10 @@ class VigilJobSpec(WireModel):
     heartbeat: Heartbeat = _nested(Heartbeat, "Liveness of attempts.")
     guarantee: Guarantee = Field(
         "AtLeastOnce",
-        description="NoOverlap: attempt N+1 starts only once attempt N's pod is gone.",
+        description=(
+            "NoOverlap: attempt N+1 starts only once attempt N's pod has stopped (phase Succeeded or "
+            "Failed) or is gone; a terminating pod that still runs holds it back."
+        ),
     )
     attempt_deadline_seconds: int | None = _seconds(
         None, ge=1, description="One attempt's time limit; the attempt is then retried."

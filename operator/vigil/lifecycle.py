@@ -38,10 +38,11 @@ Heartbeats (see `vigil.liveness` for how silence is measured) come in as verdict
   only) is written along with any other status write, and on its own only when the stored value
   is `liveness.stamp_period` (max(5 min, timeout / 2)) off: never one API write per beat.
 
-NoOverlap: attempt N+1 is reserved only when no pod of an earlier attempt exists any more, a
-terminating one included; finished pods (kept for their logs otherwise) are then deleted. This
-relies on the pods given to decide() including every pod earlier decisions created: the shell
-writes the pods it creates through into its cache, as it does with the job's status.
+NoOverlap: attempt N+1 is reserved only when no pod of an earlier attempt may still run: a
+terminating pod holds it back, a finished one (phase Succeeded or Failed, kept for its logs)
+does not, since every container of it has stopped. This relies on the pods given to decide()
+including every pod earlier decisions created: the shell writes the pods it creates through
+into its cache, as it does with the job's status.
 
 A late success wins: a pod of an attempt recorded as Lost (or Superseded) that reports Succeeded
 makes a job that is not yet terminal Succeeded (reason LateSuccess). Its history record becomes

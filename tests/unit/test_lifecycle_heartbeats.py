@@ -266,6 +266,16 @@ def test_under_no_overlap_a_finished_pod_never_blocks_the_next_attempt_and_keeps
     assert job["status"]["reason"] != "WaitingForPreviousPod"
 
 
+def test_under_no_overlap_a_lost_pod_that_has_stopped_frees_the_next_attempt_before_it_is_gone() -> None:
+    # The node stopped the pod (exit 143 on SIGTERM, phase Failed): it runs nothing any more, even
+    # while Vigil's own finalizer still holds its object for the exit code.
+    job, _ = lost_attempt_1({"guarantee": "NoOverlap", **NO_BACKOFF})
+    stopped = make_pod(1, phase="Failed", exit_code=143, deleting=True, annotations=SUPERSEDED)
+    job, decision = step(job, [stopped], at(75))
+    assert len(decision.of_type(CreatePod)) == 1
+    assert job["status"]["currentAttempt"]["number"] == 2
+
+
 def test_under_no_overlap_a_resumed_job_waits_for_its_cancelled_pod() -> None:
     job = running_job({"guarantee": "NoOverlap"})
     job["spec"]["suspend"] = True
