@@ -9,9 +9,11 @@ every pod runs for about 1 s on a kwok node and exits as the workload says. One 
 and one of the jobs per run time everything on the bench's own monotonic clock. Printed as a
 markdown table (and written to <out>/<timestamp>.md and .json): makespan, throughput,
 p50/p95/p99 of submit -> pod created and submit -> finished, CPU seconds and peak RSS of the
-operator and of kube-controller-manager, kube-apiserver's and etcd's CPU seconds, and per job by
-verb and resource the API requests, the API server's time serving them and the watch events it
-sent, with the ratio Vigil / native of every figure. `--profile` adds py-spy's profile of the
+operator and of kube-controller-manager, the CPU seconds of every other process of the bed
+(kube-apiserver, etcd, kube-scheduler, kwok) and of the bench itself, the whole machine's busy CPU
+(from /proc/stat: on this shared machine, what bounds throughput), and per job by verb and
+resource the API requests, the API server's time serving them and the watch events it sent,
+with the ratio Vigil / native of every figure. `--profile` adds py-spy's profile of the
 operator and kube-apiserver's own (pprof), with the CPU each kind of status write costs it.
 
 By default the bench brings up (or reuses) a local test bed of its own (name `bench`, port base
@@ -199,6 +201,15 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(") ", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds every process of the machine has used since boot, all cores together (the
+    first line of /proc/stat, less idle and iowait): the bed, the operator, the bench and the rest."""
+    with open("/proc/stat") as f:
+        ticks = [int(t) for t in f.readline().split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = ticks
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def status_kib(pid: int, key: str) -> int:
@@ -737,14 +748,16 @@ def run_side(
 
         pids = {}
         if cluster:
-            for component in ("kube-controller-manager", "kube-apiserver", "etcd"):
+            for component in testbed.COMPONENTS:
                 pid = testbed.running_pid(cluster, component)
                 if pid:
                     pids[component] = pid
+            pids["bench"] = os.getpid()  # its submissions and watches share the machine too
         if operator:
             pids["operator"] = operator.pid
         server_before = server_figures(api)
         cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        machine_before = machine_busy_seconds()
         sampler = Sampler(pids)
         sampler.start()
         profiler = Profiler(operator.pid, profile / f"profile-{workload}.txt") if operator and profile else None
@@ -790,6 +803,7 @@ def run_side(
             time.sleep(0.1)
         ended = time.monotonic()
         cpu_after = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        machine_busy = machine_busy_seconds() - machine_before
         if profiler:
             profiler.stop()
         peak = sampler.stop()
@@ -840,6 +854,11 @@ def run_side(
         key = name.replace("kube-", "").replace("-", "_")
         result[f"{key}_cpu_seconds"] = cpu_after[name] - cpu_before[name]
         result[f"{key}_peak_rss_mib"] = peak[name]
+    if cluster:  # the bed runs on this machine: the whole machine's CPU is the bed's and the bench's
+        cores = os.cpu_count() or 1
+        result["machine_busy_cpu_seconds"] = machine_busy
+        result["machine_busy_share"] = machine_busy / (cores * (ended - began))
+        result["machine_cpu_ms_per_job"] = machine_busy * 1000 / jobs
     if controller in pids:
         result["controller_cpu_seconds"] = cpu_after[controller] - cpu_before[controller]
         result["controller_peak_rss_mib"] = peak[controller]
@@ -880,6 +899,12 @@ ROWS = [
     ("kube-apiserver CPU s", "apiserver_cpu_seconds", "{:.1f}"),
     ("kube-apiserver peak RSS MiB", "apiserver_peak_rss_mib", "{:.0f}"),
     ("etcd CPU s", "etcd_cpu_seconds", "{:.1f}"),
+    ("kube-scheduler CPU s", "scheduler_cpu_seconds", "{:.1f}"),
+    ("kwok CPU s (every simulated kubelet)", "kwok_cpu_seconds", "{:.1f}"),
+    ("the bench's own CPU s (submissions and watches)", "bench_cpu_seconds", "{:.1f}"),
+    ("machine CPU s, every process (/proc/stat)", "machine_busy_cpu_seconds", "{:.1f}"),
+    ("machine CPU busy, share of all cores over the run", "machine_busy_share", "{:.0%}"),
+    ("machine CPU ms per job", "machine_cpu_ms_per_job", "{:.1f}"),
     ("API requests per job (all clients)", "api_requests_per_job", "{:.1f}"),
     ("API writes per job (POST/PUT/PATCH/DELETE)", "api_writes_per_job", "{:.1f}"),
 ]
