@@ -135,8 +135,14 @@ def test_a_frozen_leader_is_replaced_and_once_woken_writes_nothing_and_exits(
         takeover = time.monotonic() - t_stop
         assert second == identity(standby)
         assert (lease(kube, namespace).spec.lease_transitions or 0) == transitions + 1
-        # The new leader works while the old one is still frozen: a job moves on under it.
-        time.sleep(2)
+        # The new leader works while the old one is still frozen: a job moves on under it (only
+        # Vigil writes a job's status, and the old leader cannot).
+        frozen = {i: status(kube, namespace, f"j{i}") for i in range(JOBS)}
+        wait_until(
+            lambda: any(status(kube, namespace, f"j{i}") != frozen[i] for i in range(JOBS)),
+            30,
+            "a job to move on under the new leader while the old one is frozen",
+        )
         woken_at, t_cont = dt.datetime.now(dt.UTC), time.monotonic()
         old.proc.send_signal(signal.SIGCONT)
         code = old.proc.wait(30)
