@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import datetime as dt
 import json
 import os
 import shutil
@@ -34,7 +35,9 @@ BIN = CACHE / "bin"
 STAGES = Path(__file__).with_name("kwok-stages.yaml")
 SERVICE_CIDR = "10.0.0.0/24"
 POD_CIDR = "10.244.0.1/16"
-FAKE_NODE_TAINT = {"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}
+FAKE_NODE = "kwok.x-k8s.io/node"  # the annotation (and taint key) of the nodes kwok manages
+FAKE_NODE_TAINT = {"key": FAKE_NODE, "value": "fake", "effect": "NoSchedule"}
+NODE_LEASE_SECONDS = 40  # how long a fake node's Lease lasts without renewal (kwok renews every 10 s)
 # Start order; `down` stops them in reverse.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 
@@ -390,14 +393,27 @@ def _tail(path: Path, lines: int = 15) -> str:
 # --- health checks --------------------------------------------------------------------------
 
 
-def _https_ok(cluster: Cluster, url: str) -> bool:
+def _admin_tls(cluster: Cluster) -> ssl.SSLContext:
     ctx = ssl.create_default_context(cafile=str(cluster.pki / "ca.crt"))
     ctx.load_cert_chain(str(cluster.pki / "admin.crt"), str(cluster.pki / "admin.key"))
+    return ctx
+
+
+def _https_ok(cluster: Cluster, url: str) -> bool:
     try:
-        with urllib.request.urlopen(url, context=ctx, timeout=2) as resp:
+        with urllib.request.urlopen(url, context=_admin_tls(cluster), timeout=2) as resp:
             return resp.status == 200
     except (urllib.error.URLError, OSError):
         return False
+
+
+def _get(cluster: Cluster, path: str) -> dict | None:
+    """A GET of the API as admin, its JSON; None if it failed."""
+    try:
+        with urllib.request.urlopen(f"{cluster.server}{path}", context=_admin_tls(cluster), timeout=5) as resp:
+            return json.load(resp)
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
 
 
 def _insecure_ok(url: str) -> bool:
@@ -576,6 +592,7 @@ def start_scheduler(cluster: Cluster) -> None:
 
 def start_kwok(cluster: Cluster) -> None:
     p = cluster.ports
+    started = time.time()
     start(
         cluster,
         "kwok",
@@ -584,7 +601,7 @@ def start_kwok(cluster: Cluster) -> None:
             f"--kubeconfig={cluster.kubeconfig}",
             f"--config={STAGES}",
             "--manage-all-nodes=false",
-            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            f"--manage-nodes-with-annotation-selector={FAKE_NODE}=fake",
             f"--cidr={POD_CIDR}",
             "--node-ip=127.0.0.1",
             # Nodes keep a Lease, renewed every 10 s, as a kubelet does. Without this flag kwok
@@ -592,11 +609,43 @@ def start_kwok(cluster: Cluster) -> None:
             # so only the node-heartbeat stage (every 10-20 min) kept the nodes alive: the node
             # lifecycle controller saw every node not-Ready each 55 s and marked all their pods
             # NotReady, which kwok then undid (EndpointSlices emptied, pod events for nothing).
-            "--node-lease-duration-seconds=40",
+            f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
             f"--server-address=127.0.0.1:{p.kwok}",
         ],
     )
     wait_for("kwok /healthz", lambda: _http_ok(f"http://127.0.0.1:{p.kwok}/healthz"), 60, cluster, "kwok")
+    # A kwok started while its nodes' Leases are still held (a restart, or `up` on kept data)
+    # takes them over only once they expire, and until then moves no pod on those nodes: the
+    # first 40 s of a benchmark after a restart ran with the CPU a third idle. Wait for it here,
+    # so that what runs next does not take that pause for slowness of its own. (On a fresh bed
+    # there are no nodes yet: nothing to wait for.)
+    wait_for(
+        "kwok to renew every fake node's Lease",
+        lambda: _node_leases_renewed_since(cluster, started),
+        NODE_LEASE_SECONDS + 30,
+        cluster,
+        "kwok",
+    )
+
+
+def _node_leases_renewed_since(cluster: Cluster, since: float) -> bool:
+    """Whether the Lease of every fake node was renewed after `since` (a time.time())."""
+    nodes = _get(cluster, "/api/v1/nodes")
+    leases = _get(cluster, "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases")
+    if nodes is None or leases is None:
+        return False
+    fake = {
+        node["metadata"]["name"]
+        for node in nodes["items"]
+        if (node["metadata"].get("annotations") or {}).get(FAKE_NODE) == "fake"
+    }
+    renewed = {
+        lease["metadata"]["name"]
+        for lease in leases["items"]
+        if (at := (lease.get("spec") or {}).get("renewTime"))
+        and dt.datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp() > since
+    }
+    return fake <= renewed
 
 
 def fake_node(name: str) -> dict:
@@ -605,7 +654,7 @@ def fake_node(name: str) -> dict:
         "kind": "Node",
         "metadata": {
             "name": name,
-            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "annotations": {FAKE_NODE: "fake", "node.alpha.kubernetes.io/ttl": "0"},
             "labels": {
                 "type": "kwok",
                 "kubernetes.io/hostname": name,
@@ -677,7 +726,8 @@ def _etcd_durable(cluster: Cluster) -> bool:
 
 def restart(cluster: Cluster, component: str, *, kill: bool = False, timeout: float = 120.0) -> float:
     """Stops a component (SIGTERM, or SIGKILL with kill=True: a crash) and starts it again with
-    the same flags; returns once kube-apiserver's /readyz answers again, with the seconds taken.
+    the same flags; returns once kube-apiserver's /readyz answers again (and, for kwok, once it
+    holds its nodes' Leases again: see start_kwok), with the seconds taken.
 
     etcd keeps its data across a restart either way: it runs on the same data dir, and
     --unsafe-no-fsync only skips fdatasync, while every acknowledged write has already been

@@ -279,3 +279,25 @@ def test_down_stops_every_process_it_started():
     leftovers = subprocess.run(["pgrep", "-f", str(own.dir)], capture_output=True, text=True).stdout.split()
     assert leftovers == [], f"processes of the cluster still run: {leftovers}"
     assert not (own.dir / "etcd").exists(), "down removes the data unless asked to keep it"
+
+
+def test_a_restarted_kwok_runs_pods_as_soon_as_restart_returns():
+    """kwok takes its nodes' Leases over only once they expire (40 s): `restart` waits for that,
+    so that a benchmark or test that follows does not stall on pods nobody moves."""
+    from kubernetes import config
+
+    from testbed import cluster as testbed
+
+    own = testbed.Cluster("pytest-down", testbed.Ports.from_base(18443))
+    testbed.up(own, nodes=1)
+    try:
+        testbed.restart(own, "kwok")
+        core = client.CoreV1Api(config.new_client_from_config(config_file=str(own.kubeconfig)))
+        core.create_namespaced_pod("default", _pod("after-restart", exit_code="0", run_for="60s"))
+        wait_until(
+            lambda: core.read_namespaced_pod("after-restart", "default").status.phase == "Running",
+            10,
+            "the pod to run right after kwok's restart",
+        )
+    finally:
+        testbed.down(own)
