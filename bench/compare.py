@@ -912,6 +912,28 @@ ROWS = [
 REQUIRED = [key for _, key, _ in ROWS]
 
 
+# Below this share of the machine's CPU over a run, a side was not bound by the CPU.
+CPU_BOUND_SHARE = 0.9
+
+
+def not_cpu_bound(native: dict, vigil: dict) -> str | None:
+    """A line for the report when a side kept the machine less than CPU_BOUND_SHARE busy: its
+    makespan then holds waits (backoff, or a stall of the bed) and its throughput is not what
+    the CPU allows, so the ratio of throughputs misleads and CPU per job is the figure to compare."""
+    idle = [
+        f"{name} {side['machine_busy_share']:.0%}"
+        for name, side in (("native", native), ("Vigil", vigil))
+        if side.get("machine_busy_share", 1.0) < CPU_BOUND_SHARE
+    ]
+    if not idle:
+        return None
+    return (
+        f"Not bound by the CPU: machine busy {', '.join(idle)} over the run (below {CPU_BOUND_SHARE:.0%}). "
+        "That side waited on something else (backoff, or a stall of the bed), so compare machine CPU per "
+        "job rather than throughput."
+    )
+
+
 def fmt(value: Any, pattern: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "—"
@@ -1174,7 +1196,10 @@ def main(argv: list[str] | None = None) -> int:
     for workload in workloads:
         sides = results[workload]
         if set(sides) == set(KINDS):
-            report += [table(sides["native"], sides["vigil"]), "", requests_table(sides["native"], sides["vigil"]), ""]
+            report += [table(sides["native"], sides["vigil"]), ""]
+            if note := not_cpu_bound(sides["native"], sides["vigil"]):
+                report += [note, ""]
+            report += [requests_table(sides["native"], sides["vigil"]), ""]
             if "profile" in sides["vigil"]:
                 report += [profile_text(sides["vigil"]["profile"]), ""]
             if "apiserver_profile" in sides["vigil"] and "apiserver_profile" in sides["native"]:

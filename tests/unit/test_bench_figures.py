@@ -1,12 +1,12 @@
 """Figures the benches derive, checked without a cluster: the operator's /metrics as
-`compare.sum_samples` reads them (a wrong sum would move every settle and per-beat figure), and
-when `heartbeat_load` calls an Uncertain false."""
+`compare.sum_samples` reads them (a wrong sum would move every settle and per-beat figure), when
+`compare` says a side was not bound by the CPU, and when `heartbeat_load` calls an Uncertain false."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.compare import sum_samples
+from bench.compare import not_cpu_bound, sum_samples
 from bench.heartbeat_load import falsely_uncertain
 from vigil.api import Heartbeat
 
@@ -44,3 +44,12 @@ def test_an_uncertain_is_false_only_when_no_pod_was_silent_as_long_as_the_uncert
     # Beats held up 57 s by a saturated API server: Uncertain is the right verdict, though under the timeout.
     assert not falsely_uncertain(3297, max_gap=57.0, heartbeat=EVERY_10_S)
     assert not falsely_uncertain(0, max_gap=11.2, heartbeat=EVERY_10_S)
+
+
+def test_a_side_that_left_the_cpu_idle_is_named_and_cpu_bound_sides_say_nothing():
+    bound, stalled = {"machine_busy_share": 0.99}, {"machine_busy_share": 0.65}
+    assert not_cpu_bound(bound, bound) is None
+    note = not_cpu_bound(stalled, bound)
+    assert note is not None and "native 65%" in note and "Vigil" not in note.split("over the run")[0]
+    assert "native 65%, Vigil 70%" in (not_cpu_bound(stalled, {"machine_busy_share": 0.70}) or "")
+    assert not_cpu_bound({}, {}) is None  # not a local bed: no machine figure, nothing to say
