@@ -196,10 +196,14 @@ def test_a_partition_past_the_timeout_under_no_overlap(
     # may start. The second pod is read first: the first pod, read after it and still able to
     # run, was so when the second one already existed.
     reasons = set()
-    while _pod(kube, namespace, "careful-1") is not None:
+    deadline = time.monotonic() + 30
+    while True:
         second = _pod(kube, namespace, "careful-2")
         first = _pod(kube, namespace, "careful-1")
-        if second is not None and first is not None:
+        if first is None:
+            break
+        assert time.monotonic() < deadline, "attempt 1's pod was still there 30 s after its 5 s delete delay"
+        if second is not None:
             assert first.status.phase in ("Succeeded", "Failed"), (
                 f"attempt 2 started while attempt 1's pod could still run (phase {first.status.phase})"
             )
