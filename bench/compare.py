@@ -4,7 +4,9 @@
 
 For each workload, N batch/v1 Jobs (the Job controller of kube-controller-manager) and then N
 VigilJobs (a `vigil operator` process the bench starts, with the admin kubeconfig, as users run
-it) are submitted by 8 client threads into a fresh namespace each, one side after the other;
+it) are submitted by 8 client threads into a fresh namespace each, one side after the other, all at
+once (a burst, which keeps the machine's CPU busy) or, with `--rate R`, as a steady stream of R a
+second (the load a cluster lives with: throughput follows the rate, and latency is what differs);
 every pod runs for about 1 s on a kwok node and exits as the workload says. One watch of pods
 and one of the jobs per run time everything on the bench's own monotonic clock. Printed as a
 markdown table (and written to <out>/<timestamp>.md and .json): makespan, throughput,
@@ -652,6 +654,17 @@ SERVER_HANDLERS = {
 # --- one run -------------------------------------------------------------------------------------
 
 
+def due_after(i: int, rate: float) -> float:
+    """When job i of a steady stream is due, in seconds after the first: an open loop, so a side
+    that falls behind meets the same arrivals as one that keeps up (a late submission goes at once)."""
+    return i / rate
+
+
+def default_timeout(jobs: int, rate: float | None) -> float:
+    """Seconds a side may take: 2 minutes, plus a fifth of a second a job, plus the stream's length."""
+    return 120 + jobs / 5 + (jobs / rate if rate else 0.0)
+
+
 def percentile(values: list[float], p: float) -> float:
     if not values:
         return math.nan
@@ -704,6 +717,7 @@ def run_side(
     workdir: Path,
     profile: Path | None = None,
     operator_args: tuple[str, ...] = (),
+    rate: float | None = None,
 ) -> dict:
     namespace = f"bench-{kind}-{workload}-{uuid.uuid4().hex[:4]}"
     log(f"{kind} / {workload}: {jobs} jobs in namespace {namespace}")
@@ -771,8 +785,10 @@ def run_side(
             (f"job-{i}", native_job(workload, i) if kind == "native" else vigil_job(workload, i)) for i in range(jobs)
         ]
 
-        def submit(item: tuple[str, dict]) -> None:
-            name, body = item
+        def submit(item: tuple[int, tuple[str, dict]]) -> None:
+            i, (name, body) = item
+            if rate:  # pacing the stream, not waiting for a condition
+                time.sleep(max(0.0, began + due_after(i, rate) - time.monotonic()))
             timeline.submitted[name] = time.monotonic()
             if kind == "native":
                 api.batch.create_namespaced_job(namespace, body, _preload_content=False)
@@ -783,7 +799,7 @@ def run_side(
 
         began = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-            list(pool.map(submit, bodies))
+            list(pool.map(submit, enumerate(bodies)))
         submitted = time.monotonic()
         log(f"{kind} / {workload}: submitted in {submitted - began:.1f} s")
         deadline = began + timeout
@@ -841,6 +857,7 @@ def run_side(
         "finished": len(finished),
         "succeeded": sum(1 for n in finished if timeline.outcome.get(n) == "Succeeded"),
         "pods_per_job": len(timeline.pods) / jobs,
+        "rate_jobs_per_second": rate,
         "submit_seconds": submitted - began,
         "window_seconds": ended - began,
         "makespan_seconds": makespan,
@@ -918,8 +935,9 @@ CPU_BOUND_SHARE = 0.9
 
 def not_cpu_bound(native: dict, vigil: dict) -> str | None:
     """A line for the report when a side kept the machine less than CPU_BOUND_SHARE busy: its
-    makespan then holds waits (backoff, or a stall of the bed) and its throughput is not what
-    the CPU allows, so the ratio of throughputs misleads and CPU per job is the figure to compare."""
+    makespan then holds waits and its throughput is not what the CPU allows, so the ratio of
+    throughputs misleads and CPU per job is the figure to compare. A paced stream (`--rate`) is
+    meant to leave the CPU room: there the waits are the arrivals, and latency is what to read."""
     idle = [
         f"{name} {side['machine_busy_share']:.0%}"
         for name, side in (("native", native), ("Vigil", vigil))
@@ -927,10 +945,15 @@ def not_cpu_bound(native: dict, vigil: dict) -> str | None:
     ]
     if not idle:
         return None
+    busy = f"machine busy {', '.join(idle)} over the run (below {CPU_BOUND_SHARE:.0%})"
+    if rate := native.get("rate_jobs_per_second"):
+        return (
+            f"Not bound by the CPU, as a stream of {rate:g} jobs/s is meant to be: {busy}. Both sides waited "
+            "for arrivals, so throughput follows the rate; compare latency and machine CPU per job."
+        )
     return (
-        f"Not bound by the CPU: machine busy {', '.join(idle)} over the run (below {CPU_BOUND_SHARE:.0%}). "
-        "That side waited on something else (backoff, or a stall of the bed), so compare machine CPU per "
-        "job rather than throughput."
+        f"Not bound by the CPU: {busy}. That side waited on something else (backoff, or a stall of the bed), "
+        "so compare machine CPU per job rather than throughput."
     )
 
 
@@ -1058,13 +1081,23 @@ def setup_text(meta: dict) -> str:
             "heartbeat.required false, fail-twice retry maxAttempts 3 with the Job controller's backoff "
             "(10 s doubling, no jitter); queued: VigilJobs through a VigilQueue with maxRunning = N against "
             "plain Jobs (no queue in the native controller without Kueue)",
-            "- times on the bench's monotonic clock: submit = just before the create request (8 threads); pod "
+            f"- submissions: {pace_text(meta.get('rate'), meta.get('threads', 8))}",
+            "- times on the bench's monotonic clock: submit = just before the create request; pod "
             "created = the first pod's ADDED event on one pod watch; finished = the job's first event with "
             "Complete/Failed (Job) or phase Succeeded/DeadLettered (VigilJob) on one job watch",
             "- CPU: utime+stime delta from /proc over the run (first submit → last finished); RSS: VmRSS sampled "
             "every 0.5 s, max over the run; the operator is started (and ready) before the run, so its start-up "
             "is not counted",
         ]
+    )
+
+
+def pace_text(rate: float | None, threads: int) -> str:
+    if not rate:
+        return f"all at once, by {threads} client threads (a burst: both sides are bound by the machine's CPU)"
+    return (
+        f"a steady stream of {rate:g} jobs/s (job i due i/{rate:g} s after the first, open loop), by "
+        f"{threads} client threads"
     )
 
 
@@ -1104,6 +1137,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--kinds", default="native,vigil", help="which sides to run (default both)")
     parser.add_argument("--threads", type=int, default=8, help="client threads that submit (default 8)")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="submit a steady stream of this many jobs a second instead of all at once (default: all at once)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="where the .md and .json go")
     parser.add_argument("--timeout", type=float, default=None, help="seconds a side may take (default 120 + N/5)")
     parser.add_argument("--kubeconfig", type=Path, help="run against this cluster instead of the bench's own")
@@ -1124,7 +1163,9 @@ def main(argv: list[str] | None = None) -> int:
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     if bad := [w for w in workloads if w not in WORKLOADS] + [k for k in kinds if k not in KINDS]:
         parser.error(f"unknown workload or kind: {', '.join(bad)}")
-    timeout = args.timeout or 120 + args.jobs / 5
+    if args.rate is not None and args.rate <= 0:
+        parser.error(f"--rate must be a number of jobs a second above 0, not {args.rate:g}")
+    timeout = args.timeout or default_timeout(args.jobs, args.rate)
     nodes = args.nodes or nodes_for(args.jobs)
 
     kubeconfig = args.kubeconfig
@@ -1165,6 +1206,7 @@ def main(argv: list[str] | None = None) -> int:
         "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "jobs": args.jobs,
         "threads": args.threads,
+        "rate": args.rate,
         "workloads": workloads,
         "operator_args": args.operator_args,
     }
@@ -1187,12 +1229,14 @@ def main(argv: list[str] | None = None) -> int:
                 workdir,
                 profile,
                 tuple(shlex.split(args.operator_args)),
+                args.rate,
             )
             partial = args.out / f"{stamp}.partial.json"  # what has run so far, should a later run fail
             args.out.mkdir(parents=True, exist_ok=True)
             partial.write_text(json.dumps(no_nan({"meta": meta, "results": results}), indent=1) + "\n")
 
-    report = [f"# Vigil vs the batch/v1 Job controller, N = {args.jobs:,}", "", setup_text(meta), ""]
+    pace = f", {args.rate:g} jobs/s" if args.rate else ""
+    report = [f"# Vigil vs the batch/v1 Job controller, N = {args.jobs:,}{pace}", "", setup_text(meta), ""]
     for workload in workloads:
         sides = results[workload]
         if set(sides) == set(KINDS):

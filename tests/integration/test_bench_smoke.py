@@ -1,6 +1,6 @@
 """Smoke of the benchmarks, so the scripts cannot rot: bench.compare with 50 jobs of each kind
-(all succeed), bench.heartbeat_load with 50 attempts for 8 s and bench.write_cost with 20 writes
-of each kind, against the suite's cluster.
+(all succeed, a stream of 25 a second, so that the pacing runs too), bench.heartbeat_load with 50
+attempts for 8 s and bench.write_cost with 20 writes of each kind, against the suite's cluster.
 
 They check that the scripts run to the end and report every figure; never a speed.
 """
@@ -42,7 +42,8 @@ def test_compare_runs_both_kinds_and_reports_every_figure(kube: Kube, tmp_path: 
     began = time.monotonic()
     result = run_bench(
         "bench.compare",
-        ["--jobs", "50", "--workloads", "all-succeed", "--kubeconfig", str(kube.kubeconfig), "--out", str(tmp_path)],
+        ["--jobs", "50", "--rate", "25", "--workloads", "all-succeed"]
+        + ["--kubeconfig", str(kube.kubeconfig), "--out", str(tmp_path)],
         timeout=240,
     )
     assert result.returncode == 0, result.stderr[-2000:]
@@ -52,6 +53,8 @@ def test_compare_runs_both_kinds_and_reports_every_figure(kube: Kube, tmp_path: 
     for kind in ("native", "vigil"):
         side = sides[kind]
         assert side["finished"] == side["succeeded"] == 50, side
+        assert side["rate_jobs_per_second"] == 25
+        assert side["submit_seconds"] >= 49 / 25, "the stream was not paced"  # the last job is due at 1.96 s
         absent = [key for key in REQUIRED if missing(side.get(key))]
         if not kube.on_testbed:  # the /proc figures need the local test bed
             absent = [key for key in absent if "cpu" not in key and "rss" not in key]
@@ -61,7 +64,7 @@ def test_compare_runs_both_kinds_and_reports_every_figure(kube: Kube, tmp_path: 
         assert side["api_watch_events_by_verb_resource"].get("WATCH pods", 0) >= 50, kind
         created = "POST jobs" if kind == "native" else "POST vigiljobs"
         assert side["api_request_seconds_by_verb_resource"].get(created, 0) > 0, kind
-    assert "| makespan" in table.read_text()
+    assert "| makespan" in table.read_text() and "a steady stream of 25 jobs/s" in table.read_text()
     print(f"bench.compare smoke took {time.monotonic() - began:.0f} s")
 
 

@@ -1,12 +1,13 @@
 """Figures the benches derive, checked without a cluster: the operator's /metrics as
 `compare.sum_samples` reads them (a wrong sum would move every settle and per-beat figure), when
-`compare` says a side was not bound by the CPU, and when `heartbeat_load` calls an Uncertain false."""
+`compare` says a side was not bound by the CPU, how it paces a stream, and when `heartbeat_load`
+calls an Uncertain false."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.compare import not_cpu_bound, sum_samples
+from bench.compare import default_timeout, due_after, not_cpu_bound, sum_samples
 from bench.heartbeat_load import falsely_uncertain
 from vigil.api import Heartbeat
 
@@ -53,3 +54,16 @@ def test_a_side_that_left_the_cpu_idle_is_named_and_cpu_bound_sides_say_nothing(
     assert note is not None and "native 65%" in note and "Vigil" not in note.split("over the run")[0]
     assert "native 65%, Vigil 70%" in (not_cpu_bound(stalled, {"machine_busy_share": 0.70}) or "")
     assert not_cpu_bound({}, {}) is None  # not a local bed: no machine figure, nothing to say
+
+
+def test_a_paced_side_is_expected_to_leave_the_cpu_idle_and_the_note_says_to_read_latency():
+    paced = {"machine_busy_share": 0.55, "rate_jobs_per_second": 20.0}
+    note = not_cpu_bound(paced, {"machine_busy_share": 0.60, "rate_jobs_per_second": 20.0}) or ""
+    assert "stream of 20 jobs/s" in note and "native 55%, Vigil 60%" in note and "latency" in note
+    assert "stall" not in note  # idle by design, not a stalled bed
+
+
+def test_a_stream_is_due_at_a_steady_pace_and_its_length_is_added_to_the_timeout():
+    assert [due_after(i, 20.0) for i in (0, 1, 20, 1000)] == [0.0, 0.05, 1.0, 50.0]
+    assert default_timeout(1000, None) == 120 + 200
+    assert default_timeout(1000, 20.0) == 120 + 200 + 50  # a side has the whole stream's length more
