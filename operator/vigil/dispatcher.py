@@ -147,10 +147,12 @@ class Dispatcher:
 
         The token bucket spaces the starts `dispatch` gives; the workers carry them out later, and
         a busy worker pool would bunch them up again. So the start itself (the decision that
-        reserves the attempt or creates its pod) is spaced too, at most one per 1/rate seconds per
-        queue; a start told to wait keeps its hold and is looked at again then.
+        creates the attempt's pod) is spaced too, at most one per 1/rate seconds per queue; a start
+        told to wait keeps its hold and is looked at again then. The look that records an attempt
+        whose pod came first starts nothing and is not spaced: were it, each start would take two
+        of the queue's slots, and a recording put off by newer starts would be put off again.
         """
-        if admission.reason != "Admitted" or not _reserves_attempt(job, decision):
+        if admission.reason != "Admitted" or not _creates_attempt_pod(job, decision):
             return None
         queue = self.book.queue_of(job["metadata"]["namespace"], job["metadata"]["name"])
         spec = self.book.spec(queue) if queue is not None else None
@@ -261,11 +263,18 @@ def _without_times(patch: Mapping[str, Any] | None) -> Any:
     }
 
 
+def _creates_attempt_pod(job: Mapping[str, Any], decision: Decision) -> bool:
+    """Whether the decision creates the pod of an attempt that status does not hold yet: the
+    moment an attempt starts, which a queue's maxStartsPerSecond spaces."""
+    before = int((job.get("status") or {}).get("attempts") or 0)
+    creations = decision.of_type(CreatePod)
+    return any(int(create.manifest["metadata"]["labels"][api.LABEL_ATTEMPT]) > before for create in creations)
+
+
 def _reserves_attempt(job: Mapping[str, Any], decision: Decision) -> bool:
     """Whether the decision starts a new attempt: its status write reserves one, or it creates
     the pod of one that status does not hold yet (the pod first, see vigil.lifecycle)."""
     before = int((job.get("status") or {}).get("attempts") or 0)
     if any(int(write.status.get("attempts") or 0) > before for write in decision.of_type(PatchStatus)):
         return True
-    creations = decision.of_type(CreatePod)
-    return any(int(create.manifest["metadata"]["labels"][api.LABEL_ATTEMPT]) > before for create in creations)
+    return _creates_attempt_pod(job, decision)

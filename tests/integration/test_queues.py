@@ -869,7 +869,7 @@ def test_max_running_changed_mid_run_takes_effect_at_once(bed: QueueBed):
 def test_max_starts_per_second_spaces_a_burst(bed: QueueBed):
     """maxStartsPerSecond 5 (a token bucket of one start): a burst of VIGIL_QUEUE_RATE_JOBS jobs
     released at once starts at 5 per second: the overall rate of pod creations at most 5.5 per
-    second, and the median gap between starts at most 1.2 / 5 s. The bucket also bounds any
+    second and at least 3.5, and the median gap between starts at most 1.2 / 5 s. The bucket also bounds any
     window of T seconds to 1 + 5 x T starts (docs: "never more than 2 in the same tenth of a
     second" at 20/s); over 2 s windows, with one start of slack for the time between a start's
     status write and its pod appearing, that is 12. The operator spaces the starts themselves,
@@ -904,6 +904,10 @@ def test_max_starts_per_second_spaces_a_burst(bed: QueueBed):
     # do not read as pacing; a queue pacing at 4/s or slower fails it.
     median_gap = sorted(gaps)[len(gaps) // 2]
     assert median_gap <= 1.2 / rate, f"median gap {median_gap:.3f}s between starts at {rate:g}/s"
+    # Nor stalled between starts: the median alone missed starts that came at 5/s in runs with
+    # pauses of up to 7 s between them, 2.5/s overall, while the looks that recorded started
+    # attempts took the rate's slots (fixed in `Dispatcher.pace`). A loaded machine did 3.7/s.
+    assert observed >= 0.7 * rate, f"{observed:.2f} starts/s overall at {rate:g}/s: the starts stalled"
     assert not check_finished(finished, dict.fromkeys(names, 1))
     # One start of slack for the time between a start's status write and its pod appearing.
     assert densest <= bound + 1, f"{densest} pods started within {window:g} s (the bucket allows {bound:g})"

@@ -1,4 +1,5 @@
-"""The dispatcher's reading of a decision: whether it used the start the queue gave."""
+"""The dispatcher's reading of a decision: whether it used the start the queue gave, and whether
+it is a start that the queue's rate spaces."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import random
 import pytest
 
 from tests.unit.factories import T0, make_job, make_pod
-from vigil.dispatcher import _reserves_attempt
+from vigil.dispatcher import Dispatcher, _reserves_attempt
 from vigil.lifecycle import decide
+from vigil.queueing import Admission, QueueSpec, view_of
 
 pytestmark = pytest.mark.unit
 
@@ -23,3 +25,26 @@ def test_a_start_is_used_by_a_decision_that_creates_the_next_attempts_pod_or_res
 
     found = decide(job, [make_pod(1)], T0, rng=random.Random(0))  # the look that records attempt 1
     assert _reserves_attempt(job, found)
+
+
+def test_a_start_rate_spaces_pod_creations_but_not_the_look_that_records_an_attempt_already_started():
+    """maxStartsPerSecond 5: a second creation within 0.2 s waits; the look that records attempt 1,
+    whose pod came first, starts nothing and goes at once. Spaced like a start, each recording took
+    a slot of its own and was put off again by newer starts, and a burst started at half the rate
+    (tests/integration/test_queues.py::test_max_starts_per_second_spaces_a_burst: 2.5 a second)."""
+    now = T0.timestamp()
+    dispatcher = Dispatcher(wake=lambda key: None, write_status=None, clock=lambda: T0)  # type: ignore[arg-type]
+    dispatcher.book.set_queue("work", "paced", QueueSpec(max_starts_per_second=5.0), now)
+    first = make_job(name="first", spec={"queue": "paced"})
+    second = make_job(name="second", uid="uid-second", spec={"queue": "paced"})
+    for job in (first, second):
+        dispatcher.book.observe(view_of(job))
+    admitted = Admission(True, "Admitted", "queue paced admitted it")
+
+    assert dispatcher.pace(first, admitted, decide(first, [], T0, rng=random.Random(0))) is None
+    waits = dispatcher.pace(second, admitted, decide(second, [], T0, rng=random.Random(0)))
+    assert waits == pytest.approx(0.2), "a second creation in the same instant waits for the rate"
+
+    recording = decide(first, [make_pod(1)], T0, rng=random.Random(0))
+    assert _reserves_attempt(first, recording)  # its hold is kept: the attempt did start
+    assert dispatcher.pace(first, admitted, recording) is None, "recording a started attempt is not a start"
