@@ -1144,7 +1144,9 @@ def main(argv: list[str] | None = None) -> int:
         help="submit a steady stream of this many jobs a second instead of all at once (default: all at once)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="where the .md and .json go")
-    parser.add_argument("--timeout", type=float, default=None, help="seconds a side may take (default 120 + N/5)")
+    parser.add_argument(
+        "--timeout", type=float, default=None, help="seconds a side may take (default 120 + N/5, + N/R with --rate)"
+    )
     parser.add_argument("--kubeconfig", type=Path, help="run against this cluster instead of the bench's own")
     parser.add_argument(
         "--use-existing-cluster", action="store_true", help="run against $KUBECONFIG instead of the bench's own"

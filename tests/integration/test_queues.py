@@ -869,10 +869,10 @@ def test_max_running_changed_mid_run_takes_effect_at_once(bed: QueueBed):
 def test_max_starts_per_second_spaces_a_burst(bed: QueueBed):
     """maxStartsPerSecond 5 (a token bucket of one start): a burst of VIGIL_QUEUE_RATE_JOBS jobs
     released at once starts at 5 per second: the overall rate of pod creations at most 5.5 per
-    second and at least 3.5, and the median gap between starts at most 1.2 / 5 s. The bucket also bounds any
-    window of T seconds to 1 + 5 x T starts (docs: "never more than 2 in the same tenth of a
-    second" at 20/s); over 2 s windows, with one start of slack for the time between a start's
-    status write and its pod appearing, that is 12. The operator spaces the starts themselves,
+    second and at least 3.5, and the median gap between starts at most 1.2 / 5 s. The bucket
+    also bounds any window of T seconds to 1 + 5 x T starts (docs: "never more than 2 in the same
+    tenth of a second" at 20/s); over 2 s windows, with one start of slack for the time between a
+    start's status write and its pod appearing, that is 12. The operator spaces the starts themselves,
     not only the decisions to start, so a busy worker pool cannot bunch them up (it did, up to
     19 pods in 2 s, before `Dispatcher.pace`)."""
     rate, n = 5.0, RATE_JOBS
