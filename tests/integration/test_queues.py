@@ -872,9 +872,9 @@ def test_max_starts_per_second_spaces_a_burst(bed: QueueBed):
     second and at least 3.5, and the median gap between starts at most 1.2 / 5 s. The bucket
     also bounds any window of T seconds to 1 + 5 x T starts (docs: "never more than 2 in the same
     tenth of a second" at 20/s); over 2 s windows, with one start of slack for the time between a
-    start's status write and its pod appearing, that is 12. The operator spaces the starts themselves,
-    not only the decisions to start, so a busy worker pool cannot bunch them up (it did, up to
-    19 pods in 2 s, before `Dispatcher.pace`)."""
+    start's status write and its pod appearing, that is 12. The operator spaces the starts
+    themselves, not only the decisions to start, so a busy worker pool cannot bunch them up (it
+    did, up to 19 pods in 2 s, before `Dispatcher.pace`)."""
     rate, n = 5.0, RATE_JOBS
     bed.create_queue("paced", maxRunning=1000, maxStartsPerSecond=rate, paused=True, retryBudget=NO_BUDGET)
     bed.start_operator()
