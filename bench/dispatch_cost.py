@@ -3,7 +3,7 @@ QueueBook's heaps) side by side with a baseline measured in the same run.
 
     python bench/dispatch_cost.py [--sizes 100,1000,10000,100000] [--picks 5000] [--seed 1]
 
-No cluster: this times the pure core (vigil.queueing). For each N, one queue holds N waiting
+No cluster: this times the pure core (vigil.core.queueing). For each N, one queue holds N waiting
 jobs of mixed priorities and ages, with maxRunning 1. One pick is a `dispatch` that starts the
 head of the line; the started job then finishes, a random waiting job is deleted, and two new
 ones are submitted, so the queue stays at N. Timed separately: the pick, the add of a job
@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "operator"))
 
-from vigil.queueing import JobView, QueueBook, QueueSpec, Standing  # noqa: E402
+from vigil.core.queueing import JobView, QueueBook, QueueSpec, Standing  # noqa: E402
 
 NS, Q = "bench", "q"
 QK = (NS, Q)

@@ -71,10 +71,10 @@ from bench.compare import (  # noqa: E402
     testbed_of,
 )
 from testbed import cluster as testbed  # noqa: E402
-from vigil.agent import fencing  # noqa: E402
 from vigil.agent.runner import Heart, PodHeartbeat, Settings  # noqa: E402
 from vigil.api import Heartbeat  # noqa: E402
-from vigil.liveness import stamp_period, thresholds  # noqa: E402
+from vigil.core import fencing  # noqa: E402
+from vigil.core.liveness import stamp_period, thresholds  # noqa: E402
 
 JOB_LABEL = "bench.vigil.dev/heartbeat-load"
 

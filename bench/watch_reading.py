@@ -2,17 +2,17 @@
 
     .venv/bin/python -m bench.watch_reading          # --rate 100 --seconds 20 --rounds 2 [--out DIR]
 
-No cluster: a local HTTPS server (aiohttp, a self-signed certificate from `vigil.webhook`) streams
+No cluster: a local HTTPS server (aiohttp, a self-signed certificate from `vigil.servers.webhook`) streams
 one watch of pod-sized MODIFIED events (`--event-bytes`, 3,900 by default: a heartbeat's pod event
 as measured on the test bed) at `--rate` events a second for `--seconds`. The reader is the
-operator's own: `vigil.streaming.ApiReader.watch` on the operator's event loop (asyncio's), in a
+operator's own: `vigil.kube.streaming.ApiReader.watch` on the operator's event loop (asyncio's), in a
 process of its own, so its CPU (getrusage: user + system) is the reading alone,
 TLS, HTTP and JSON decoding included, and none of the server's. Each pace is measured in turns,
 `--rounds` times, so that a drift of the machine shows as a spread rather than as a difference:
 
 - `0` (the baseline): one read per event as it arrives, how the operator read before and how a
   client without pacing (the official client, kopf) reads;
-- `0.1` (`vigil.informer.POD_WATCH_PACE_SECONDS`): the connection rests 0.1 s after each read.
+- `0.1` (`vigil.kube.informer.POD_WATCH_PACE_SECONDS`): the connection rests 0.1 s after each read.
 
 What this leaves out, and bench.heartbeat_load measures: what Vigil does with each event.
 """
@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from vigil.informer import POD_WATCH_PACE_SECONDS
+from vigil.kube.informer import POD_WATCH_PACE_SECONDS
 
 PACES = (0.0, POD_WATCH_PACE_SECONDS)
 
@@ -99,7 +99,7 @@ async def read(port: int, pace: float, certs: Path) -> dict[str, float]:
     """Read the whole stream at `pace`: events, reads, and this process's CPU seconds doing it."""
     from kubernetes import client
 
-    from vigil.streaming import ApiReader
+    from vigil.kube.streaming import ApiReader
 
     configuration = client.Configuration()
     configuration.host = f"https://127.0.0.1:{port}"
@@ -148,7 +148,7 @@ def report(results: dict[float, list[dict[str, float]]], args: argparse.Namespac
     base = min(r["cpu_seconds_per_1000_events"] for r in results[0.0])
     lines = [
         f"Reading one watch of {args.rate:g} pod events a second ({args.event_bytes} bytes each) for "
-        f"{args.seconds:g} s over TLS, with vigil.streaming.ApiReader on the operator's event loop; "
+        f"{args.seconds:g} s over TLS, with vigil.kube.streaming.ApiReader on the operator's event loop; "
         f"{args.rounds} rounds, the paces taking turns",
         "",
         "| pace, s | reader CPU s per 1,000 events (each round) | reads per second | events | / unpaced |",
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="also write <out>/watch-reading-<UTC>.md and .json")
     args = parser.parse_args(argv)
 
-    from vigil.webhook import make_self_signed
+    from vigil.servers.webhook import make_self_signed
 
     results: dict[float, list[dict[str, float]]] = {pace: [] for pace in PACES}
     with tempfile.TemporaryDirectory(prefix="vigil-bench-") as scratch:

@@ -7,12 +7,13 @@ import logging
 import signal
 import sys
 
-from vigil import __version__, election
-from vigil.informer import MAX_POD_WATCH_PACE_SECONDS, POD_WATCH_PACE_SECONDS
+from vigil import __version__
+from vigil.kube.informer import MAX_POD_WATCH_PACE_SECONDS, POD_WATCH_PACE_SECONDS
+from vigil.leaderelection import election
 
 
 def _operator(args: argparse.Namespace) -> int:
-    from vigil.runtime import OperatorRuntime
+    from vigil.manager import OperatorRuntime
 
     if not 0 <= args.pod_watch_pace <= MAX_POD_WATCH_PACE_SECONDS:
         print(

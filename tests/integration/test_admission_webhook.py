@@ -1,7 +1,7 @@
 """The admission webhook against the real kube-apiserver of the test bed.
 
 The webhook runs here as the operator will run it: in an event loop of its own (a thread), with
-its own watches of the namespace's VigilJobs and VigilQueues (`vigil.informer`, the operator's
+its own watches of the namespace's VigilJobs and VigilQueues (`vigil.kube.informer`, the operator's
 list+watch), a lookup that counts the jobs waiting per queue from them, and `Pending` confirmed
 by the job watch. The API server reaches it on loopback through a ValidatingWebhookConfiguration
 scoped to namespaces that carry this run's label, and deleted afterwards, so no other test is
@@ -33,11 +33,11 @@ from kubernetes import client, config
 from testbed import cluster as testbed
 from tests.conftest import ROOT, Kube, install_crds, wait_until
 from vigil import api
-from vigil.admission import Pending
-from vigil.informer import Informer
-from vigil.seen import Delta
-from vigil.streaming import ApiReader, resource_path
-from vigil.webhook import (
+from vigil.core.admission import Pending
+from vigil.kube.informer import Informer
+from vigil.kube.seen import Delta
+from vigil.kube.streaming import ApiReader, resource_path
+from vigil.servers.webhook import (
     MAX_REQUEST_BYTES,
     PATH,
     TIMEOUT_SECONDS,

@@ -18,7 +18,7 @@ import pytest
 from kubernetes import client
 
 from tests.conftest import Kube, simulated_pod_spec, token_kubeconfig, wait_until
-from vigil.agent.fencing import EXIT_FENCED, UNAUTHORIZED_GRACE_SECONDS
+from vigil.core.fencing import EXIT_FENCED, UNAUTHORIZED_GRACE_SECONDS
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,7 @@ from kubernetes import client, config
 
 from testbed.faults import FaultProxy, kubeconfig_via
 from tests.conftest import Kube
-from vigil.election import (
+from vigil.leaderelection.election import (
     JITTER_FACTOR,
     ElectionConfig,
     LeaderElector,

@@ -175,7 +175,7 @@ def test_a_short_partition_heals_back_to_running_without_a_new_attempt(
     assert job["status"]["attempts"] == 1
     assert condition(job, "HeartbeatHealthy")["status"] == "True"
 
-    def reasons() -> set[str]:  # events are posted beside the work (vigil.recorder): soon, not at once
+    def reasons() -> set[str]:  # events are posted beside the work (vigil.kube.events): soon, not at once
         selector = "involvedObject.name=healing"
         return {e.reason for e in kube.core.list_namespaced_event(namespace, field_selector=selector).items}
 

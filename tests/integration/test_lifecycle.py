@@ -112,7 +112,7 @@ def test_a_job_succeeds_and_kubectl_wait_sees_it(kube: Kube, vigil: OperatorProc
         assert not [a for a in (meta.get("annotations") or {}) if "kopf" in a]
     assert job["metadata"]["generation"] == 1
 
-    def reasons() -> set[str]:  # events are posted beside the work (vigil.recorder): soon, not at once
+    def reasons() -> set[str]:  # events are posted beside the work (vigil.kube.events): soon, not at once
         return {
             e.reason
             for e in kube.core.list_namespaced_event(namespace, field_selector="involvedObject.name=hello").items

@@ -47,7 +47,7 @@ from kubernetes import client, config, watch
 from tests.conftest import Kube, OperatorProcess, holds, install_crds, release_attempt_pods, wait_until
 from tests.integration.test_lifecycle import FAST_BACKOFF, GROUP, PLURAL, VERSION, vigil_job
 from vigil import api
-from vigil.webhook import PATH, WEBHOOK_NAME, make_self_signed, register, unregister, webhook_configuration
+from vigil.servers.webhook import PATH, WEBHOOK_NAME, make_self_signed, register, unregister, webhook_configuration
 
 pytestmark = pytest.mark.e2e  # the operator end to end, as a process, on a real cluster
 
@@ -369,8 +369,8 @@ class QueueOperator(OperatorProcess):
         if not self.log_path.exists():
             return 0
         lines = self.log_path.read_text(errors="replace").splitlines()
-        # "vigil.runtime: reconciling" (older: "vigil.runtime: listed N jobs and M pods; reconciling")
-        return sum(" vigil.runtime: " in line and line.endswith("reconciling") for line in lines)
+        # "vigil.manager: reconciling" (older: "vigil.manager: listed N jobs and M pods; reconciling")
+        return sum(" vigil.manager: " in line and line.endswith("reconciling") for line in lines)
 
     def start_ready(self) -> None:
         """Starts it and waits until it has listed everything and reconciles."""

@@ -65,7 +65,7 @@ def test_the_longest_job_name_gets_valid_pod_and_event_names(kube: Kube, vigil: 
     pod_names = [pod.metadata.name for pod in pods_of(kube, namespace, job)]
     assert len(pod_names) == 1 and len(pod_names[0]) <= 63, pod_names
 
-    def reasons() -> set[str]:  # events are posted beside the work (vigil.recorder): soon, not at once
+    def reasons() -> set[str]:  # events are posted beside the work (vigil.kube.events): soon, not at once
         return {
             e.reason
             for e in kube.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items

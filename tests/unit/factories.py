@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from vigil import api
-from vigil.actions import Decision, PatchStatus, SetDeadLetterLabel
-from vigil.pods import attempt_pod_name
+from vigil.core.actions import Decision, PatchStatus, SetDeadLetterLabel
+from vigil.core.manifest import attempt_pod_name
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
 JOB_UID = "0b5c1d2e-job"

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vigil.admission import (
+from vigil.core.admission import (
     MAX_PENDING,
     PENDING_TTL_SECONDS,
     BadReview,
@@ -27,9 +27,9 @@ from vigil.admission import (
     parse,
     review,
 )
-from vigil.informer import PROGRESS_DEADLINE_SECONDS
-from vigil.queueing import QueueSpec
-from vigil.streaming import LIST_TIMEOUT_SECONDS
+from vigil.core.queueing import QueueSpec
+from vigil.kube.informer import PROGRESS_DEADLINE_SECONDS
+from vigil.kube.streaming import LIST_TIMEOUT_SECONDS
 
 pytestmark = pytest.mark.unit
 

@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vigil.agent import fencing, runner
-from vigil.agent.fencing import EXIT_FENCED, UNAUTHORIZED_GRACE_SECONDS, Fencer, Observed, Reason, decide
+from vigil.agent import runner
+from vigil.core import fencing
+from vigil.core.fencing import EXIT_FENCED, UNAUTHORIZED_GRACE_SECONDS, Fencer, Observed, Reason, decide
 
 pytestmark = pytest.mark.unit
 

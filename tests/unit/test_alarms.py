@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vigil.alarms import EARLY_SECONDS, SilenceAlarms, ring_or_rearm
+from vigil.controllers.alarms import EARLY_SECONDS, SilenceAlarms, ring_or_rearm
 
 pytestmark = pytest.mark.unit
 

@@ -13,10 +13,10 @@ from pydantic import ValidationError
 
 from tests.unit.factories import T0, TEMPLATE, apply_to_job, make_job, make_pod
 from vigil import api
-from vigil.actions import CreatePod, DeleteJob, DeletePod
 from vigil.api import MAX_ATTEMPTS, MAX_BACKOFF_FACTOR, MAX_SECONDS
-from vigil.lifecycle import decide
-from vigil.liveness import Verdict
+from vigil.core.actions import CreatePod, DeleteJob, DeletePod
+from vigil.core.lifecycle import decide
+from vigil.core.liveness import Verdict
 
 pytestmark = pytest.mark.unit
 

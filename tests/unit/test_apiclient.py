@@ -1,4 +1,4 @@
-"""Vigil's writes over aiohttp (vigil.apiclient, vigil.kube) against a small local HTTP server:
+"""Vigil's writes over aiohttp (vigil.kube.client, vigil.kube.operations) against a small local HTTP server:
 what goes on the wire, what comes back, and the fence."""
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from aiohttp import web
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from vigil import apiclient
-from vigil.apiclient import ApiClient
-from vigil.election import NotLeading
-from vigil.kube import Conflict, Gone, Kube, Refused
+from vigil.kube import client as apiclient
+from vigil.kube.client import ApiClient
+from vigil.kube.operations import Conflict, Gone, Kube, Refused
+from vigil.leaderelection.election import NotLeading
 from vigil.metrics import Metrics
 
 pytestmark = pytest.mark.unit

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vigil.api import Backoff
-from vigil.backoff import base_delay, retry_delay
+from vigil.core.backoff import base_delay, retry_delay
 
 pytestmark = pytest.mark.unit
 

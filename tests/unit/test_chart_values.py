@@ -139,6 +139,6 @@ def test_the_values_of_the_other_templates_are_as_agreed():
 @pytest.mark.parametrize("name", ["vigiljobs.vigil.dev.yaml", "vigilqueues.vigil.dev.yaml"])
 def test_the_charts_crds_are_the_repositorys(name: str):
     assert (CHART / "crds" / name).read_bytes() == (ROOT / "crds" / name).read_bytes(), (
-        f"charts/vigil/crds/{name} differs from crds/{name}: run `python -m vigil.crd`"
+        f"charts/vigil/crds/{name} differs from crds/{name}: run `python -m vigil.api.crd`"
     )
     assert sorted(p.name for p in (CHART / "crds").iterdir()) == sorted(p.name for p in (ROOT / "crds").iterdir())

@@ -6,7 +6,7 @@ import pytest
 
 from tests.unit.factories import T0, at
 from vigil.api import MAX_CONDITION_MESSAGE, Condition
-from vigil.conditions import set_condition, truncate_message
+from vigil.core.conditions import set_condition, truncate_message
 
 pytestmark = pytest.mark.unit
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from vigil.controller import Controller
+from vigil.controllers.jobs import Controller
 
 pytestmark = pytest.mark.unit
 
@@ -241,7 +241,7 @@ def test_after_a_conflict_the_job_is_read_again_not_awaited_from_a_watch_that_mi
     waiting for it would conflict for ever: the job would stand still. The shell reads the job
     directly and decides on that next time, even when its resourceVersion is lower than the
     cached one's (an etcd that went back in time)."""
-    from vigil.kube import Conflict
+    from vigil.kube.operations import Conflict
 
     stored = {**job(), "metadata": {**job()["metadata"], "resourceVersion": stored_version}}
     stored["status"] = {"phase": "Starting", "reason": "AttemptStarting"}
@@ -400,8 +400,8 @@ def test_a_decision_that_writes_no_status_runs_only_on_the_version_the_api_serve
     """ConfirmVersion is the fence of a decision without a status write (one that only creates
     its next attempt's pod, say): a job changed since the decision read it voids the decision,
     as a status write's 409 would, and the version read is what the retry decides on."""
-    from vigil.actions import ConfirmVersion
-    from vigil.kube import Conflict, Gone
+    from vigil.core.actions import ConfirmVersion
+    from vigil.kube.operations import Conflict, Gone
 
     stored: dict[str, Any] | None = None
 

@@ -8,9 +8,9 @@ import random
 import pytest
 
 from tests.unit.factories import T0, make_job, make_pod
-from vigil.dispatcher import Dispatcher, _reserves_attempt
-from vigil.lifecycle import decide
-from vigil.queueing import Admission, QueueSpec, view_of
+from vigil.controllers.dispatcher import Dispatcher, _reserves_attempt
+from vigil.core.lifecycle import decide
+from vigil.core.queueing import Admission, QueueSpec, view_of
 
 pytestmark = pytest.mark.unit
 

@@ -11,10 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.unit.factories import T0, at, make_job, make_pod
-from vigil import confirm, failures
-from vigil.lifecycle import decide
-from vigil.liveness import Verdict, heard
-from vigil.podcache import PodCache
+from vigil.controllers.podcache import PodCache
+from vigil.core import doubt, failures
+from vigil.core.lifecycle import decide
+from vigil.core.liveness import Verdict, heard
 
 pytestmark = pytest.mark.unit
 
@@ -41,23 +41,23 @@ def test_a_lost_verdict_is_doubted_and_a_healthy_one_is_not():
     job = make_job(status=RUNNING)
     lost = {"pod-1": Verdict("Lost", 61, "no heartbeat for 60s")}
     decision = decide(job, [running_pod()], at(120), rng=random.Random(0), liveness=lost)
-    assert confirm.doubt(job, decision) is not None
+    assert doubt.doubt(job, decision) is not None
     healthy = decide(job, [running_pod()], at(120), rng=random.Random(0), liveness={})
-    assert confirm.doubt(job, healthy) is None
+    assert doubt.doubt(job, healthy) is None
 
 
 def test_a_vanished_pod_is_doubted():
     job = make_job(status=RUNNING)
     decision = decide(job, [], at(30), rng=random.Random(0))
-    assert "lost" in (confirm.doubt(job, decision) or "")
+    assert "lost" in (doubt.doubt(job, decision) or "")
 
 
 def test_starting_the_next_attempt_under_no_overlap_is_doubted_but_the_first_is_not_under_at_least_once():
     job = make_job(spec={"guarantee": "NoOverlap"})
     decision = decide(job, [], T0, rng=random.Random(0))
-    assert "NoOverlap" in (confirm.doubt(job, decision) or "")
+    assert "NoOverlap" in (doubt.doubt(job, decision) or "")
     plain = make_job()
-    assert confirm.doubt(plain, decide(plain, [], T0, rng=random.Random(0))) is None
+    assert doubt.doubt(plain, decide(plain, [], T0, rng=random.Random(0))) is None
 
 
 def test_while_deaf_lost_is_only_uncertain():

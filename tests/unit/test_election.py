@@ -29,7 +29,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, target
 from hypothesis import strategies as st
 
-from vigil.election import (
+from vigil.leaderelection.election import (
     JITTER_FACTOR,
     Candidate,
     ConfigError,
@@ -1084,7 +1084,7 @@ def test_each_process_names_its_identity_in_its_user_agent():
     from kubernetes import client
 
     from vigil import __version__
-    from vigil.election import KubeLeaseApi, user_agent
+    from vigil.leaderelection.election import KubeLeaseApi, user_agent
 
     assert user_agent() == f"vigil/{__version__}"
     assert user_agent("pod-a_0123456789") == f"vigil/{__version__} (pod-a_0123456789)"

@@ -12,7 +12,7 @@ import lupa  # in the test extra
 import pytest
 
 from tests.unit.factories import apply_to_job, at, make_job, make_pod
-from vigil.lifecycle import decide
+from vigil.core.lifecycle import decide
 
 pytestmark = pytest.mark.unit
 

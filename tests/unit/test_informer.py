@@ -9,10 +9,10 @@ import random
 
 import pytest
 
-from vigil import informer as informer_module
-from vigil.informer import Freshness, Informer
-from vigil.podstate import strip_pod
-from vigil.streaming import ApiError, Stalled
+from vigil.core.podstate import strip_pod
+from vigil.kube import informer as informer_module
+from vigil.kube.informer import Freshness, Informer
+from vigil.kube.streaming import ApiError, Stalled
 
 pytestmark = pytest.mark.unit
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from vigil.leadermark import OwnPod, mark_changes
+from vigil.leaderelection.mark import OwnPod, mark_changes
 
 pytestmark = pytest.mark.unit
 

@@ -19,7 +19,7 @@ from tests.unit.factories import (
     status_of,
 )
 from vigil import api
-from vigil.actions import (
+from vigil.core.actions import (
     ConfirmVersion,
     CreatePod,
     Decision,
@@ -31,7 +31,7 @@ from vigil.actions import (
     RequeueAfter,
     SetDeadLetterLabel,
 )
-from vigil.lifecycle import POD_NAME_CONFLICT_RECHECK_SECONDS, decide, reject_pod
+from vigil.core.lifecycle import POD_NAME_CONFLICT_RECHECK_SECONDS, decide, reject_pod
 
 pytestmark = pytest.mark.unit
 

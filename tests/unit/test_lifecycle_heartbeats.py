@@ -12,9 +12,9 @@ import pytest
 
 from tests.unit.factories import T0, apply_to_job, at, condition, make_job, make_pod, stamp
 from vigil import api
-from vigil.actions import AnnotatePod, CreatePod, Decision, DeletePod, EmitEvent, ReleasePod
-from vigil.lifecycle import decide
-from vigil.liveness import Verdict
+from vigil.core.actions import AnnotatePod, CreatePod, Decision, DeletePod, EmitEvent, ReleasePod
+from vigil.core.lifecycle import decide
+from vigil.core.liveness import Verdict
 
 pytestmark = pytest.mark.unit
 

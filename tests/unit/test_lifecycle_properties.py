@@ -40,8 +40,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.unit.factories import T0, make_job, merge_patch, stamp
-from vigil import api, podstate
-from vigil.actions import (
+from vigil import api
+from vigil.core import podstate
+from vigil.core.actions import (
     AnnotatePod,
     ConfirmVersion,
     CreatePod,
@@ -54,8 +55,8 @@ from vigil.actions import (
     RequeueAfter,
     SetDeadLetterLabel,
 )
-from vigil.lifecycle import LATE_SUCCESS_OUTCOMES, decide
-from vigil.liveness import Verdict
+from vigil.core.lifecycle import LATE_SUCCESS_OUTCOMES, decide
+from vigil.core.liveness import Verdict
 
 pytestmark = pytest.mark.unit
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tests.unit.factories import T0, make_pod
 from vigil import api
-from vigil.liveness import HeartbeatTracker, beat_stamp_due, stamp_period, thresholds
+from vigil.core.liveness import HeartbeatTracker, beat_stamp_due, stamp_period, thresholds
 
 pytestmark = pytest.mark.unit
 

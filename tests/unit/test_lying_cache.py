@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 
 from tests.unit.factories import make_job, merge_patch
 from vigil import api
-from vigil.controller import Controller
-from vigil.kube import Conflict
+from vigil.controllers.jobs import Controller
+from vigil.kube.operations import Conflict
 
 pytestmark = pytest.mark.unit
 

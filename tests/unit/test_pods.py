@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tests.unit.factories import JOB_UID, make_job
 from vigil import api
-from vigil.pods import MAX_POD_NAME, attempt_pod_manifest, attempt_pod_name
+from vigil.core.manifest import MAX_POD_NAME, attempt_pod_manifest, attempt_pod_name
 
 pytestmark = pytest.mark.unit
 

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from tests.unit.factories import JOB_UID, T0, at, make_pod, stamp
 from vigil import api
-from vigil.controller import _more_than_a_beat
-from vigil.liveness import _is_running
-from vigil.podstate import (
+from vigil.controllers.jobs import _more_than_a_beat
+from vigil.core.liveness import _is_running
+from vigil.core.podstate import (
     CLOCK_SKEW_ALLOWANCE,
     PodReport,
     attempt_of,

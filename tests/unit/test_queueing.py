@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vigil.queueing import (
+from vigil.core.queueing import (
     BURST_SECONDS,
     DEFAULT_QUEUE,
     RELEASE_RECHECK_SECONDS,

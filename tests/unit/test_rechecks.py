@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from vigil.rechecks import StartingRechecks
+from vigil.controllers.rechecks import StartingRechecks
 
 
 class Clock:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from vigil.recorder import EventRecorder
+from vigil.kube.events import EventRecorder
 
 pytestmark = pytest.mark.unit
 

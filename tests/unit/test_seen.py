@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vigil.seen import SeenObjects
+from vigil.kube.seen import SeenObjects
 
 pytestmark = pytest.mark.unit
 

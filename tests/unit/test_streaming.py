@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 from kubernetes import client, config
 
-from vigil.streaming import ApiReader, Stalled, resource_path
+from vigil.kube.streaming import ApiReader, Stalled, resource_path
 
 pytestmark = pytest.mark.unit
 

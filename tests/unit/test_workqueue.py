@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vigil.workqueue import WorkQueue
+from vigil.runtime.workqueue import WorkQueue
 
 pytestmark = pytest.mark.unit
 

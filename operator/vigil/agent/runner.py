@@ -4,7 +4,7 @@ The agent starts CMD as its child (same stdin, stdout and stderr), and every
 VIGIL_HEARTBEAT_INTERVAL seconds (with +-10% jitter) patches its own pod (POD_NAME,
 POD_NAMESPACE) with a JSON merge patch: `vigil.dev/heartbeat` set to a value that changes on
 every beat, and `vigil.dev/checkpoint` when the child recorded a new one. The answer to that
-patch is also how the agent learns it must stop (see vigil.agent.fencing).
+patch is also how the agent learns it must stop (see vigil.core.fencing).
 
 Environment:
   POD_NAME, POD_NAMESPACE          the pod the agent runs in (required)
@@ -43,7 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from vigil.agent import ENV_CHECKPOINT_FILE, CheckpointTooLarge, InvalidCheckpoint, validate_checkpoint
-from vigil.agent.fencing import (
+from vigil.api import ANNOTATION_CHECKPOINT, ANNOTATION_HEARTBEAT, ANNOTATION_SUPERSEDED, Guarantee
+from vigil.core.fencing import (
     EXIT_FENCED,
     Fencer,
     Observed,
@@ -51,7 +52,6 @@ from vigil.agent.fencing import (
     request_timeout,
     retry_delay,
 )
-from vigil.api import ANNOTATION_CHECKPOINT, ANNOTATION_HEARTBEAT, ANNOTATION_SUPERSEDED, Guarantee
 
 EXIT_USAGE = 2
 EXIT_CANNOT_RUN = 126

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from vigil.seen import Delta, SeenObjects
-from vigil.streaming import ApiError, ApiReader, Stalled, strip
+from vigil.kube.seen import Delta, SeenObjects
+from vigil.kube.streaming import ApiError, ApiReader, Stalled, strip
 
 log = logging.getLogger(__name__)
 

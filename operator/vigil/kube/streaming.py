@@ -6,7 +6,7 @@ Reads are the hot path (every heartbeat is a watch event, a pod of ~6 KB), so th
 from bytes to dicts, without the official client's model classes, and are decoded by orjson:
 decoding was the largest cost of the operator under heartbeat load, and orjson takes 54 us for a
 6 KB pod where `json.loads` takes 127 us. Writes go the same way, with the same credentials, in
-`vigil.apiclient`. Every request is bounded: connecting, and each read, has a timeout; a watch's
+`vigil.kube.client`. Every request is bounded: connecting, and each read, has a timeout; a watch's
 reads are bounded by the caller's progress deadline.
 """
 

@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from vigil.api import Condition
-from vigil.conditions import find_condition, remove_condition, set_condition
+from vigil.core.conditions import find_condition, remove_condition, set_condition
 
 CONDITION = "ReconcileError"
 

@@ -23,7 +23,7 @@ snapshot it gets may be stale, duplicated or out of order. What keeps it safe:
 - A pod, once seen, is remembered by UID (`currentAttempt.podUID`): if it vanishes, the attempt
   is Lost and retried under a new number, never re-created under the same one.
 
-Heartbeats (see `vigil.liveness` for how silence is measured) come in as verdicts per pod UID:
+Heartbeats (see `vigil.core.liveness` for how silence is measured) come in as verdicts per pod UID:
 
 - Running + Uncertain -> phase Uncertain (a state, not a verdict: nothing is replaced);
   Uncertain + Healthy -> Running again, with a HeartbeatResumed event. No verdict at all counts as
@@ -58,7 +58,7 @@ usual, except that an end after the deletion request (Stopped, whatever the exit
 same Lost/PodDeleted: it was stopped, it did not finish.
 
 The attempt-tracking finalizer (`vigil.dev/attempt-tracking`, put on every attempt pod by
-`vigil.pods`) keeps a deleted pod's object until Vigil has read how it ended: no final phase or
+`vigil.core.manifest`) keeps a deleted pod's object until Vigil has read how it ended: no final phase or
 exit code is lost, a late success included. The rule, in _record_final_states and _release_pods:
 a pod is released (ReleasePod, after the fence of the same decision) when
 - it is not the current attempt's pod: its attempt is closed, so its outcome is in the status
@@ -84,8 +84,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from vigil import api, podstate
-from vigil.actions import (
+from vigil import api
+from vigil.api import AttemptRecord, CurrentAttempt, Outcome, Phase, VigilJob, VigilJobStatus
+from vigil.core import podstate
+from vigil.core.actions import (
     Action,
     AnnotatePod,
     ConfirmVersion,
@@ -99,11 +101,10 @@ from vigil.actions import (
     RequeueAfter,
     SetDeadLetterLabel,
 )
-from vigil.api import AttemptRecord, CurrentAttempt, Outcome, Phase, VigilJob, VigilJobStatus
-from vigil.backoff import retry_delay
-from vigil.conditions import find_condition, remove_condition, set_condition
-from vigil.liveness import Verdict, beat_stamp_due
-from vigil.pods import attempt_pod_manifest, attempt_pod_name
+from vigil.core.backoff import retry_delay
+from vigil.core.conditions import find_condition, remove_condition, set_condition
+from vigil.core.liveness import Verdict, beat_stamp_due
+from vigil.core.manifest import attempt_pod_manifest, attempt_pod_name
 
 # How often a job blocked by a pod it does not own looks again: that pod's deletion is not an
 # event Vigil sees, as the pod does not carry the job's label. Such a job waits for someone to
@@ -500,7 +501,7 @@ def _honour_redrive(draft: _Draft) -> None:
 
 def _accept_late_success(draft: _Draft, observed: _ObservedPods) -> None:
     """A pod of an attempt replaced as Lost that reports Succeeded after all (having finished
-    before its deletion was requested: see vigil.podstate) makes the job Succeeded: its record's
+    before its deletion was requested: see vigil.core.podstate) makes the job Succeeded: its record's
     outcome becomes Succeeded, and the current attempt (its replacement, or a later one) is
     cancelled; _stop_stray_pods deletes that one's pod. Attempt numbers, and so fencing tokens,
     are untouched: they only ever grow."""

@@ -1,6 +1,6 @@
 """The few writes (and direct reads) Vigil makes to the API server, each idempotent, with the
 outcomes the shell needs to tell apart (done, already done, conflict, gone, refused). They go
-over `vigil.apiclient` (aiohttp, on the event loop): every call has a timeout, so a half-open
+over `vigil.kube.client` (aiohttp, on the event loop): every call has a timeout, so a half-open
 connection cannot hold a call for ever, and every write passes the fence just before it is sent.
 """
 
@@ -16,10 +16,10 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from vigil.api import FINALIZER_ATTEMPT_TRACKING, GROUP, LABEL_JOB_UID, PLURAL, QUEUE_PLURAL, VERSION
-from vigil.apiclient import JSON, MERGE_PATCH, STRATEGIC_MERGE_PATCH, ApiClient
+from vigil.core.podstate import strip_pod
+from vigil.kube.client import JSON, MERGE_PATCH, STRATEGIC_MERGE_PATCH, ApiClient
+from vigil.kube.streaming import strip
 from vigil.metrics import Metrics
-from vigil.podstate import strip_pod
-from vigil.streaming import strip
 
 log = logging.getLogger(__name__)
 

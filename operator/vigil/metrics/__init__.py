@@ -156,7 +156,7 @@ class Metrics:
         )
         self.events_dropped = Counter(
             "vigil_events_dropped_total",
-            "Kubernetes Events not posted because too many waited already (vigil.recorder).",
+            "Kubernetes Events not posted because too many waited already (vigil.kube.events).",
             registry=r,
         )
 

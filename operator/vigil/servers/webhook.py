@@ -1,5 +1,5 @@
 """The admission webhook's shell: an HTTPS server (aiohttp) that answers AdmissionReviews with
-`vigil.admission.review`, plus what it takes to run one: a self-signed certificate for local use
+`vigil.core.admission.review`, plus what it takes to run one: a self-signed certificate for local use
 and the ValidatingWebhookConfiguration that points the API server at it.
 
 The decisions (failurePolicy Ignore, timeout 5 s, the overshoot bound, the certificate and its
@@ -30,7 +30,8 @@ from typing import Any
 from aiohttp import web
 from kubernetes import client
 
-from vigil import admission, api
+from vigil import api
+from vigil.core import admission
 
 log = logging.getLogger(__name__)
 

@@ -1,14 +1,14 @@
 """The shell around the decision core: level-triggered reconciliation of VigilJobs.
 
-Watch deltas (from `vigil.informer`) only update the caches and put a job's key in a work queue.
+Watch deltas (from `vigil.kube.informer`) only update the caches and put a job's key in a work queue.
 A worker takes the key, reads the newest job it knows and the job's pods, asks the core what to
 do, and executes the actions in order. Nothing is remembered between two looks at a job except
 what is in its status, so duplicate, stale or missed events cost at most an extra look.
 
-The caches are a rumour: a decision that cannot be undone (`vigil.confirm`) is taken again on a
+The caches are a rumour: a decision that cannot be undone (`vigil.core.doubt`) is taken again on a
 direct read of the job's pods before it runs, and while the pod watch is not fresh silence
 cannot make an attempt Lost (`liveness.heard`). A failure while reconciling is shown on the job
-and retried with backoff (`vigil.failures`).
+and retried with backoff (`vigil.core.failures`).
 """
 
 from __future__ import annotations
@@ -21,18 +21,19 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NamedTuple
 
-from vigil import actions, api, confirm, failures, lifecycle, podstate
-from vigil.alarms import SilenceAlarms
-from vigil.dispatcher import Dispatcher
-from vigil.kube import Conflict, Gone, Kube, Refused
-from vigil.liveness import HeartbeatTracker, beat_stamp_due, heard
+from vigil import api
+from vigil.controllers.alarms import SilenceAlarms
+from vigil.controllers.dispatcher import Dispatcher
+from vigil.controllers.podcache import PodCache, job_uid_of
+from vigil.controllers.rechecks import StartingRechecks
+from vigil.core import actions, doubt, failures, lifecycle, podstate
+from vigil.core.liveness import HeartbeatTracker, beat_stamp_due, heard
+from vigil.core.queueing import Admission
+from vigil.kube.events import EventRecorder
+from vigil.kube.operations import Conflict, Gone, Kube, Refused
+from vigil.kube.seen import Delta
 from vigil.metrics import CONTROLLER, Metrics, count_transition
-from vigil.podcache import PodCache, job_uid_of
-from vigil.queueing import Admission
-from vigil.rechecks import StartingRechecks
-from vigil.recorder import EventRecorder
-from vigil.seen import Delta
-from vigil.workqueue import WorkQueue
+from vigil.runtime.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,7 @@ class Controller:
         self.clock = clock
         self.monotonic = monotonic
         self.rng = rng or random.Random()
-        self.hearing = hearing  # whether the pod watch is fresh (see vigil.informer)
+        self.hearing = hearing  # whether the pod watch is fresh (see vigil.kube.informer)
         self.on_missed = on_missed  # a direct read showed what the pod watch missed: repair it
         # Every job version taken into the caches (namespace, name, uid), and each deletion (uid
         # None): the admission webhook's count of jobs it admitted that the watch has not shown.
@@ -465,13 +466,13 @@ class Controller:
         extra = [stranger] if stranger is not None else []
         judged = self._decide(key, job, self.pods.of_job(job_uid) + extra)
         deaf = judged.deaf
-        why = confirm.doubt(job, judged.decision)
+        why = doubt.doubt(job, judged.decision)
         if why is not None:
             # Never on a rumour: decide again on what the API server says now.
             truth = await self._read_truth(job)
             self._take_truth(job_uid, truth)
             judged = self._decide(key, job, truth + extra)
-            if confirm.doubt(job, judged.decision) != why:  # the watch missed a beat, a pod, a deletion
+            if doubt.doubt(job, judged.decision) != why:  # the watch missed a beat, a pod, a deletion
                 self.on_missed(f"a direct read of {namespace}/{key[1]}'s pods contradicts the watch: {why}")
         wait = self.dispatcher.pace(job, judged.admission, judged.decision)
         if wait is not None:  # the queue's start rate: this start goes a little later
@@ -505,7 +506,7 @@ class Controller:
         return Judgement(decision, deaf, admission, verdicts)
 
     def _schedule(self, key: Key, verdicts: Mapping[str, str], deaf: bool) -> None:
-        """Sets the job's silence alarm (vigil.alarms), or wakes it soon if a Lost verdict waits
+        """Sets the job's silence alarm (vigil.controllers.alarms), or wakes it soon if a Lost verdict waits
         for the watch to be fresh again. Pods the decision did not see (one it just created) are
         taken as they are now."""
         current, _ = self._silence(key)
@@ -515,7 +516,7 @@ class Controller:
 
     def _silence(self, key: Key) -> tuple[dict[str, str], float | None]:
         """The verdict state of each of the job's pods now, and the next instant one changes if
-        no beat arrives (vigil.alarms' `look`)."""
+        no beat arrives (vigil.controllers.alarms' `look`)."""
         job, heartbeat, now = self.jobs.get(key), self._heartbeats.get(key), self.monotonic()
         if job is None or heartbeat is None:
             return {}, None
@@ -615,7 +616,7 @@ class Controller:
             case actions.SetDeadLetterLabel(dead_lettered=flag):
                 await self.kube.patch_job_labels(namespace, name, {api.LABEL_DEAD_LETTER: "true" if flag else None})
             case actions.EmitEvent(type=type_, reason=reason, message=message):
-                self.events.record(job, type_, reason, message)  # posted beside the work (vigil.recorder)
+                self.events.record(job, type_, reason, message)  # posted beside the work (vigil.kube.events)
             case actions.DeleteJob(uid=uid):
                 await self.kube.delete_job(namespace, name, uid)
             case actions.RequeueAfter(seconds=seconds):

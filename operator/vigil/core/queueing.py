@@ -600,7 +600,7 @@ class QueueBook:
 
     def started_unseen(self, namespace: str, name: str, attempt: int, now: float) -> None:
         """A pod of `attempt` exists that the job's status does not hold yet: its start was made
-        (the pod comes first, vigil.lifecycle), by this process or by one that died before the
+        (the pod comes first, vigil.core.lifecycle), by this process or by one that died before the
         job's next look recorded it. It counts as running from now on, as a hold, until an
         observation shows the attempt. This is what keeps maxRunning across a restart: the new
         process sees those pods in its listing, before it gives any start. Takes no token (the

@@ -2,7 +2,7 @@
 that whatever decides *whether* the operator runs (the CLI now, a Lease-based leader election
 later) can start and stop it cleanly from outside: `start()`, `stop()`, `wait()`.
 
-Jobs and pods are observed by Vigil's own list+watch (`vigil.informer`), not kopf's: kopf's
+Jobs and pods are observed by Vigil's own list+watch (`vigil.kube.informer`), not kopf's: kopf's
 watch cannot say whether it is fresh, reports nothing for objects that vanished while it was
 relisting after 410 Gone, and spends about 1.4 ms of CPU per event on machinery Vigil does not
 use (see the issue "When the network lies" and shared/notes/kopf.md). Pods are watched with a
@@ -23,19 +23,20 @@ from aiohttp import web
 from kubernetes import client, config
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from vigil import api, recorder
-from vigil.admission import Pending
-from vigil.apiclient import ApiClient, pool_size
-from vigil.controller import Controller
-from vigil.election import ElectionConfig, LeaderElector, default_identity, user_agent
-from vigil.informer import POD_WATCH_PACE_SECONDS, Informer
-from vigil.kube import Kube
-from vigil.leadermark import LeaderMark, OwnPod
+from vigil import api
+from vigil.controllers.jobs import Controller
+from vigil.core.admission import Pending
+from vigil.core.podstate import strip_pod
+from vigil.core.queueing import Standing
+from vigil.kube import events
+from vigil.kube.client import ApiClient, pool_size
+from vigil.kube.informer import POD_WATCH_PACE_SECONDS, Informer
+from vigil.kube.operations import Kube
+from vigil.kube.streaming import ApiReader, resource_path, strip
+from vigil.leaderelection.election import ElectionConfig, LeaderElector, default_identity, user_agent
+from vigil.leaderelection.mark import LeaderMark, OwnPod
 from vigil.metrics import Metrics, StateCollector
-from vigil.podstate import strip_pod
-from vigil.queueing import Standing
-from vigil.streaming import ApiReader, resource_path, strip
-from vigil.webhook import WebhookServer
+from vigil.servers.webhook import WebhookServer
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,7 @@ class OperatorRuntime:
         identity = default_identity() if self.lease is not None else None
         agent = user_agent(identity)
         reader = ApiReader(configuration, agent)
-        writer = ApiClient(configuration, agent, pool_size(self.workers, recorder.CONCURRENCY))
+        writer = ApiClient(configuration, agent, pool_size(self.workers, events.CONCURRENCY))
         metrics = Metrics()
         kube = Kube(writer, metrics)
         controller = Controller(kube, workers=self.workers, metrics=metrics)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vigil.actions import CreatePod, Decision, DeletePod, PatchStatus
+from vigil.core.actions import CreatePod, Decision, DeletePod, PatchStatus
 
 
 def doubt(job: Mapping[str, Any], decision: Decision) -> str | None:

@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from vigil import api
-from vigil.streaming import strip
+from vigil.kube.streaming import strip
 
 Pod = Mapping[str, Any]
 # Stopped: finished after its deletion was requested (see the module docstring); Deleted: being

@@ -1,6 +1,6 @@
 """The VigilJob API (group vigil.dev, version v1alpha1) as pydantic models.
 
-These models are the one source of truth for the wire format: `vigil.crd` generates the CRD's
+These models are the one source of truth for the wire format: `vigil.api.crd` generates the CRD's
 OpenAPI schema, defaults and CEL rules from them, and the decision core parses jobs with them.
 Field names are snake_case in Python and camelCase on the wire.
 """
@@ -257,7 +257,7 @@ def _no_reserved_names(field: str, *, name_one: bool) -> Rule:
 
 class TemplateMeta(WireModel):
     """The metadata of spec.template, as far as Vigil checks it itself. Its schema on the API
-    server is Kubernetes' own (see vigil.podschema); these rules are added to it."""
+    server is Kubernetes' own (see vigil.api.template_schema); these rules are added to it."""
 
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
@@ -290,7 +290,7 @@ class VigilJobSpec(WireModel):
         "labels, owner reference and VIGIL_* environment. Immutable. Its labels, annotations and "
         "finalizers must not use the vigil.dev/ prefix, which is Vigil's.",
         json_schema_extra={
-            # vigil.crd puts Kubernetes' PodTemplateSpec schema here (vigil.podschema), with
+            # vigil.api.crd puts Kubernetes' PodTemplateSpec schema here (vigil.api.template_schema), with
             # TemplateMeta's rules on its metadata.
             "x-vigil-schema": "PodTemplateSpec",
             "x-kubernetes-validations": [

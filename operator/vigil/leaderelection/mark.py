@@ -19,7 +19,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from vigil.kube import Kube
+from vigil.kube.operations import Kube
 
 log = logging.getLogger(__name__)
 

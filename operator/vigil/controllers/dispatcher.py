@@ -19,12 +19,13 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from vigil import api, queueing
-from vigil.actions import CreatePod, Decision, PatchStatus
-from vigil.conditions import set_condition
+from vigil import api
+from vigil.core import queueing
+from vigil.core.actions import CreatePod, Decision, PatchStatus
+from vigil.core.conditions import set_condition
+from vigil.core.queueing import Admission, QueueBook, QueueKey, Standing, queue_status, view_of
+from vigil.kube.seen import Delta
 from vigil.metrics import Metrics
-from vigil.queueing import Admission, QueueBook, QueueKey, Standing, queue_status, view_of
-from vigil.seen import Delta
 
 log = logging.getLogger(__name__)
 
@@ -273,7 +274,7 @@ def _creates_attempt_pod(job: Mapping[str, Any], decision: Decision) -> bool:
 
 def _reserves_attempt(job: Mapping[str, Any], decision: Decision) -> bool:
     """Whether the decision starts a new attempt: its status write reserves one, or it creates
-    the pod of one that status does not hold yet (the pod first, see vigil.lifecycle)."""
+    the pod of one that status does not hold yet (the pod first, see vigil.core.lifecycle)."""
     before = int((job.get("status") or {}).get("attempts") or 0)
     if any(int(write.status.get("attempts") or 0) > before for write in decision.of_type(PatchStatus)):
         return True

@@ -2,8 +2,8 @@
 
 The official client costs most of the operator's CPU on the hot path: every call validated by
 pydantic, run in a worker thread, its answer turned into model objects and back into dicts. Here
-a request is a JSON body out and a decoded answer back (orjson, as in `vigil.streaming`), with
-the credentials, the CA and the User-Agent of `vigil.streaming.ApiReader` (its sibling for lists
+a request is a JSON body out and a decoded answer back (orjson, as in `vigil.kube.streaming`), with
+the credentials, the CA and the User-Agent of `vigil.kube.streaming.ApiReader` (its sibling for lists
 and watches).
 
 What the official client did and this one keeps:
@@ -33,7 +33,7 @@ from aiohttp.payload import BytesPayload
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from vigil.streaming import CONNECT_TIMEOUT_SECONDS, auth_headers, ssl_context
+from vigil.kube.streaming import CONNECT_TIMEOUT_SECONDS, auth_headers, ssl_context
 
 READ_TIMEOUT_SECONDS = 20.0
 CONNECTIONS = 16  # open at once at least; more calls wait for one (the old thread pool allowed 6)

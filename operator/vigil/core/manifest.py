@@ -62,7 +62,7 @@ def attempt_pod_manifest(
         }
     ]
     # Keeps the pod object, once deleted, until decide() has its final phase and exit code in
-    # the job's status (see vigil.lifecycle); the template's own finalizers stay.
+    # the job's status (see vigil.core.lifecycle); the template's own finalizers stay.
     theirs = [f for f in pod_meta.get("finalizers") or [] if f != api.FINALIZER_ATTEMPT_TRACKING]
     pod_meta["finalizers"] = [*theirs, api.FINALIZER_ATTEMPT_TRACKING]
     pod_spec["restartPolicy"] = "Never"
