@@ -120,11 +120,9 @@ class Agents:
         # The agent loads $KUBECONFIG, which the kubernetes client reads once, when imported.
         os.environ["KUBECONFIG"] = str(kubeconfig)
         config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION = str(kubeconfig)
+        # The agent's own client; each worker thread has its own connection (PodHeartbeat keeps one
+        # per thread), so the pool holds as many as there are workers.
         self.base = PodHeartbeat(Settings(pod_name="-", namespace=namespace), timeout=fencing.request_timeout(timeout))
-        # The agent's own client, with a pool as large as the workers (one agent uses one connection).
-        conf = copy.copy(self.base.core.api_client.configuration)
-        conf.connection_pool_maxsize = workers
-        self.base.core = client.CoreV1Api(client.ApiClient(conf))
         self.namespace, self.interval, self.timeout = namespace, interval, timeout
         self.pool = concurrent.futures.ThreadPoolExecutor(workers)
         self.due: list[tuple[float, str]] = []

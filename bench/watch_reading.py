@@ -5,7 +5,7 @@
 No cluster: a local HTTPS server (aiohttp, a self-signed certificate from `vigil.servers.webhook`) streams
 one watch of pod-sized MODIFIED events (`--event-bytes`, 3,900 by default: a heartbeat's pod event
 as measured on the test bed) at `--rate` events a second for `--seconds`. The reader is the
-operator's own: `vigil.kube.streaming.ApiReader.watch` on the operator's event loop (asyncio's), in a
+operator's own: `vigil.kube.client.ApiClient.watch` on the operator's event loop (asyncio's), in a
 process of its own, so its CPU (getrusage: user + system) is the reading alone,
 TLS, HTTP and JSON decoding included, and none of the server's. Each pace is measured in turns,
 `--rounds` times, so that a drift of the machine shows as a spread rather than as a difference:
@@ -99,12 +99,13 @@ async def read(port: int, pace: float, certs: Path) -> dict[str, float]:
     """Read the whole stream at `pace`: events, reads, and this process's CPU seconds doing it."""
     from kubernetes import client
 
-    from vigil.kube.streaming import ApiReader
+    from vigil.kube.client import ApiClient
+    from vigil.kube.config import Credentials
 
     configuration = client.Configuration()
     configuration.host = f"https://127.0.0.1:{port}"
     configuration.ssl_ca_cert = str(certs / "ca.crt")
-    reader = ApiReader(configuration)
+    reader = ApiClient(Credentials(configuration))
     reads, events = -1, 0  # the first on_bytes is the stream being accepted
 
     def on_bytes() -> None:
@@ -148,7 +149,7 @@ def report(results: dict[float, list[dict[str, float]]], args: argparse.Namespac
     base = min(r["cpu_seconds_per_1000_events"] for r in results[0.0])
     lines = [
         f"Reading one watch of {args.rate:g} pod events a second ({args.event_bytes} bytes each) for "
-        f"{args.seconds:g} s over TLS, with vigil.kube.streaming.ApiReader on the operator's event loop; "
+        f"{args.seconds:g} s over TLS, with vigil.kube.client.ApiClient on the operator's event loop; "
         f"{args.rounds} rounds, the paces taking turns",
         "",
         "| pace, s | reader CPU s per 1,000 events (each round) | reads per second | events | / unpaced |",

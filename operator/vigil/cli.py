@@ -4,12 +4,64 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 
 from vigil import __version__
+from vigil.core.election import (
+    DEFAULT_LEASE_DURATION,
+    DEFAULT_RENEW_DEADLINE,
+    DEFAULT_RETRY_PERIOD,
+    ConfigError,
+    ElectionConfig,
+)
 from vigil.kube.informer import MAX_POD_WATCH_PACE_SECONDS, POD_WATCH_PACE_SECONDS
-from vigil.leaderelection import election
+
+DEFAULT_LEASE_NAME = "vigil-operator"
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def add_election_flags(parser: argparse.ArgumentParser) -> None:
+    """The leader-election flags of `vigil operator` (docs/leader-election.md)."""
+    group = parser.add_argument_group("leader election")
+    group.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="run only while holding the Lease; needed with more than one replica (default: off)",
+    )
+    group.add_argument("--lease-name", default=DEFAULT_LEASE_NAME, help=f"default: {DEFAULT_LEASE_NAME}")
+    group.add_argument(
+        "--lease-namespace", default=None, help="default: $POD_NAMESPACE, else the namespace of the pod it runs in"
+    )
+    for flag, default, what in (
+        ("--lease-duration", DEFAULT_LEASE_DURATION, "how long a standby waits on an unchanged Lease"),
+        ("--renew-deadline", DEFAULT_RENEW_DEADLINE, "how long the leader may go without renewing"),
+        ("--retry-period", DEFAULT_RETRY_PERIOD, "how often to renew, or to try to acquire"),
+    ):
+        group.add_argument(flag, type=float, default=default, metavar="SECONDS", help=f"{what} (default: {default:g})")
+
+
+def election_config(args: argparse.Namespace) -> ElectionConfig:
+    """The timings given; ConfigError (naming the flag) when they cannot work together."""
+    return ElectionConfig(args.lease_duration, args.renew_deadline, args.retry_period)
+
+
+def lease_namespace(args: argparse.Namespace, service_account_namespace: str = SERVICE_ACCOUNT_NAMESPACE) -> str:
+    """--lease-namespace, else $POD_NAMESPACE, else the pod's own namespace; ConfigError outside a pod."""
+    if args.lease_namespace:
+        return args.lease_namespace
+    if os.environ.get("POD_NAMESPACE"):
+        return os.environ["POD_NAMESPACE"]
+    try:
+        with open(service_account_namespace) as f:
+            namespace = f.read().strip()
+    except OSError:
+        namespace = ""
+    if not namespace:
+        raise ConfigError("--lease-namespace is required outside a pod (or set POD_NAMESPACE)")
+    return namespace
 
 
 def _operator(args: argparse.Namespace) -> int:
@@ -31,8 +83,8 @@ def _operator(args: argparse.Namespace) -> int:
     lease = None
     if args.leader_elect:
         try:
-            lease = (election.config_from_flags(args), election.lease_namespace(args), args.lease_name)
-        except election.ConfigError as err:
+            lease = (election_config(args), lease_namespace(args), args.lease_name)
+        except ConfigError as err:
             print(f"vigil operator: {err}", file=sys.stderr)
             return 2
     runtime = OperatorRuntime(
@@ -107,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     operator.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default: info"
     )
-    election.add_flags(operator)
+    add_election_flags(operator)
     operator.set_defaults(run=_operator)
 
     args = parser.parse_args(argv)

@@ -20,20 +20,20 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from aiohttp import web
-from kubernetes import client, config
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from vigil import api
 from vigil.controllers.jobs import Controller
 from vigil.core.admission import Pending
+from vigil.core.election import ElectionConfig
+from vigil.core.objects import strip
 from vigil.core.podstate import strip_pod
 from vigil.core.queueing import Standing
-from vigil.kube import events
-from vigil.kube.client import ApiClient, pool_size
+from vigil.kube import config, events
+from vigil.kube.client import ApiClient, pool_size, resource_path, user_agent
 from vigil.kube.informer import POD_WATCH_PACE_SECONDS, Informer
 from vigil.kube.operations import Kube
-from vigil.kube.streaming import ApiReader, resource_path, strip
-from vigil.leaderelection.election import ElectionConfig, LeaderElector, default_identity, user_agent
+from vigil.leaderelection.elector import LeaderElector, default_identity
 from vigil.leaderelection.mark import LeaderMark, OwnPod
 from vigil.metrics import Metrics, StateCollector
 from vigil.servers.webhook import WebhookServer
@@ -60,7 +60,7 @@ def watch_scopes(patterns: Collection[str]) -> tuple[list[str | None], Callable[
 
 
 def build_informers(
-    reader: ApiReader,
+    reader: ApiClient,
     controller: Controller,
     namespaces: Collection[str],
     pod_watch_pace: float = POD_WATCH_PACE_SECONDS,
@@ -155,23 +155,24 @@ class OperatorRuntime:
         self._loop, self._stopping = asyncio.get_running_loop(), asyncio.Event()
         if self._stop.is_set():
             return
-        configuration = _client_configuration()
+        credentials = config.load()
         # The holder identity is chosen before any request, so that every write of this process
         # names it in its User-Agent: an audit log then tells the replicas apart (election.user_agent).
         identity = default_identity() if self.lease is not None else None
         agent = user_agent(identity)
-        reader = ApiReader(configuration, agent)
-        writer = ApiClient(configuration, agent, pool_size(self.workers, events.CONCURRENCY))
+        reader = ApiClient(credentials, agent)
+        writer = ApiClient(credentials, agent, connections=pool_size(self.workers, events.CONCURRENCY))
         metrics = Metrics()
         kube = Kube(writer, metrics)
         controller = Controller(kube, workers=self.workers, metrics=metrics)
         metrics.collect_from(
             StateCollector(lambda: list(controller.jobs.values()), controller.dispatcher.queue_numbers)
         )
-        elector = mark = None
+        elector = mark = lease_client = None
         if self.lease is not None:
             timings, lease_namespace, lease_name = self.lease
-            elector = LeaderElector.for_lease(configuration, lease_namespace, lease_name, timings, identity=identity)
+            lease_client = ApiClient(credentials, user_agent(identity, "leader-election"))
+            elector = LeaderElector.for_lease(lease_client, lease_namespace, lease_name, timings, identity=identity)
             own_pod = OwnPod.from_environment()
             mark = LeaderMark(kube, own_pod, lease_name) if own_pod is not None else None
             kube.fence = elector.check  # no write leaves this process unless it leads, renewed in time
@@ -228,15 +229,13 @@ class OperatorRuntime:
                 marking.cancel()
                 await asyncio.gather(marking, return_exceptions=True)
             await controller.stop()  # in-flight writes end before the lease is given up
-            if elector is not None:
-                if campaign is not None and not campaign.done():
-                    if led:
-                        if mark is not None:
-                            await mark.drop()
-                        await elector.release()
-                    campaign.cancel()
-                    await asyncio.gather(campaign, return_exceptions=True)
-                elector.close()
+            if elector is not None and campaign is not None and not campaign.done():
+                if led:
+                    if mark is not None:
+                        await mark.drop()
+                    await elector.release()
+                campaign.cancel()
+                await asyncio.gather(campaign, return_exceptions=True)
             if health is not None:
                 await health.cleanup()
             if webhook is not None:
@@ -245,6 +244,8 @@ class OperatorRuntime:
                 await scrape.cleanup()
             await reader.close()
             await writer.close()
+            if lease_client is not None:
+                await lease_client.close()
 
 
 async def _serve_webhook(where: tuple[str, str, str], controller: Controller) -> WebhookServer:
@@ -303,12 +304,3 @@ async def _serve_health(address: str, informers: list[Informer]) -> web.AppRunne
     await web.TCPSite(runner, host or "0.0.0.0", int(port)).start()
     return runner
 
-
-def _client_configuration() -> client.Configuration:
-    """In a pod, its service account; elsewhere, the kubeconfig (KUBECONFIG or ~/.kube/config)."""
-    configuration = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=configuration)
-    except config.ConfigException:
-        config.load_kube_config(client_configuration=configuration)
-    return configuration

@@ -32,11 +32,13 @@ from kubernetes import client, config
 
 from testbed import cluster as testbed
 from tests.conftest import ROOT, Kube, install_crds, wait_until
+from tests.support.webhooks import register, unregister
 from vigil import api
 from vigil.core.admission import Pending
+from vigil.kube.client import ApiClient, resource_path
+from vigil.kube.config import Credentials
 from vigil.kube.informer import Informer
 from vigil.kube.seen import Delta
-from vigil.kube.streaming import ApiReader, resource_path
 from vigil.servers.webhook import (
     MAX_REQUEST_BYTES,
     PATH,
@@ -44,8 +46,6 @@ from vigil.servers.webhook import (
     WEBHOOK_NAME,
     WebhookServer,
     make_self_signed,
-    register,
-    unregister,
     webhook_configuration,
 )
 
@@ -76,7 +76,7 @@ def queue(name: str, max_queued: int) -> dict:
 class Replica:
     """What one operator process holds for admission: its own watches, counts and Pending."""
 
-    def __init__(self, reader: ApiReader, namespace: str) -> None:
+    def __init__(self, reader: ApiClient, namespace: str) -> None:
         self.namespace = namespace
         self.jobs: dict[str, tuple[str, bool]] = {}  # name -> (queue, waiting to start)
         self.specs: dict[str, api.VigilQueueSpec] = {}
@@ -153,7 +153,7 @@ class Bed:
         self.certs = tmp_path / "certs"
         self.ca = make_self_signed(self.certs, ip_addresses=["127.0.0.1"])
         self.loop = Loop()
-        self.reader = ApiReader(kube.api.configuration)
+        self.reader = ApiClient(Credentials(kube.api.configuration))
         self.replicas: list[Replica] = []
 
     def start(self, replicas: int = 1) -> int:

@@ -21,14 +21,10 @@ from kubernetes import client, config
 
 from testbed.faults import FaultProxy, kubeconfig_via
 from tests.conftest import Kube
-from vigil.leaderelection.election import (
-    JITTER_FACTOR,
-    ElectionConfig,
-    LeaderElector,
-    NotLeading,
-    StopReason,
-    monotonic,
-)
+from vigil.core.election import JITTER_FACTOR, ElectionConfig, StopReason
+from vigil.kube.client import ApiClient, user_agent
+from vigil.kube.config import Credentials
+from vigil.leaderelection.elector import LeaderElector, NotLeading, monotonic
 
 pytestmark = pytest.mark.integration
 
@@ -70,6 +66,7 @@ class Candidates:
     def __init__(self, namespace: str) -> None:
         self.namespace = namespace
         self.electors: list[LeaderElector] = []
+        self.clients: list[ApiClient] = []
         self.tasks: dict[str, asyncio.Task] = {}
         self.stops: dict[str, list[StopReason]] = {}
         self.acquired: dict[str, float] = {}  # when (election clock) each SENT the write that made it leader
@@ -81,12 +78,15 @@ class Candidates:
             assert elector.state.renewed_at is not None
             self.acquired[name] = elector.state.renewed_at
 
+        identity = f"{name}_{uuid.uuid4().hex[:6]}"
+        lease_client = ApiClient(Credentials(conf), user_agent(identity, "leader-election"))
+        self.clients.append(lease_client)
         elector = LeaderElector.for_lease(
-            conf,
+            lease_client,
             self.namespace,
             LEASE,
             FAST,
-            identity=f"{name}_{uuid.uuid4().hex[:6]}",
+            identity=identity,
             on_started_leading=started,
             on_stopped_leading=stops.append,
         )
@@ -104,8 +104,8 @@ class Candidates:
         for task in self.tasks.values():
             task.cancel()
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
-        for elector in self.electors:
-            elector.close()
+        for lease_client in self.clients:
+            await lease_client.close()
 
 
 def run(kube: Kube, namespace: str, scenario: Callable[[Candidates], Awaitable[None]]) -> None:

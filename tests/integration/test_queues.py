@@ -46,8 +46,9 @@ from kubernetes import client, config, watch
 
 from tests.conftest import Kube, OperatorProcess, holds, install_crds, release_attempt_pods, wait_until
 from tests.integration.test_lifecycle import FAST_BACKOFF, GROUP, PLURAL, VERSION, vigil_job
+from tests.support.webhooks import register, unregister
 from vigil import api
-from vigil.servers.webhook import PATH, WEBHOOK_NAME, make_self_signed, register, unregister, webhook_configuration
+from vigil.servers.webhook import PATH, WEBHOOK_NAME, make_self_signed, webhook_configuration
 
 pytestmark = pytest.mark.e2e  # the operator end to end, as a process, on a real cluster
 

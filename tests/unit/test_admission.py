@@ -28,8 +28,8 @@ from vigil.core.admission import (
     review,
 )
 from vigil.core.queueing import QueueSpec
+from vigil.kube.client import LIST_TIMEOUT_SECONDS
 from vigil.kube.informer import PROGRESS_DEADLINE_SECONDS
-from vigil.kube.streaming import LIST_TIMEOUT_SECONDS
 
 pytestmark = pytest.mark.unit
 

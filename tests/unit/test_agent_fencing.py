@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from vigil.agent import runner
 from vigil.core import fencing
 from vigil.core.fencing import EXIT_FENCED, UNAUTHORIZED_GRACE_SECONDS, Fencer, Observed, Reason, decide
+from vigil.kube.errors import from_status
 
 pytestmark = pytest.mark.unit
 
@@ -225,10 +226,8 @@ def test_the_patched_pod_tells_whether_the_attempt_may_go_on(metadata, observed)
 
 def test_api_errors_are_logged_in_one_line_without_headers():
     body = '{"kind":"Status","message":"pods \\"x\\" is forbidden:\\n  User cannot patch"}'
-    assert (
-        runner.describe_api_error(403, "Forbidden", body) == '403 Forbidden: pods "x" is forbidden: User cannot patch'
-    )
-    assert runner.describe_api_error(503, "Service Unavailable", "<html>") == "503 Service Unavailable"
+    assert runner.describe(from_status(403, body)) == '403 Forbidden: pods "x" is forbidden: User cannot patch'
+    assert runner.describe(from_status(503, "<html>")) == "503 ServiceUnavailable: <html>"
 
 
 @pytest.mark.parametrize(

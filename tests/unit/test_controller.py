@@ -241,7 +241,7 @@ def test_after_a_conflict_the_job_is_read_again_not_awaited_from_a_watch_that_mi
     waiting for it would conflict for ever: the job would stand still. The shell reads the job
     directly and decides on that next time, even when its resourceVersion is lower than the
     cached one's (an etcd that went back in time)."""
-    from vigil.kube.operations import Conflict
+    from vigil.kube.errors import Conflict
 
     stored = {**job(), "metadata": {**job()["metadata"], "resourceVersion": stored_version}}
     stored["status"] = {"phase": "Starting", "reason": "AttemptStarting"}
@@ -401,7 +401,7 @@ def test_a_decision_that_writes_no_status_runs_only_on_the_version_the_api_serve
     its next attempt's pod, say): a job changed since the decision read it voids the decision,
     as a status write's 409 would, and the version read is what the retry decides on."""
     from vigil.core.actions import ConfirmVersion
-    from vigil.kube.operations import Conflict, Gone
+    from vigil.kube.errors import Conflict, NotFound
 
     stored: dict[str, Any] | None = None
 
@@ -421,10 +421,10 @@ def test_a_decision_that_writes_no_status_runs_only_on_the_version_the_api_serve
     assert c.jobs[("ns", "j")]["metadata"]["resourceVersion"] == "9"
 
     stored = {**job(), "metadata": {**job()["metadata"], "uid": "another-job-of-that-name"}}
-    with pytest.raises(Gone):
+    with pytest.raises(NotFound):
         asyncio.run(c._execute(job(), ConfirmVersion("5")))
     stored = None
-    with pytest.raises(Gone):
+    with pytest.raises(NotFound):
         asyncio.run(c._execute(job(), ConfirmVersion("5")))
 
 

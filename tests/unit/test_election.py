@@ -29,28 +29,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings, target
 from hypothesis import strategies as st
 
-from vigil.leaderelection.election import (
+from vigil.cli import add_election_flags, election_config, lease_namespace
+from vigil.core.election import (
     JITTER_FACTOR,
     Candidate,
     ConfigError,
     ElectionConfig,
-    LeaderElector,
-    LeaseApiError,
-    LeaseConflict,
-    LeaseGone,
+    ElectionPhase,
     LeaseRecord,
-    NotLeading,
-    Phase,
-    Seen,
+    LeaseVerdict,
+    SeenRecord,
     StopReason,
-    Verdict,
-    add_flags,
-    config_from_flags,
-    default_identity,
-    lease_namespace,
     micro_time,
     observe,
 )
+from vigil.kube.errors import ApiError, Conflict, NotFound
+from vigil.leaderelection.elector import LeaderElector, NotLeading, default_identity
 
 pytestmark = pytest.mark.unit
 
@@ -63,13 +57,13 @@ def held_by(holder: str, *, seconds: int = 15, transitions: int = 0, stamp: str 
 
 
 def following(identity: str, record: LeaseRecord | None, version: str = "1", since: float = 0.0) -> Candidate:
-    seen = None if record is None else Seen(record, version, since)
+    seen = None if record is None else SeenRecord(record, version, since)
     return Candidate(identity, seen=seen)
 
 
 def leading(identity: str = "me", renewed_at: float = 0.0, transitions: int = 3) -> Candidate:
     record = held_by(identity, transitions=transitions, stamp="2026-01-01T00:00:00.000000Z")
-    return Candidate(identity, Phase.LEADING, Seen(record, "7", renewed_at), renewed_at)
+    return Candidate(identity, ElectionPhase.LEADING, SeenRecord(record, "7", renewed_at), renewed_at)
 
 
 # --------------------------------------------------------------------------------- configuration
@@ -124,21 +118,21 @@ def test_the_record_promises_whole_seconds_rounded_up():
 
 def parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="vigil operator")
-    add_flags(parser)
+    add_election_flags(parser)
     return parser.parse_args(list(argv))
 
 
 def test_the_flags_default_to_client_gos_timings_and_no_election():
     args = parse()
     assert (args.leader_elect, args.lease_name, args.lease_namespace) == (False, "vigil-operator", None)
-    assert config_from_flags(args) == CFG
+    assert election_config(args) == CFG
     args = parse("--leader-elect", "--lease-duration", "30", "--renew-deadline", "20", "--retry-period", "4")
-    assert args.leader_elect and config_from_flags(args) == ElectionConfig(30, 20, 4)
+    assert args.leader_elect and election_config(args) == ElectionConfig(30, 20, 4)
 
 
 def test_flags_that_cannot_work_together_are_refused_naming_the_flag():
     with pytest.raises(ConfigError, match=r"^--lease-duration \(10s\) must be greater than --renew-deadline \(10s\)"):
-        config_from_flags(parse("--lease-duration", "10"))
+        election_config(parse("--lease-duration", "10"))
 
 
 def test_the_lease_namespace_comes_from_the_flag_the_environment_or_the_pod(monkeypatch, tmp_path):
@@ -198,7 +192,7 @@ def test_the_same_record_at_the_same_version_keeps_when_it_was_first_seen():
 
 def test_no_lease_is_created_naming_us_with_no_transition():
     decision = following("me", None).decide(0.0, WALL, CFG)
-    assert decision.verdict is Verdict.ACQUIRE
+    assert decision.verdict is LeaseVerdict.ACQUIRE
     assert decision.version is None  # a create
     assert decision.write == LeaseRecord("me", 15, micro_time(WALL), micro_time(WALL), 0)
 
@@ -206,10 +200,10 @@ def test_no_lease_is_created_naming_us_with_no_transition():
 def test_a_held_lease_is_taken_only_after_a_full_lease_duration_unchanged_on_our_clock():
     candidate = following("me", held_by("other", transitions=2), version="9", since=100.0)
     early = candidate.decide(114.999, WALL, CFG)
-    assert early.verdict is Verdict.WAIT
+    assert early.verdict is LeaseVerdict.WAIT
     assert early.retry_in == pytest.approx(0.001)
     taken = candidate.decide(115.0, WALL, CFG)
-    assert taken.verdict is Verdict.ACQUIRE
+    assert taken.verdict is LeaseVerdict.ACQUIRE
     assert taken.version == "9"  # the write carries the version decided on
     assert taken.write == LeaseRecord("me", 15, micro_time(WALL), micro_time(WALL), 3)
 
@@ -223,30 +217,30 @@ def test_a_held_lease_is_taken_only_after_a_full_lease_duration_unchanged_on_our
 def test_the_timestamps_in_the_record_never_matter(acquire, renew, elapsed, wall):
     record = LeaseRecord("other", 15, acquire, renew, 1)
     decision = following("me", record, since=50.0).decide(50.0 + elapsed, wall, CFG)
-    assert decision.verdict is (Verdict.ACQUIRE if elapsed >= 15 else Verdict.WAIT)
+    assert decision.verdict is (LeaseVerdict.ACQUIRE if elapsed >= 15 else LeaseVerdict.WAIT)
 
 
 def test_a_follower_waits_the_longer_of_the_records_duration_and_its_own():
     longer = following("me", held_by("other", seconds=40), since=0.0)
-    assert longer.decide(39.9, WALL, CFG).verdict is Verdict.WAIT
-    assert longer.decide(40.0, WALL, CFG).verdict is Verdict.ACQUIRE
+    assert longer.decide(39.9, WALL, CFG).verdict is LeaseVerdict.WAIT
+    assert longer.decide(40.0, WALL, CFG).verdict is LeaseVerdict.ACQUIRE
     shorter = following("me", held_by("other", seconds=2), since=0.0)
-    assert shorter.decide(14.9, WALL, CFG).verdict is Verdict.WAIT
+    assert shorter.decide(14.9, WALL, CFG).verdict is LeaseVerdict.WAIT
     none_written = following("me", held_by("other", seconds=0), since=0.0)
-    assert none_written.decide(14.9, WALL, CFG).verdict is Verdict.WAIT
+    assert none_written.decide(14.9, WALL, CFG).verdict is LeaseVerdict.WAIT
 
 
 def test_a_released_lease_is_taken_at_once_and_counts_a_transition():
     released = LeaseRecord("", 1, "t", "t", 5)
     decision = following("me", released, version="12", since=1000.0).decide(1000.0, WALL, CFG)
-    assert decision.verdict is Verdict.ACQUIRE
+    assert decision.verdict is LeaseVerdict.ACQUIRE
     assert decision.write is not None and decision.write.transitions == 6
     assert decision.version == "12"
 
 
 def test_a_leader_renews_keeping_acquire_time_and_transitions():
     decision = leading(renewed_at=0.0).decide(2.0, WALL, CFG)
-    assert decision.verdict is Verdict.RENEW
+    assert decision.verdict is LeaseVerdict.RENEW
     assert decision.version == "7"
     assert decision.write == LeaseRecord("me", 15, "2026-01-01T00:00:00.000000Z", micro_time(WALL), 3)
 
@@ -255,13 +249,13 @@ def test_a_follower_that_finds_its_own_name_renews_without_a_transition():
     # its acquire timed out but landed after all
     candidate = following("me", held_by("me", transitions=4), since=0.0)
     decision = candidate.decide(0.0, WALL, CFG)
-    assert decision.verdict is Verdict.RENEW
+    assert decision.verdict is LeaseVerdict.RENEW
     assert decision.write is not None and decision.write.transitions == 4
 
 
 def test_a_stopped_candidate_or_a_leader_past_its_deadline_writes_nothing():
-    assert leading().stopped(StopReason.DEADLINE).decide(1.0, WALL, CFG).verdict is Verdict.WAIT
-    assert leading(renewed_at=0.0).decide(10.0, WALL, CFG).verdict is Verdict.WAIT
+    assert leading().stopped(StopReason.DEADLINE).decide(1.0, WALL, CFG).verdict is LeaseVerdict.WAIT
+    assert leading(renewed_at=0.0).decide(10.0, WALL, CFG).verdict is LeaseVerdict.WAIT
 
 
 # ------------------------------------------------------------------------ leading and the fence
@@ -269,7 +263,7 @@ def test_a_stopped_candidate_or_a_leader_past_its_deadline_writes_nothing():
 
 def test_the_fence_counts_from_when_the_write_was_sent_not_when_it_was_answered():
     candidate = following("me", held_by("", seconds=1)).wrote(held_by("me"), "8", sent_at=10.0, now=19.0)
-    assert candidate.phase is Phase.LEADING
+    assert candidate.phase is ElectionPhase.LEADING
     assert candidate.may_act(19.999, CFG)
     assert not candidate.may_act(20.0, CFG)  # 10 + renew deadline, strict
     assert candidate.deadline(CFG) == 20.0
@@ -277,11 +271,11 @@ def test_the_fence_counts_from_when_the_write_was_sent_not_when_it_was_answered(
 
 def test_a_leader_past_its_deadline_stops_for_good():
     stopped = leading(renewed_at=0.0).expired(10.0, CFG)
-    assert stopped.phase is Phase.STOPPED and stopped.stop_reason is StopReason.DEADLINE
+    assert stopped.phase is ElectionPhase.STOPPED and stopped.stop_reason is StopReason.DEADLINE
     # a renewal that was in flight and lands now does not bring leadership back
     late = stopped.wrote(held_by("me"), "9", sent_at=9.0, now=10.5)
-    assert late.phase is Phase.STOPPED and not late.may_act(10.5, CFG)
-    assert leading(renewed_at=0.0).expired(9.99, CFG).phase is Phase.LEADING
+    assert late.phase is ElectionPhase.STOPPED and not late.may_act(10.5, CFG)
+    assert leading(renewed_at=0.0).expired(9.99, CFG).phase is ElectionPhase.LEADING
 
 
 def test_a_leader_that_reads_another_holder_or_no_lease_stops_at_once():
@@ -289,7 +283,7 @@ def test_a_leader_that_reads_another_holder_or_no_lease_stops_at_once():
     assert leading().observed(LeaseRecord("", 1), "10", 1.0).stop_reason is StopReason.SUPERSEDED
     assert leading().observed(None, "", 1.0).stop_reason is StopReason.DELETED
     still = leading().observed(held_by("me"), "10", 1.0)
-    assert still.phase is Phase.LEADING and still.may_act(1.0, CFG)
+    assert still.phase is ElectionPhase.LEADING and still.may_act(1.0, CFG)
 
 
 def test_the_first_stop_reason_is_kept():
@@ -307,10 +301,10 @@ def test_only_losses_are_lost():
 
 def test_release_writes_an_empty_holder_for_one_second_keeping_the_transitions():
     decision = leading(transitions=3).release_decision(WALL)
-    assert decision.verdict is Verdict.RENEW and decision.version == "7"
+    assert decision.verdict is LeaseVerdict.RENEW and decision.version == "7"
     assert decision.write == LeaseRecord("", 1, micro_time(WALL), micro_time(WALL), 3)
-    assert following("me", held_by("other")).release_decision(WALL).verdict is Verdict.WAIT
-    assert following("me", None).release_decision(WALL).verdict is Verdict.WAIT
+    assert following("me", held_by("other")).release_decision(WALL).verdict is LeaseVerdict.WAIT
+    assert following("me", None).release_decision(WALL).verdict is LeaseVerdict.WAIT
 
 
 def test_an_identity_is_unique_per_process_and_names_the_pod(monkeypatch):
@@ -405,16 +399,16 @@ class World:
         if not node.alive or node.active is not None:
             return
         node.candidate = node.candidate.expired(node.clock, self.config)
-        if node.candidate.phase is Phase.LEADING:
+        if node.candidate.phase is ElectionPhase.LEADING:
             self._send_decision(i, node.candidate.decide(node.clock, node.wall(), self.config))
-        elif node.candidate.phase is Phase.FOLLOWING:
+        elif node.candidate.phase is ElectionPhase.FOLLOWING:
             self._send(i, "get", "elect")
         self._settle()
 
     def release(self, i: int) -> None:
         """Graceful shutdown: the fence closes first, then read and give the lease up."""
         node = self.nodes[i]
-        if not node.alive or node.active is not None or node.candidate.phase is not Phase.LEADING:
+        if not node.alive or node.active is not None or node.candidate.phase is not ElectionPhase.LEADING:
             return
         node.candidate = node.candidate.stopped(StopReason.RELEASED)
         self._settle()
@@ -476,7 +470,7 @@ class World:
             node.candidate = candidate
             if request.purpose == "release":
                 decision = candidate.release_decision(node.wall())
-                if decision.verdict is Verdict.WAIT:
+                if decision.verdict is LeaseVerdict.WAIT:
                     node.alive = False  # nothing to give up: the process exits
                 else:
                     self._send(request.owner, "update", "release", decision.write, decision.version)
@@ -488,18 +482,18 @@ class World:
                 node.alive = False  # released: the process exits
         else:  # conflict or gone
             node.candidate = candidate
-            if request.purpose == "release" or candidate.phase is Phase.LEADING:
+            if request.purpose == "release" or candidate.phase is ElectionPhase.LEADING:
                 self._send(request.owner, "get", request.purpose)  # read again (the slow path)
         self._settle()
 
     # -- internals
 
     def _send_decision(self, i: int, decision) -> None:
-        if decision.verdict is Verdict.WAIT:
+        if decision.verdict is LeaseVerdict.WAIT:
             return
         node = self.nodes[i]
         seen = node.candidate.seen
-        if decision.verdict is Verdict.ACQUIRE and seen is not None and seen.record.holder:
+        if decision.verdict is LeaseVerdict.ACQUIRE and seen is not None and seen.record.holder:
             # THE property: a held lease is taken only after a full lease duration unchanged,
             # by the model's own memory of when this node first saw that version
             waited = node.clock - node.first_seen[decision.version]
@@ -559,7 +553,7 @@ class World:
         period = self.config.retry_period
         for _ in range(math.ceil(seconds / period)):
             for i in self.alive():
-                if self.nodes[i].candidate.phase is Phase.STOPPED:
+                if self.nodes[i].candidate.phase is ElectionPhase.STOPPED:
                     self.crash(i)
                     self.join(offset=self.nodes[i].clock)
             if not self.alive():
@@ -723,7 +717,7 @@ def test_a_leader_whose_renewals_are_lost_stops_before_the_standby_may_take_over
     elect(world, a)
     assert world.may_act(a)
     elect(world, b)  # b reads the record a just wrote
-    assert world.nodes[b].candidate.phase is Phase.FOLLOWING
+    assert world.nodes[b].candidate.phase is ElectionPhase.FOLLOWING
     for _ in range(20):  # a's renewals vanish; b keeps looking
         world.act(a)
         world.timeout(a)
@@ -871,7 +865,7 @@ class Api:
 
     def _check(self) -> None:
         if self.broken:
-            raise LeaseApiError("connection refused")
+            raise ApiError("connection refused")
 
     async def get(self):
         self._check()
@@ -880,15 +874,15 @@ class Api:
     async def create(self, record):
         self._check()
         if self.server.lease is not None:
-            raise LeaseConflict("exists")
+            raise Conflict("exists")
         return self.server.store(record)
 
     async def update(self, record, version):
         self._check()
         if self.server.lease is None:
-            raise LeaseGone("gone")
+            raise NotFound("gone")
         if version != str(self.server.version):
-            raise LeaseConflict("changed")
+            raise Conflict("changed")
         return self.server.store(record)
 
 
@@ -1084,7 +1078,9 @@ def test_each_process_names_its_identity_in_its_user_agent():
     from kubernetes import client
 
     from vigil import __version__
-    from vigil.leaderelection.election import KubeLeaseApi, user_agent
+    from vigil.kube.client import ApiClient, user_agent
+    from vigil.kube.config import Credentials
+    from vigil.kube.leases import LeaseStore
 
     assert user_agent() == f"vigil/{__version__}"
     assert user_agent("pod-a_0123456789") == f"vigil/{__version__} (pod-a_0123456789)"
@@ -1093,9 +1089,7 @@ def test_each_process_names_its_identity_in_its_user_agent():
     )
     conf = client.Configuration()
     conf.host = "http://127.0.0.1:9"
-    elector = LeaderElector.for_lease(conf, "ns", "lease", identity="pod-b_abc")
-    try:
-        assert isinstance(elector.api, KubeLeaseApi)
-        assert elector.api._client.user_agent == f"vigil/{__version__} (pod-b_abc; leader-election)"
-    finally:
-        elector.close()
+    lease_client = ApiClient(Credentials(conf), user_agent("pod-b_abc", "leader-election"))
+    elector = LeaderElector.for_lease(lease_client, "ns", "lease", identity="pod-b_abc")
+    assert isinstance(elector.api, LeaseStore) and elector.api.client is lease_client
+    assert elector.identity == "pod-b_abc"

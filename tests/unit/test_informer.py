@@ -11,8 +11,8 @@ import pytest
 
 from vigil.core.podstate import strip_pod
 from vigil.kube import informer as informer_module
+from vigil.kube.errors import Expired, Stalled
 from vigil.kube.informer import Freshness, Informer
-from vigil.kube.streaming import ApiError, Stalled
 
 pytestmark = pytest.mark.unit
 
@@ -47,7 +47,7 @@ class ScriptedReader:
         if ending == "stall":
             raise Stalled("scripted")
         if ending == "gone":
-            raise ApiError(410, "too old")
+            raise Expired("too old")
         if ending == "hang":
             self.done.set()
             await asyncio.Event().wait()

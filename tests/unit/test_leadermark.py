@@ -2,7 +2,8 @@
 
 import pytest
 
-from vigil.leaderelection.mark import OwnPod, mark_changes
+from vigil.core.election import mark_changes
+from vigil.leaderelection.mark import OwnPod
 
 pytestmark = pytest.mark.unit
 

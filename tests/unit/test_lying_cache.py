@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from tests.unit.factories import make_job, merge_patch
 from vigil import api
 from vigil.controllers.jobs import Controller
-from vigil.kube.operations import Conflict
+from vigil.kube.errors import Conflict
 
 pytestmark = pytest.mark.unit
 

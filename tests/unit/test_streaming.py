@@ -1,4 +1,4 @@
-"""The lean reader: it authenticates as the official client does, and a paced watch loses and
+"""The client's reads: it authenticates as the official client does, and a paced watch loses and
 reorders nothing while it reads in batches (against a small local HTTP server streaming events)."""
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ import pytest
 from aiohttp import web
 from kubernetes import client, config
 
-from vigil.kube.streaming import ApiReader, Stalled, resource_path
+from vigil.kube.client import ApiClient, resource_path
+from vigil.kube.config import Credentials
+from vigil.kube.errors import Stalled
 
 pytestmark = pytest.mark.unit
 
@@ -33,7 +35,7 @@ def test_a_bearer_token_from_a_kubeconfig_is_sent(tmp_path: Path):
     )
     configuration = client.Configuration()
     config.load_kube_config(str(kubeconfig), client_configuration=configuration)
-    assert ApiReader(configuration)._headers()["Authorization"] == "Bearer s3cret"
+    assert ApiClient(Credentials(configuration))._headers()["Authorization"] == "Bearer s3cret"
 
 
 def test_collection_paths():
@@ -64,7 +66,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
     return response
 
 
-async def serving(scenario: Callable[[ApiReader], Awaitable[None]]) -> None:
+async def serving(scenario: Callable[[ApiClient], Awaitable[None]]) -> None:
     app = web.Application()
     app.router.add_get("/api/v1/pods", stream)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)  # a hanging stream is cut
@@ -73,7 +75,7 @@ async def serving(scenario: Callable[[ApiReader], Awaitable[None]]) -> None:
     await site.start()
     configuration = client.Configuration()
     configuration.host = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-    reader = ApiReader(configuration)
+    reader = ApiClient(Credentials(configuration))
     try:
         await scenario(reader)
     finally:
@@ -94,7 +96,7 @@ def watched(pace: float) -> tuple[list[str], int]:
         nonlocal reads
         reads += 1
 
-    async def scenario(reader: ApiReader) -> None:
+    async def scenario(reader: ApiClient) -> None:
         got.extend(await asyncio.wait_for(read_all(reader.watch("/api/v1/pods", {}, 10, on_bytes, pace)), 20))
 
     asyncio.run(serving(scenario))
@@ -112,7 +114,7 @@ def test_a_paced_watch_delivers_every_event_in_order_in_a_few_reads():
 
 
 def test_a_paced_watch_still_notices_a_stall():
-    async def scenario(reader: ApiReader) -> None:
+    async def scenario(reader: ApiClient) -> None:
         events = reader.watch("/api/v1/pods", {"hang": "1"}, 0.5, lambda: None, 0.1)
         with pytest.raises(Stalled):
             await asyncio.wait_for(read_all(events), 10)

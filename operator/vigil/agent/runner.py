@@ -23,9 +23,9 @@ agent stopped the child itself (pod superseded, deleted or gone, or fenced under
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
-import json
 import os
 import queue
 import random
@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vigil.agent import ENV_CHECKPOINT_FILE, CheckpointTooLarge, InvalidCheckpoint, validate_checkpoint
 from vigil.api import ANNOTATION_CHECKPOINT, ANNOTATION_HEARTBEAT, ANNOTATION_SUPERSEDED, Guarantee
@@ -52,6 +52,11 @@ from vigil.core.fencing import (
     request_timeout,
     retry_delay,
 )
+from vigil.kube.client import MERGE_PATCH, ApiClient, user_agent
+from vigil.kube.errors import ApiError, NotFound, Unauthorized
+
+if TYPE_CHECKING:
+    from vigil.kube.config import Credentials
 
 EXIT_USAGE = 2
 EXIT_CANNOT_RUN = 126
@@ -128,56 +133,50 @@ def _short(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def describe_api_error(status: int, reason: str, body: str | None) -> str:
+def describe(err: ApiError) -> str:
     """One line for the log: status, reason and the server's message; never headers (no tokens)."""
-    message = ""
-    with contextlib.suppress(ValueError, TypeError, AttributeError):
-        message = json.loads(body or "").get("message", "")
-    return _short(f"{status} {reason}: {message}" if message else f"{status} {reason}")
+    return _short(str(err))
 
 
 class PodHeartbeat:
-    """The one API call the agent makes: a merge patch of its pod's annotations."""
+    """The one API call the agent makes: a merge patch of its pod's annotations, through
+    Vigil's client (`vigil.kube.client`) on an event loop of the calling thread's own (the beat
+    loop's thread, and the main thread for the last beat after it)."""
 
-    def __init__(self, settings: Settings, timeout: float):
-        from kubernetes import client, config  # imported here: `vigil-agent --help` stays fast
+    def __init__(self, settings: Settings, timeout: float, credentials: Credentials | None = None):
+        if credentials is None:
+            from vigil.kube import config  # the official client loads slowly: `vigil-agent --help` stays fast
 
-        conf = client.Configuration()
-        try:
-            config.load_incluster_config(client_configuration=conf)
-        except config.ConfigException:
             try:
-                config.load_kube_config(client_configuration=conf)
-            except (config.ConfigException, OSError) as err:
-                raise ConfigError(f"no credentials: not in a cluster, and no usable KUBECONFIG ({err})") from None
-        conf.retries = 0  # the beat loop retries, with its own backoff and fencing in view
-        self.settings, self.timeout = settings, timeout
-        self.core = client.CoreV1Api(client.ApiClient(conf))
+                credentials = config.load()
+            except config.NoCredentials as err:
+                raise ConfigError(str(err)) from None
+        self.settings, self.timeout, self.credentials = settings, timeout, credentials
+        self._local = threading.local()  # per thread: (event loop, client)
+
+    def _client(self) -> tuple[asyncio.AbstractEventLoop, ApiClient]:
+        held = getattr(self._local, "held", None)
+        if held is None:
+            agent = user_agent(self.settings.pod_name, "agent")
+            client = ApiClient(self.credentials, agent, connections=1, connect_timeout=self.timeout)
+            held = self._local.held = (asyncio.new_event_loop(), client)
+        return held
 
     def patch(self, annotations: dict[str, str]) -> tuple[Observed, str]:
-        from kubernetes.client.rest import ApiException
-
+        loop, client = self._client()
+        path = f"/api/v1/namespaces/{self.settings.namespace}/pods/{self.settings.pod_name}"
         body = {"metadata": {"annotations": annotations}}
         try:
-            response = self.core.patch_namespaced_pod(
-                self.settings.pod_name,
-                self.settings.namespace,
-                body,
-                _content_type="application/merge-patch+json",
-                _request_timeout=self.timeout,
-                _preload_content=False,  # only metadata is read: skip building a V1Pod
+            pod = loop.run_until_complete(
+                client.request("PATCH", path, body=body, content_type=MERGE_PATCH, timeout=self.timeout)
             )
-            return observe_pod(json.loads(response.data)), ""
-        except ApiException as err:
-            detail = describe_api_error(err.status, err.reason or "", err.body)
-            if err.status == 404:
-                return Observed.GONE, detail
-            if err.status == 401:
-                return Observed.UNAUTHORIZED, detail
-            return Observed.API_ERROR, detail
-        except Exception as err:  # timeouts, refused connections, bad answers: never fatal
-            cause = getattr(err, "reason", None) or err  # urllib3 wraps the useful part
-            return Observed.API_ERROR, _short(f"{type(cause).__name__}: {cause}")
+            return observe_pod(pod or {}), ""
+        except NotFound as err:
+            return Observed.GONE, describe(err)
+        except Unauthorized as err:
+            return Observed.UNAUTHORIZED, describe(err)
+        except ApiError as err:  # timeouts, refused connections, 5xx, 403, 429: never fatal
+            return Observed.API_ERROR, describe(err)
 
 
 # --- the heartbeat loop (a thread; the main thread owns the child) --------------------------------

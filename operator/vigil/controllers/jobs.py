@@ -28,9 +28,11 @@ from vigil.controllers.podcache import PodCache, job_uid_of
 from vigil.controllers.rechecks import StartingRechecks
 from vigil.core import actions, doubt, failures, lifecycle, podstate
 from vigil.core.liveness import HeartbeatTracker, beat_stamp_due, heard
+from vigil.core.objects import is_older, key_of
 from vigil.core.queueing import Admission
+from vigil.kube.errors import Conflict, NotFound, Refused
 from vigil.kube.events import EventRecorder
-from vigil.kube.operations import Conflict, Gone, Kube, Refused
+from vigil.kube.operations import Kube
 from vigil.kube.seen import Delta
 from vigil.metrics import CONTROLLER, Metrics, count_transition
 from vigil.runtime.workqueue import WorkQueue
@@ -63,13 +65,9 @@ class Judgement(NamedTuple):
     verdicts: dict[str, str]  # the detector's state of each pod, by UID (for the silence alarm)
 
 
-class PodCreateRefused(Exception):
+class PodCreateRefused(Refused):
     """The API server refused an attempt's pod for a reason that may pass (403: a quota, a
     policy; 400: a webhook): shown on the job, retried with backoff."""
-
-
-def key_of(body: Mapping[str, Any]) -> Key:
-    return body["metadata"]["namespace"], body["metadata"]["name"]
 
 
 def _owner_key(pod: Mapping[str, Any]) -> Key | None:
@@ -100,21 +98,6 @@ def _annotations_but_the_beat(metadata: Mapping[str, Any]) -> dict[str, str]:
     return {k: v for k, v in annotations.items() if k != api.ANNOTATION_HEARTBEAT}
 
 
-def _newer(candidate: Mapping[str, Any], current: Mapping[str, Any] | None) -> bool:
-    """Whether `candidate` is a later version of the job than `current`.
-
-    resourceVersions are opaque by contract, but every API server backed by etcd makes them
-    increasing integers; this only keeps our own write-through from being overwritten by an
-    older watch event, and falls back to "take the newcomer" otherwise.
-    """
-    if current is None or candidate["metadata"]["uid"] != current["metadata"]["uid"]:
-        return True
-    new, old = candidate["metadata"].get("resourceVersion", ""), current["metadata"].get("resourceVersion", "")
-    if new.isdigit() and old.isdigit():
-        return int(new) >= int(old)
-    return True
-
-
 def _parse_heartbeat(job: Mapping[str, Any]) -> api.Heartbeat:
     try:
         return api.Heartbeat.model_validate((job.get("spec") or {}).get("heartbeat") or {})
@@ -125,7 +108,7 @@ def _parse_heartbeat(job: Mapping[str, Any]) -> api.Heartbeat:
 def _describe(err: Exception) -> tuple[str, str]:
     """(reason, message) for the ReconcileError condition."""
     if isinstance(err, PodCreateRefused):
-        return "PodCreateRefused", f"{err}; retrying with backoff"
+        return "PodCreateRefused", f"{err.message}; retrying with backoff"
     if isinstance(err, Refused):
         return "WriteRefused", f"the API server refused a write: {err.message}"
     return "ReconcileFailed", f"reconciling failed: {type(err).__name__}: {str(err)[:1000]}"
@@ -220,7 +203,7 @@ class Controller:
             "resourceVersion"
         ):
             return  # the watch echoing a write of ours, or a duplicate: nothing new
-        if read or _newer(body, current):
+        if read or current is None or not is_older(body, current):  # no older watch event undoes our write
             self.jobs[key] = body
             self._job_uids[body["metadata"]["uid"]] = key
             # Parsed once per job version, not on every heartbeat of its pods.
@@ -382,7 +365,7 @@ class Controller:
                 await self.reconcile(key)
                 if self._failures.pop(key, None):
                     await self._clear_failure(key)
-            except Gone:
+            except NotFound:
                 log.info("%s/%s is gone; forgetting it", *key)
                 self._drop(key)
             except Conflict as err:
@@ -631,7 +614,7 @@ class Controller:
         write's 409 would be)."""
         stored = await self.kube.read_job(*key_of(job))
         if stored is None or stored["metadata"]["uid"] != job["metadata"]["uid"]:
-            raise Gone(f"{key_of(job)} is gone")
+            raise NotFound(f"{key_of(job)} is gone")
         if stored["metadata"]["resourceVersion"] != resource_version:
             self.job_seen(stored, look=False, read=True)
             stored_rv = stored["metadata"]["resourceVersion"]
@@ -643,7 +626,8 @@ class Controller:
             created = await self.kube.create_pod(namespace, manifest)
         except Refused as err:
             if err.status in (400, 403):  # a quota, a policy, a webhook: may pass; say so and retry
-                raise PodCreateRefused(f"the API server refused pod {pod_name}: {err.message}") from err
+                message = f"the API server refused pod {pod_name}: {err.message}"
+                raise PodCreateRefused(message, status=err.status, reason=err.reason) from err
             # A template Kubernetes will not accept: say so on the job rather than crash-loop.
             attempt = int(manifest["metadata"]["labels"][api.LABEL_ATTEMPT])
             for action in lifecycle.reject_pod(job, attempt, err.message, self.clock()).actions:

@@ -21,13 +21,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from vigil import api
+from vigil.core.objects import is_older
 
 Pod = Mapping[str, Any]
-
-
-def _version(pod: Pod) -> int | None:
-    text = pod["metadata"].get("resourceVersion") or ""
-    return int(text) if text.isdigit() else None
 
 
 def job_uid_of(pod: Pod) -> str:
@@ -109,9 +105,7 @@ class PodCache:
         uid, job_uid = pod["metadata"]["uid"], job_uid_of(pod)
         pods = self._by_job.setdefault(job_uid, {})
         held = pods.get(uid)
-        if held is not None:
-            new, old = _version(pod), _version(held)
-            if new is not None and old is not None and new < old:
-                return False
+        if held is not None and is_older(pod, held):
+            return False
         pods[uid] = pod
         return True

@@ -51,6 +51,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from vigil import api
+from vigil.core.objects import version_number
 
 State = Literal["Healthy", "Uncertain", "Lost"]
 
@@ -146,8 +147,7 @@ class HeartbeatTracker:
         """
         metadata = pod["metadata"]
         uid = metadata["uid"]
-        version_text = metadata.get("resourceVersion") or ""
-        version = int(version_text) if version_text.isdigit() else None
+        version = version_number(metadata.get("resourceVersion"))
         seen = self._pods.get(uid)
         changed = seen is None
         if seen is None:

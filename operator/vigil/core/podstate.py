@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from vigil import api
-from vigil.kube.streaming import strip
+from vigil.core.objects import strip, version_of
 
 Pod = Mapping[str, Any]
 # Stopped: finished after its deletion was requested (see the module docstring); Deleted: being
@@ -60,7 +60,7 @@ _TERMINATED_KEYS = ("exitCode", "reason", "finishedAt")
 
 
 def strip_pod(pod: dict[str, Any]) -> dict[str, Any]:
-    """What Vigil keeps of a pod, in place: `streaming.strip`, and of the spec and status only
+    """What Vigil keeps of a pod, in place: `objects.strip`, and of the spec and status only
     what the readings of this module and the controller's change test read. Every pod of every
     job is kept (the watch, creations and direct reads all go through here), and the rest is most
     of a pod in memory: the spec (containers, volumes, tolerations) and of the status the kubelet's
@@ -183,12 +183,11 @@ def freshest_by_uid(pods: Iterable[Pod]) -> list[Pod]:
 
 
 def _progress(pod: Pod) -> tuple[int, bool, bool, int]:
-    version = pod["metadata"].get("resourceVersion", "")
     return (
         _PHASE_RANK.get((pod.get("status") or {}).get("phase", "Pending"), 0),
         _is_disrupted(pod),
         is_deleting(pod),
-        int(version) if version.isdigit() else 0,
+        version_of(pod) or 0,
     )
 
 

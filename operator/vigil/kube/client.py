@@ -1,45 +1,55 @@
-"""A lean HTTP client for Vigil's writes and direct reads, over aiohttp, on the event loop.
+"""The one HTTP client of Vigil for the API server: requests, paginated lists and watches, over
+aiohttp on the event loop, with the credentials of a kubeconfig (`vigil.kube.config`).
 
-The official client costs most of the operator's CPU on the hot path: every call validated by
-pydantic, run in a worker thread, its answer turned into model objects and back into dicts. Here
-a request is a JSON body out and a decoded answer back (orjson, as in `vigil.kube.streaming`), with
-the credentials, the CA and the User-Agent of `vigil.kube.streaming.ApiReader` (its sibling for lists
-and watches).
+A request is a JSON body out and a decoded answer back (orjson), without model classes: reads
+are the hot path (a watched pod per heartbeat), and the official client's validation, threads
+and models once cost most of the operator's CPU. What a caller relies on:
 
-What the official client did and this one keeps:
-
-- Errors: an error status raises `kubernetes.client.ApiException` with `status`, `reason`,
-  `body` (the text) and `headers`, so callers keep telling outcomes apart as they did. A broken
-  connection or a timeout raises aiohttp's `ClientError` or `TimeoutError`: transient failures,
-  as urllib3's errors were.
-- Timeouts: each call has its own, 5 s to connect, 20 s for each read.
+- Errors: every failure is a `vigil.kube.errors.ApiError`; a broken connection or a timeout is
+  `Unreachable` (status 0), a watch that delivers nothing within its progress deadline `Stalled`.
+- Timeouts: connecting is bounded by `connect_timeout`, each read of an answer by
+  `read_timeout`; a watch's reads by the caller's progress deadline instead.
 - The fence: a write passes `fence` before it is queued, and again as its bytes are written to
   the connection (`_FencedBody`): a write that waited for a free connection, a TLS handshake or
   a turn of the event loop while the fence closed is never sent. aiohttp sends a PUT or DELETE
-  once more by itself when the connection broke without an answer; that second try passes the
-  fence again too, as urllib3's retries did (the old `FencedRetry`).
-- Content types: `application/json` for creates and deletes, and for patches what the official
-  client picked: a strategic merge patch for core objects, a merge patch for custom resources.
+  once more by itself when a kept-alive connection broke without an answer; that second try
+  passes the fence again too.
+- One connection pool per client. The operator makes one client for its work, one for its
+  watches and one for its Lease (`vigil.manager`), so a renewal never waits behind the work,
+  and a write never waits behind a watch for a connection.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import asyncio
+import ssl
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp.payload import BytesPayload
-from kubernetes import client
-from kubernetes.client.rest import ApiException
 
-from vigil.kube.streaming import CONNECT_TIMEOUT_SECONDS, auth_headers, ssl_context
+from vigil import __version__
+from vigil.kube.config import Credentials
+from vigil.kube.errors import ApiError, Stalled, Unreachable, from_status
 
+CONNECT_TIMEOUT_SECONDS = 5.0
 READ_TIMEOUT_SECONDS = 20.0
-CONNECTIONS = 16  # open at once at least; more calls wait for one (the old thread pool allowed 6)
+LIST_TIMEOUT_SECONDS = 60.0  # one page of a list
+CONNECTIONS = 16  # open at once at least; more calls wait for one
 # Requests in flight besides the workers' and the event recorder's: background releases of
-# finalizers, the dispatcher's and the leader mark's reads and writes.
+# finalizers, the queue status writes and the leader mark's reads and writes.
 SPARE_CONNECTIONS = 8
+MAX_EVENT_BYTES = 64 * 1024 * 1024  # far above etcd's object limit (1.5 MiB): a cap, not a tuning
+
+JSON = "application/json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
+
+Fence = Callable[[], None]
+# What a broken or slow connection raises inside aiohttp; each becomes Unreachable.
+_TRANSPORT = (aiohttp.ClientError, TimeoutError, OSError)
 
 
 def pool_size(workers: int, event_senders: int) -> int:
@@ -49,11 +59,19 @@ def pool_size(workers: int, event_senders: int) -> int:
     return max(CONNECTIONS, workers + event_senders + SPARE_CONNECTIONS)
 
 
-JSON = "application/json"
-STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
-MERGE_PATCH = "application/merge-patch+json"
+def user_agent(identity: str | None = None, role: str | None = None) -> str:
+    """The User-Agent of this process's requests: `vigil/<version> (<identity>)`, and
+    `vigil/<version> (<identity>; leader-election)` for its Lease. The API server's audit log
+    records it with every request, so a reader tells the replicas of one Deployment apart, and
+    the election's writes from the operator's, without any other setup."""
+    details = "; ".join(part for part in (identity, role) if part)
+    return f"vigil/{__version__}" + (f" ({details})" if details else "")
 
-Fence = Callable[[], None]
+
+def resource_path(group: str, version: str, plural: str, namespace: str | None) -> str:
+    """The collection's URL path, across all namespaces when `namespace` is None."""
+    prefix = "/api/v1" if group == "" else f"/apis/{group}/{version}"
+    return f"{prefix}/namespaces/{namespace}/{plural}" if namespace else f"{prefix}/{plural}"
 
 
 class _FencedBody(BytesPayload):
@@ -85,17 +103,23 @@ class _FencedBody(BytesPayload):
 
 
 class ApiClient:
-    """Requests to one API server, sharing one connection pool (not the watches': a write never
-    waits behind a watch for a connection)."""
+    """Requests to one API server over one connection pool."""
 
     def __init__(
-        self, configuration: client.Configuration, user_agent: str = "vigil", connections: int = CONNECTIONS
+        self,
+        credentials: Credentials,
+        user_agent: str = "vigil",
+        *,
+        connections: int = CONNECTIONS,
+        connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
+        read_timeout: float = READ_TIMEOUT_SECONDS,
     ) -> None:
-        self.configuration = configuration
+        self.credentials = credentials
         self.user_agent = user_agent
         self.connections = connections
-        self.base = configuration.host.rstrip("/")
-        self._ssl = ssl_context(configuration)
+        self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
+        self.base = credentials.host.rstrip("/")
+        self._ssl: ssl.SSLContext | bool = credentials.ssl_context()
         self._session: aiohttp.ClientSession | None = None
 
     @property
@@ -107,16 +131,18 @@ class ApiClient:
             )
         return self._session
 
-    @staticmethod
-    def timeout() -> aiohttp.ClientTimeout:
-        # sock_connect: the TCP connect, as urllib3's connect timeout; sock_read: each read, as
-        # urllib3's read timeout. `connect` bounds waiting for a connection plus the TLS handshake.
+    def timeout(self) -> aiohttp.ClientTimeout:
+        """sock_connect bounds the TCP connect; sock_read each read of the answer; `connect`
+        waiting for a free connection plus the TLS handshake."""
         return aiohttp.ClientTimeout(
             total=None,
-            connect=CONNECT_TIMEOUT_SECONDS + READ_TIMEOUT_SECONDS,
-            sock_connect=CONNECT_TIMEOUT_SECONDS,
-            sock_read=READ_TIMEOUT_SECONDS,
+            connect=self.connect_timeout + self.read_timeout,
+            sock_connect=self.connect_timeout,
+            sock_read=self.read_timeout,
         )
+
+    def _headers(self) -> dict[str, str]:
+        return {"Accept": JSON, "User-Agent": self.user_agent, **self.credentials.auth_headers()}
 
     async def close(self) -> None:
         if self._session is not None:
@@ -132,11 +158,12 @@ class ApiClient:
         body: Any = None,
         content_type: str = JSON,
         fence: Fence | None = None,
+        timeout: float | None = None,
     ) -> Any:
-        """One request; the decoded answer (None for an empty one). `fence`, for a write (every
-        write of Vigil's has a body), is called before the request is queued and again as its
-        body is written."""
-        headers = {"Accept": JSON, "User-Agent": self.user_agent, **auth_headers(self.configuration)}
+        """One request; the decoded answer (None for an empty one). `fence`, for a write, is
+        called before the request is queued and again as its body is written. `timeout` bounds
+        the whole request instead of the client's per-read timeout."""
+        headers = self._headers()
         data: bytes | _FencedBody | None = None
         if body is not None:
             raw = orjson.dumps(body)
@@ -144,18 +171,110 @@ class ApiClient:
             headers["Content-Type"] = content_type
         if fence is not None:
             fence()
+        bound = None if timeout is None else aiohttp.ClientTimeout(total=timeout)
         try:
             async with self.session.request(
-                method, self.base + path, params=params, data=data, headers=headers
+                method, self.base + path, params=params, data=data, headers=headers, timeout=bound or self.timeout()
             ) as response:
                 text = await response.read()
                 if response.status >= 400:
-                    error = ApiException(status=response.status, reason=response.reason)
-                    error.body = text.decode("utf-8", errors="replace")
-                    error.headers = response.headers
-                    raise error
+                    raise from_status(response.status, text)
                 return orjson.loads(text) if text else None
-        except aiohttp.ClientError:
+        except _TRANSPORT as err:
             if isinstance(data, _FencedBody) and data.refused is not None:
                 raise data.refused from None  # nothing was sent: the fence closed
-            raise
+            raise Unreachable(f"{method} {path}: {_describe(err)}") from err
+        except orjson.JSONDecodeError as err:
+            raise ApiError(f"{method} {path}: the answer is not JSON ({err})") from err
+
+    async def list_all(
+        self, path: str, params: Mapping[str, str], page: int = 500, timeout: float = LIST_TIMEOUT_SECONDS
+    ) -> tuple[list[dict], str]:
+        """Every item, page by page (one consistent snapshot), and the list's resourceVersion."""
+        items: list[dict] = []
+        token = ""
+        while True:
+            query = {**params, "limit": str(page)}
+            if token:
+                query["continue"] = token
+            body = await self.request("GET", path, params=query, timeout=timeout) or {}
+            items.extend(body.get("items") or [])
+            metadata = body.get("metadata") or {}
+            token = metadata.get("continue") or ""
+            if not token:
+                return items, metadata.get("resourceVersion", "")
+
+    async def watch(
+        self,
+        path: str,
+        params: Mapping[str, str],
+        progress_deadline: float,
+        on_bytes: Callable[[], None],
+        pace: float = 0.0,
+    ) -> AsyncIterator[dict]:
+        """The events of one watch request, decoded, until the server ends it. Raises Stalled when
+        no bytes at all arrive for `progress_deadline` seconds (a half-open connection), an
+        ApiError when the server answers with an error or sends an ERROR event (Expired when the
+        resourceVersion is too old). `on_bytes` is called when the server accepts the watch, and
+        whenever bytes arrive: the connection is alive.
+
+        `pace` > 0: after each read the connection is not read for `pace` seconds, so the events
+        of that time wait in the socket and come in one read, one TLS decryption pass and one
+        HTTP parse: a busy watch costs a few reads a second instead of one per event, for at
+        most `pace` seconds of added delay."""
+        timeout = aiohttp.ClientTimeout(total=None, connect=self.connect_timeout, sock_read=None)
+        try:
+            async with self.session.get(
+                self.base + path,
+                params={**params, "watch": "1", "allowWatchBookmarks": "true"},
+                headers=self._headers(),
+                timeout=timeout,
+            ) as response:
+                if response.status >= 400:
+                    raise from_status(response.status, await response.read())
+                on_bytes()
+                buffer = b""
+                while True:
+                    try:
+                        async with asyncio.timeout(progress_deadline):
+                            chunk = await response.content.readany()
+                    except TimeoutError:
+                        raise Stalled(f"no event or bookmark for {progress_deadline:g}s") from None
+                    if not chunk:
+                        return  # the server ended the watch (its timeoutSeconds): resume from the last version
+                    on_bytes()
+                    buffer += chunk
+                    if len(buffer) > MAX_EVENT_BYTES:
+                        raise ApiError(f"a watch event over {MAX_EVENT_BYTES} bytes")
+                    *lines, buffer = buffer.split(b"\n")
+                    for line in lines:
+                        if not line.strip():
+                            continue
+                        try:
+                            event = orjson.loads(line)
+                        except orjson.JSONDecodeError as err:
+                            raise ApiError(f"a watch event that is not JSON ({err})") from err
+                        if event.get("type") == "ERROR":
+                            status = event.get("object") or {}
+                            raise from_status(int(status.get("code") or 500), status)
+                        yield event
+                    if pace > 0 and response.connection is not None:
+                        await _rest(response.connection.transport, pace)
+        except _TRANSPORT as err:
+            raise Unreachable(f"watch {path}: {_describe(err)}") from err
+
+
+async def _rest(transport: asyncio.Transport | None, seconds: float) -> None:
+    """Leave a connection unread for `seconds`: what arrives meanwhile waits in the socket."""
+    if transport is None or transport.is_closing():
+        return
+    transport.pause_reading()
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        if not transport.is_closing():
+            transport.resume_reading()
+
+
+def _describe(err: BaseException) -> str:
+    return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__

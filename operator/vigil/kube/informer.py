@@ -28,12 +28,12 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
-import aiohttp
-
+from vigil.core.objects import strip
+from vigil.kube.client import ApiClient
+from vigil.kube.errors import ApiError, Expired, Stalled
+from vigil.kube.freshness import Freshness
 from vigil.kube.seen import Delta, SeenObjects
-from vigil.kube.streaming import ApiError, ApiReader, Stalled, strip
 
 log = logging.getLogger(__name__)
 
@@ -52,32 +52,12 @@ POD_WATCH_PACE_SECONDS = 0.1
 MAX_POD_WATCH_PACE_SECONDS = 1.0  # beyond this the delay would start to eat into short timeouts
 
 
-@dataclass
-class Freshness:
-    """Whether a list+watch can be believed now; pure, fed with monotonic times."""
-
-    deadline: float
-    synced: bool = False  # listed at least once
-    broken: bool = True  # a failure since the last successful list or watch start
-    last_progress: float = float("-inf")
-
-    def progress(self, now: float) -> None:
-        self.last_progress = max(self.last_progress, now)
-
-    def recovered(self, now: float) -> None:
-        self.broken = False
-        self.progress(now)
-
-    def fresh(self, now: float) -> bool:
-        return self.synced and not self.broken and now - self.last_progress < self.deadline
-
-
 class Informer:
     """List+watch of one collection, with deltas handed to `on_delta` in order."""
 
     def __init__(
         self,
-        reader: ApiReader,
+        reader: ApiClient,
         path: str,
         on_delta: Callable[[Delta], None],
         *,
@@ -97,8 +77,8 @@ class Informer:
         self.params = dict(params or {})
         self.accept = accept  # a client-side filter (namespace globs)
         self.watch_seconds = watch_seconds
-        self.pace = pace  # seconds the watch's connection rests after each read (ApiReader.watch)
-        self.trim = trim  # drops, in place, what the consumer never reads (streaming.strip, podstate.strip_pod)
+        self.pace = pace  # seconds the watch's connection rests after each read (ApiClient.watch)
+        self.trim = trim  # drops, in place, what the consumer never reads (objects.strip, podstate.strip_pod)
         self.monotonic = monotonic
         self.rng = rng or random.Random()
         self.seen = SeenObjects()
@@ -137,22 +117,18 @@ class Informer:
                 if not self._repairing or task is None or task.uncancel() > 0:
                     raise  # cancelled from outside (shutdown), not (only) by repair()
                 self._repairing = False
-            except ApiError as err:
+            except Expired as err:
                 self.freshness.broken = True
-                if err.status == 410:
-                    log.info("%s: resourceVersion %s is too old (410 Gone); listing again", self.name, err.message)
-                    self._relist_wanted = True
-                    continue
-                failures += 1
-                await self._pause(failures, f"API error {err}")
+                log.info("%s: resourceVersion too old (%s); listing again", self.name, err)
+                self._relist_wanted = True
             except Stalled as err:
                 self.freshness.broken = True
                 self._relist_wanted = True
                 log.warning("%s: watch stalled (%s); reconnecting and listing again", self.name, err)
-            except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as err:
+            except ApiError as err:
                 self.freshness.broken = True
                 failures += 1
-                await self._pause(failures, f"{type(err).__name__}: {err}")
+                await self._pause(failures, str(err))
 
     async def _pause(self, failures: int, why: str) -> None:
         first, largest = RETRY_SECONDS

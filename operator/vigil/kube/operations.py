@@ -1,24 +1,24 @@
 """The few writes (and direct reads) Vigil makes to the API server, each idempotent, with the
-outcomes the shell needs to tell apart (done, already done, conflict, gone, refused). They go
-over `vigil.kube.client` (aiohttp, on the event loop): every call has a timeout, so a half-open
-connection cannot hold a call for ever, and every write passes the fence just before it is sent.
+outcomes a reconciler tells apart: done or already done (returned), a conflict (`Conflict`:
+decide again), the job gone (`NotFound`: forget it), a refusal (`Refused`). Every call goes
+through `vigil.kube.client` with a timeout, and every write passes the fence just before it is
+sent.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
-import json
 import logging
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from kubernetes.client.rest import ApiException
-
 from vigil.api import FINALIZER_ATTEMPT_TRACKING, GROUP, LABEL_JOB_UID, PLURAL, QUEUE_PLURAL, VERSION
+from vigil.core.objects import strip
 from vigil.core.podstate import strip_pod
 from vigil.kube.client import JSON, MERGE_PATCH, STRATEGIC_MERGE_PATCH, ApiClient
-from vigil.kube.streaming import strip
+from vigil.kube.errors import ApiError, Conflict, NotFound
 from vigil.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -27,31 +27,6 @@ MAX_EVENT_NAME = 253  # a DNS subdomain
 JOBS = f"/apis/{GROUP}/{VERSION}/namespaces/{{namespace}}/{PLURAL}"
 QUEUES = f"/apis/{GROUP}/{VERSION}/namespaces/{{namespace}}/{QUEUE_PLURAL}"
 PODS = "/api/v1/namespaces/{namespace}/pods"
-
-
-class Conflict(Exception):
-    """The object changed since it was read (409): re-read and decide again."""
-
-
-class Gone(Exception):
-    """The job no longer exists (404): forget it."""
-
-
-class Refused(Exception):
-    """The API server refused a write: invalid (422), forbidden (403: a quota, a policy) or a bad
-    request (400: a webhook). `status` tells them apart."""
-
-    def __init__(self, status: int, reason: str, message: str):
-        super().__init__(f"{status} {reason}: {message}")
-        self.status, self.reason, self.message = status, reason, message
-
-
-def _refusal(err: ApiException) -> Refused:
-    try:
-        body = json.loads(err.body or "{}")
-    except ValueError:
-        body = {}
-    return Refused(err.status, body.get("reason", err.reason or ""), body.get("message", str(err.body)))
 
 
 class Kube:
@@ -79,10 +54,14 @@ class Kube:
         for a connection, and again on the connection right before it is sent (and before the
         one resend aiohttp makes of a PUT or DELETE on a dead kept-alive connection)."""
         fence = None if verb in ("get", "list") else (lambda: self.fence())
-        with self.metrics.timed_request(verb, resource):
-            return await self.http.request(
-                method, path, params=params, body=body, content_type=content_type, fence=fence
-            )
+        try:
+            with self.metrics.timed_request(verb, resource):
+                return await self.http.request(
+                    method, path, params=params, body=body, content_type=content_type, fence=fence
+                )
+        except ApiError as err:
+            err.verb, err.resource = verb, resource
+            raise
 
     # --- pods ---------------------------------------------------------------------------
 
@@ -91,21 +70,15 @@ class Kube:
         make that the same attempt, or a stranger the core will refuse to adopt)."""
         try:
             pod = await self._call("create", "pods", "POST", PODS.format(namespace=namespace), body=manifest)
-        except ApiException as err:
-            if err.status == 409:
-                return None
-            if err.status in (400, 403, 422):  # 422: the manifest itself; 400/403: a webhook, quota, policy
-                raise _refusal(err) from err
-            raise
+        except Conflict:
+            return None
         return strip_pod(pod)
 
     async def read_pod(self, namespace: str, name: str) -> dict | None:
         try:
             pod = await self._call("get", "pods", "GET", f"{PODS.format(namespace=namespace)}/{name}")
-        except ApiException as err:
-            if err.status == 404:
-                return None
-            raise
+        except NotFound:
+            return None
         return strip_pod(pod)
 
     async def list_job_pods(self, namespace: str, job_uid: str) -> list[dict]:
@@ -129,11 +102,8 @@ class Kube:
 
     async def label_pod(self, namespace: str, name: str, labels: dict[str, str | None]) -> None:
         """Sets (None: removes) labels of a pod by name; a pod gone meanwhile needs none."""
-        try:
+        with contextlib.suppress(NotFound):
             await self._patch("pods", f"{PODS.format(namespace=namespace)}/{name}", {"metadata": {"labels": labels}})
-        except ApiException as err:
-            if err.status != 404:
-                raise
 
     async def release_pod(self, namespace: str, name: str, uid: str) -> None:
         """Removes Vigil's attempt-tracking finalizer from the pod of that uid; a pod gone or
@@ -151,10 +121,8 @@ class Kube:
             body["gracePeriodSeconds"] = grace_seconds
         try:
             await self._call("delete", "pods", "DELETE", f"{PODS.format(namespace=namespace)}/{name}", body=body)
-        except ApiException as err:
-            if err.status in (404, 409):
-                return
-            raise
+        except (NotFound, Conflict):
+            return
 
     async def annotate_pod(self, namespace: str, name: str, uid: str, annotations: dict[str, str | None]) -> None:
         """Merges annotations into the pod of that uid; a pod gone or replaced is left alone."""
@@ -166,10 +134,8 @@ class Kube:
         patch = {"metadata": {"uid": uid, **metadata}}
         try:
             await self._patch("pods", f"{PODS.format(namespace=namespace)}/{name}", patch)
-        except ApiException as err:
-            if err.status in (404, 409):
-                return
-            raise
+        except (NotFound, Conflict):
+            return
 
     async def _patch(self, resource: str, path: str, patch: dict) -> Any:
         """A PATCH with the content type the official client chose for it: a strategic merge
@@ -186,14 +152,7 @@ class Kube:
         """Replaces status, only if the job is still at resource_version (else Conflict).
         The precondition is what makes a decision taken on a stale read harmless."""
         patch = {"metadata": {"resourceVersion": resource_version}, "status": status}
-        try:
-            return await self._patch("vigiljobs/status", f"{JOBS.format(namespace=namespace)}/{name}/status", patch)
-        except ApiException as err:
-            if err.status == 409:
-                raise Conflict(f"{namespace}/{name} changed since resourceVersion {resource_version}") from err
-            if err.status == 404:
-                raise Gone(f"{namespace}/{name} is gone") from err
-            raise
+        return await self._patch("vigiljobs/status", f"{JOBS.format(namespace=namespace)}/{name}/status", patch)
 
     async def patch_queue_status(self, namespace: str, name: str, status: dict) -> dict | None:
         """Merges `status` into a VigilQueue's status (Vigil alone writes it: no precondition);
@@ -202,18 +161,14 @@ class Kube:
             return await self._patch(
                 "vigilqueues/status", f"{QUEUES.format(namespace=namespace)}/{name}/status", {"status": status}
             )
-        except ApiException as err:
-            if err.status == 404:
-                return None
-            raise
+        except NotFound:
+            return None
 
     async def read_job(self, namespace: str, name: str) -> dict | None:
         try:
             job = await self._call("get", "vigiljobs", "GET", f"{JOBS.format(namespace=namespace)}/{name}")
-        except ApiException as err:
-            if err.status == 404:
-                return None
-            raise
+        except NotFound:
+            return None
         return strip(job)
 
     async def patch_job_labels(self, namespace: str, name: str, labels: dict[str, str | None]) -> dict | None:
@@ -221,19 +176,15 @@ class Kube:
             return await self._patch(
                 "vigiljobs", f"{JOBS.format(namespace=namespace)}/{name}", {"metadata": {"labels": labels}}
             )
-        except ApiException as err:
-            if err.status == 404:
-                return None
-            raise
+        except NotFound:
+            return None
 
     async def delete_job(self, namespace: str, name: str, uid: str) -> None:
         body = {"preconditions": {"uid": uid}, "propagationPolicy": "Background"}
         try:
             await self._call("delete", "vigiljobs", "DELETE", f"{JOBS.format(namespace=namespace)}/{name}", body=body)
-        except ApiException as err:
-            if err.status in (404, 409):
-                return
-            raise
+        except (NotFound, Conflict):
+            return
 
     # --- events -------------------------------------------------------------------------
 
@@ -267,8 +218,8 @@ class Kube:
         }
         try:
             await self._call("create", "events", "POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=event)
-        except ApiException as err:
-            log.warning("could not post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], err.reason)
+        except ApiError as err:
+            log.warning("could not post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], err)
 
 
 def _event_name(job_name: str) -> str:

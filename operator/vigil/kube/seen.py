@@ -20,7 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Key = tuple[str, str]  # (namespace, name); namespace "" for cluster-scoped objects
+from vigil.core.objects import Key, is_older_version, key_of
+
 Obj = Mapping[str, Any]
 
 
@@ -39,20 +40,9 @@ class _Version:
     resource_version: str
 
 
-def key_of(obj: Obj) -> Key:
-    metadata = obj["metadata"]
-    return metadata.get("namespace", ""), metadata["name"]
-
-
 def _version(obj: Obj) -> _Version:
     metadata = obj["metadata"]
     return _Version(metadata["uid"], metadata.get("resourceVersion", ""))
-
-
-def _older(candidate: str, current: str) -> bool:
-    """Whether resourceVersion `candidate` is older than `current`. Opaque by contract, but an
-    etcd-backed API server makes them increasing integers; anything else is taken as newer."""
-    return candidate.isdigit() and current.isdigit() and int(candidate) < int(current)
 
 
 class SeenObjects:
@@ -82,7 +72,7 @@ class SeenObjects:
         deltas: list[Delta] = []
         if known is not None:
             if known.uid == version.uid:
-                if known.resource_version == version.resource_version or _older(
+                if known.resource_version == version.resource_version or is_older_version(
                     version.resource_version, known.resource_version
                 ):
                     return []

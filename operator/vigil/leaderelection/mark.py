@@ -16,9 +16,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from vigil.core.election import mark_changes
 from vigil.kube.operations import Kube
 
 log = logging.getLogger(__name__)
@@ -41,12 +42,6 @@ class OwnPod:
         """The pod this process runs in, from the downward API (the chart sets both)."""
         namespace, name = environ.get("POD_NAMESPACE"), environ.get("POD_NAME")
         return cls(namespace, name) if namespace and name else None
-
-
-def mark_changes(own: str, lease: str, marked: Iterable[str]) -> dict[str, str | None]:
-    """The label value each pod should get when `own` begins to lead: the lease name on its own
-    pod (first, so the Service is never left empty by the change), none on every other."""
-    return {own: lease, **{name: None for name in sorted(set(marked)) if name != own}}
 
 
 class LeaderMark:

@@ -1,0 +1,1 @@
+"""Helpers shared by the test suites: builders, watchers, namespaces, agents, proxies, waits."""
