@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "operator"))
 
-from vigil.core.queueing import JobView, QueueBook, QueueSpec, Standing  # noqa: E402
+from vigil.core.queueing.book import QueueBook, QueueEntry, QueueSpec, Standing  # noqa: E402
 
 NS, Q = "bench", "q"
 QK = (NS, Q)
@@ -47,9 +47,9 @@ class Jobs:
         self.rng = random.Random(seed)
         self.serial = 0
 
-    def make(self) -> JobView:
+    def make(self) -> QueueEntry:
         self.serial += 1
-        return JobView(
+        return QueueEntry(
             NS,
             f"job-{self.serial:07d}",
             Q,
@@ -59,7 +59,7 @@ class Jobs:
         )
 
 
-def running(view: JobView) -> JobView:
+def running(view: QueueEntry) -> QueueEntry:
     return replace(view, standing=Standing.RUNNING, attempts=view.attempts + 1)
 
 
@@ -67,7 +67,7 @@ def running(view: JobView) -> JobView:
 
 
 class Index:
-    def __init__(self, views: list[JobView]) -> None:
+    def __init__(self, views: list[QueueEntry]) -> None:
         self.book = QueueBook()
         self.book.set_queue(NS, Q, QueueSpec(max_running=1, max_queued=10**9), NOW)
         self.waiting = {view.name: view for view in views}
@@ -82,7 +82,7 @@ class Index:
         self.book.observe(running(self.waiting.pop(name)))
         self.book.forget(NS, name)
 
-    def add(self, view: JobView) -> None:
+    def add(self, view: QueueEntry) -> None:
         self.waiting[view.name] = view
         self.book.observe(view)
 
@@ -103,7 +103,7 @@ class Index:
 class Scan:
     """No index: every job of the queue in a dict, scanned at each pick."""
 
-    def __init__(self, views: list[JobView], sort: bool) -> None:
+    def __init__(self, views: list[QueueEntry], sort: bool) -> None:
         self.jobs = {view.name: view for view in views}
         self.sort = sort
 
@@ -126,7 +126,7 @@ class Scan:
     def finish(self, name: str) -> None:
         del self.jobs[name]
 
-    def add(self, view: JobView) -> None:
+    def add(self, view: QueueEntry) -> None:
         self.jobs[view.name] = view
 
     def remove(self, name: str) -> None:
@@ -182,7 +182,7 @@ def run(subject: Index | Scan, jobs: Jobs, picks: int, budget_s: float) -> dict[
     }
 
 
-def cross_check(views: list[JobView], seed: int, rounds: int = 20) -> None:
+def cross_check(views: list[QueueEntry], seed: int, rounds: int = 20) -> None:
     """The index, the sorting scan and the min scan pick the same jobs on the same story."""
     subjects = [Index(views), Scan(views, sort=True), Scan(views, sort=False)]
     rng = random.Random(seed)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 
 from vigil import __version__
@@ -65,7 +64,9 @@ def lease_namespace(args: argparse.Namespace, service_account_namespace: str = S
 
 
 def _operator(args: argparse.Namespace) -> int:
-    from vigil.manager import OperatorRuntime
+    # Imported here: a flag refused is refused before the operator's libraries load.
+    from vigil import manager
+    from vigil.kube import config
 
     if not 0 <= args.pod_watch_pace <= MAX_POD_WATCH_PACE_SECONDS:
         print(
@@ -87,26 +88,21 @@ def _operator(args: argparse.Namespace) -> int:
         except ConfigError as err:
             print(f"vigil operator: {err}", file=sys.stderr)
             return 2
-    runtime = OperatorRuntime(
-        namespaces=args.namespace,
+    try:
+        credentials = config.load()
+    except config.NoCredentials as err:
+        print(f"vigil operator: {err}", file=sys.stderr)
+        return 2
+    settings = manager.Settings(
+        namespaces=tuple(args.namespace),
         workers=args.workers,
         health_address=args.health_address,
-        webhook=webhook,
         metrics_address=args.metrics_address,
+        webhook=webhook,
         lease=lease,
         pod_watch_pace=args.pod_watch_pace,
     )
-
-    def stop(signum: int, _frame: object) -> None:
-        logging.getLogger("vigil").info("received %s: stopping", signal.Signals(signum).name)
-        runtime.stop()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    runtime.start()
-    while not runtime.wait(timeout=0.5):
-        pass
-    return 1 if runtime.error else 0
+    return manager.run(settings, credentials)
 
 
 def main(argv: list[str] | None = None) -> int:

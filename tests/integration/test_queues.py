@@ -607,7 +607,7 @@ def test_admission_refuses_the_job_over_max_queued_until_the_queue_drains_and_a_
         "--webhook-address", f"127.0.0.1:{port}",
         "--webhook-cert-file", str(certs / "tls.crt"), "--webhook-key-file", str(certs / "tls.key"),
     )  # fmt: skip
-    assert "admission webhook listening" in operator.log_path.read_text()
+    assert "admission webhook serving https://127.0.0.1" in operator.log_path.read_text()
     config_name = f"vigil-queues-{bed.run_id}"
     bed.webhooks.append(config_name)
     register(

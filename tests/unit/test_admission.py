@@ -1,4 +1,4 @@
-"""Admission backpressure: the verdict, the AdmissionReview in and out, and `Pending`.
+"""StartPermit backpressure: the verdict, the AdmissionReview in and out, and `Pending`.
 
 The property tests drive reviews as the API server and the operator's watch would interleave
 them (creates admitted, committed or failed later, shown by the watch with any delay, jobs
@@ -22,12 +22,12 @@ from vigil.core.admission import (
     BadReview,
     Pending,
     Submission,
-    decide,
+    admit,
     full_message,
     parse,
     review,
 )
-from vigil.core.queueing import QueueSpec
+from vigil.core.queueing.book import QueueSpec
 from vigil.kube.client import LIST_TIMEOUT_SECONDS
 from vigil.kube.informer import PROGRESS_DEADLINE_SECONDS
 
@@ -112,24 +112,24 @@ def test_the_message_counts_jobs_admitted_moments_ago():
 
 
 def test_a_queue_with_room_admits_and_counts_the_job():
-    verdict = decide(submission(), QueueSpec(max_queued=20), 19, 0)
+    verdict = admit(submission(), QueueSpec(max_queued=20), 19, 0)
     assert verdict.allowed and verdict.record
 
 
 def test_pending_jobs_fill_the_queue_as_waiting_ones_do():
-    assert not decide(submission(), QueueSpec(max_queued=20), 15, 5).allowed
-    assert decide(submission(), QueueSpec(max_queued=20), 15, 4).allowed
+    assert not admit(submission(), QueueSpec(max_queued=20), 15, 5).allowed
+    assert admit(submission(), QueueSpec(max_queued=20), 15, 4).allowed
 
 
 def test_max_queued_zero_refuses_every_new_job():
-    verdict = decide(submission(), QueueSpec(max_queued=0), 0, 0)
+    verdict = admit(submission(), QueueSpec(max_queued=0), 0, 0)
     assert not verdict.allowed and "is full: 0 jobs wait to start (maxQueued 0)" in verdict.message
 
 
 def test_a_missing_queue_admits_without_counting():
     # A named queue that does not exist: the job waits with a condition; a missing "default": unlimited.
     for queue in ("batch", "default"):
-        verdict = decide(submission(queue), None, 10**6, 10**6)
+        verdict = admit(submission(queue), None, 10**6, 10**6)
         assert verdict.allowed and not verdict.record
 
 
@@ -356,7 +356,7 @@ def test_a_create_that_fails_after_admission_holds_its_slot_only_until_the_ttl(o
     for queue, spec in QUEUES.items():
         if spec is not None:  # and then the queue admits up to what the watch shows waiting
             waiting = sum(j.queue == queue for j in cluster.waiting)
-            verdict = decide(submission(queue), spec, waiting, pending.count("etl", queue, later))
+            verdict = admit(submission(queue), spec, waiting, pending.count("etl", queue, later))
             assert verdict.allowed == (waiting < spec.max_queued)
 
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from vigil.agent import runner
 from vigil.core import fencing
-from vigil.core.fencing import EXIT_FENCED, UNAUTHORIZED_GRACE_SECONDS, Fencer, Observed, Reason, decide
+from vigil.core.fencing import EXIT_FENCED, UNAUTHORIZED_GRACE_SECONDS, Fencer, Observed, Reason, assess
 from vigil.kube.errors import from_status
 
 pytestmark = pytest.mark.unit
@@ -35,7 +35,7 @@ def test_a_superseded_deleted_or_gone_pod_stops_the_child_at_once_under_either_g
     f = fencer(guarantee)
     f.observe(Observed.RENEWED, 1001.0)
     f.observe(observed, 1002.0)
-    decision = f.decide(1002.5)
+    decision = f.assess(1002.5)
     assert decision.stop is reason
     assert decision.message
 
@@ -44,8 +44,8 @@ def test_renewals_keep_the_child_running():
     f = fencer("NoOverlap")
     for t in range(1000, 1300, 10):
         f.observe(Observed.RENEWED, float(t))
-        assert f.decide(t + 5.0).stop is None
-        assert not f.decide(t + 5.0).overdue
+        assert f.assess(t + 5.0).stop is None
+        assert not f.assess(t + 5.0).overdue
 
 
 def test_under_no_overlap_the_child_is_stopped_once_no_renewal_succeeded_for_the_timeout():
@@ -53,9 +53,9 @@ def test_under_no_overlap_the_child_is_stopped_once_no_renewal_succeeded_for_the
     f.observe(Observed.RENEWED, 1010.0)
     for t in (1015.0, 1030.0, 1050.0, 1069.9):
         f.observe(Observed.API_ERROR, t)
-        assert f.decide(t).stop is None, t
+        assert f.assess(t).stop is None, t
     assert f.deadline() == 1070.0
-    decision = f.decide(1070.0)
+    decision = f.assess(1070.0)
     assert decision.stop is Reason.FENCED and decision.overdue
     assert "NoOverlap" in decision.message
 
@@ -65,18 +65,18 @@ def test_under_at_least_once_the_child_keeps_running_and_the_agent_keeps_trying(
     f.observe(Observed.RENEWED, 1010.0)
     for t in (1030.0, 1070.0, 5000.0):
         f.observe(Observed.API_ERROR, t)
-    decision = f.decide(5000.0)
+    decision = f.assess(5000.0)
     assert decision.stop is None and decision.overdue
     assert "AtLeastOnce" in decision.message
     # A renewal ends the doubt.
     f.observe(Observed.RENEWED, 5001.0)
-    assert f.decide(5002.0) == fencing.KEEP_GOING
+    assert f.assess(5002.0) == fencing.KEEP_GOING
 
 
 def test_the_timeout_runs_from_the_start_until_the_first_renewal():
     f = fencer("NoOverlap", started_at=1000.0)
-    assert f.decide(1059.9).stop is None  # nothing observed yet: the API may just be slow
-    assert f.decide(1060.0).stop is Reason.FENCED
+    assert f.assess(1059.9).stop is None  # nothing observed yet: the API may just be slow
+    assert f.assess(1060.0).stop is Reason.FENCED
 
 
 def test_a_renewal_counts_from_when_it_was_sent_not_answered():
@@ -92,12 +92,12 @@ def test_a_401_after_renewals_means_the_pod_was_deleted_but_before_any_is_a_setu
     # A pod-bound token stops working when its pod is deleted.
     f = fencer("AtLeastOnce")
     f.observe(Observed.UNAUTHORIZED, 1001.0)
-    assert f.decide(1001.0 + UNAUTHORIZED_GRACE_SECONDS).stop is None, "credentials that never worked are retried"
+    assert f.assess(1001.0 + UNAUTHORIZED_GRACE_SECONDS).stop is None, "credentials that never worked are retried"
     f.observe(Observed.RENEWED, 1002.0)
     f.observe(Observed.UNAUTHORIZED, 1003.0)
     f.observe(Observed.API_ERROR, 1010.0)  # a restart's errors between the refusals change nothing
     f.observe(Observed.UNAUTHORIZED, 1003.0 + UNAUTHORIZED_GRACE_SECONDS)
-    assert f.decide(1003.0 + UNAUTHORIZED_GRACE_SECONDS).stop is Reason.GONE
+    assert f.assess(1003.0 + UNAUTHORIZED_GRACE_SECONDS).stop is Reason.GONE
 
 
 def test_a_401_from_a_restarting_api_server_stops_nothing_once_the_token_is_accepted_again():
@@ -108,11 +108,11 @@ def test_a_401_from_a_restarting_api_server_stops_nothing_once_the_token_is_acce
     f.observe(Observed.RENEWED, 1000.0)
     f.observe(Observed.UNAUTHORIZED, 1001.0)
     f.observe(Observed.UNAUTHORIZED, 1005.0)
-    assert f.decide(1005.0).stop is None
+    assert f.assess(1005.0).stop is None
     f.observe(Observed.RENEWED, 1010.0)
     # The grace runs from the first refusal after the last renewal, not from the first ever.
     f.observe(Observed.UNAUTHORIZED, 1001.0 + UNAUTHORIZED_GRACE_SECONDS)
-    assert f.decide(1001.0 + UNAUTHORIZED_GRACE_SECONDS).stop is None
+    assert f.assess(1001.0 + UNAUTHORIZED_GRACE_SECONDS).stop is None
 
 
 def test_api_errors_are_counted_and_reset_by_a_renewal():
@@ -135,14 +135,14 @@ def test_the_agent_runs_on_the_monotonic_clock():
 def test_wall_clock_jumps_change_no_decision(monkeypatch, jump: float):
     """The same monotonic history gives the same decisions whatever the wall clock does."""
 
-    def history() -> list[fencing.Decision]:
+    def history() -> list[fencing.FenceDecision]:
         f = fencer("NoOverlap")
         out = []
         for t, observed in [(1005.0, Observed.RENEWED), (1020.0, Observed.API_ERROR), (1050.0, Observed.API_ERROR)]:
             f.observe(observed, t)
-            out.append(f.decide(t))
-        out.append(f.decide(1064.0))
-        out.append(f.decide(1066.0))
+            out.append(f.assess(t))
+        out.append(f.assess(1064.0))
+        out.append(f.assess(1066.0))
         return out
 
     expected = history()
@@ -153,7 +153,7 @@ def test_wall_clock_jumps_change_no_decision(monkeypatch, jump: float):
 
 
 def test_a_monotonic_clock_that_goes_back_counts_as_no_silence():
-    assert decide(Observed.API_ERROR, 2000.0, True, 1000.0, TIMEOUT, "NoOverlap") == fencing.KEEP_GOING
+    assert assess(Observed.API_ERROR, 2000.0, True, 1000.0, TIMEOUT, "NoOverlap") == fencing.KEEP_GOING
 
 
 def test_a_forward_jump_of_silence_past_the_timeout_fences_under_no_overlap():
@@ -161,7 +161,7 @@ def test_a_forward_jump_of_silence_past_the_timeout_fences_under_no_overlap():
     # replaced meanwhile, so under NoOverlap it stops before anything else.
     f = fencer("NoOverlap")
     f.observe(Observed.RENEWED, 1001.0)
-    assert f.decide(1001.0 + 10 * TIMEOUT).stop is Reason.FENCED
+    assert f.assess(1001.0 + 10 * TIMEOUT).stop is Reason.FENCED
 
 
 # --- schedule -------------------------------------------------------------------------------------
@@ -181,7 +181,7 @@ def test_jitter_spreads_agents_started_together():
 
 def test_retries_back_off_exponentially_up_to_the_interval():
     delays = [fencing.retry_delay(n, interval=10.0, timeout=600.0, rand=0.5) for n in range(1, 8)]
-    assert delays == pytest.approx([0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0])
+    assert delays == pytest.approx([0.475, 0.95, 1.9, 3.8, 7.6, 9.5, 9.5])  # each shortened by 10% x 0.5
 
 
 @given(
@@ -192,8 +192,8 @@ def test_retries_back_off_exponentially_up_to_the_interval():
 )
 def test_the_agent_retries_several_times_within_one_timeout(failures, interval, timeout, rand):
     delay = fencing.retry_delay(failures, interval, timeout, rand)
-    assert 0 < delay <= timeout / fencing.RETRIES_PER_TIMEOUT * 1.1 + 1e-9
-    assert delay <= interval * 1.1 + 1e-9
+    assert 0 < delay <= timeout / fencing.RETRIES_PER_TIMEOUT
+    assert delay <= interval
 
 
 def test_a_request_never_hangs_longer_than_a_quarter_of_the_timeout_nor_ten_seconds():

@@ -4,17 +4,17 @@ passes; a job whose verdict changed is woken, at the deadline or at once."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vigil.controllers.alarms import EARLY_SECONDS, SilenceAlarms, ring_or_rearm
+from tests.support.clock import FakeClock
+from vigil.controllers.jobs.alarms import SilenceAlarms
+from vigil.core.liveness import EARLY_SECONDS, ring_or_rearm
 
 pytestmark = pytest.mark.unit
 
-DEADLINE = 5.0
 states = st.dictionaries(st.sampled_from(["p1", "p2", "p3"]), st.sampled_from(["Healthy", "Uncertain", "Lost"]))
 
 
@@ -32,9 +32,10 @@ def test_an_alarm_wakes_exactly_when_a_verdict_changed_or_its_deadline_is_reache
 class Job:
     """What the controller's `look` reports for one job: its pods' states and next deadline."""
 
-    def __init__(self, state: str = "Healthy", in_seconds: float | None = 0.05):
+    def __init__(self, clock: FakeClock, state: str = "Healthy", in_seconds: float | None = 5.0):
+        self.clock = clock
         self.states = {"p1": state}
-        self.deadline = None if in_seconds is None else time.monotonic() + in_seconds
+        self.deadline = None if in_seconds is None else clock.now + in_seconds
 
     def look(self, key: str) -> tuple[dict[str, str], float | None]:
         return dict(self.states), self.deadline
@@ -42,71 +43,60 @@ class Job:
 
 def alarms_for(job: Job) -> tuple[SilenceAlarms[str], list[str]]:
     woken: list[str] = []
-    return SilenceAlarms(job.look, woken.append, time.monotonic), woken
+    return SilenceAlarms(job.look, woken.append, job.clock), woken
 
 
-async def until(condition, what: str) -> None:
-    end = time.monotonic() + DEADLINE
-    while not condition():
-        assert time.monotonic() < end, f"not within {DEADLINE}s: {what}"
-        await asyncio.sleep(0.01)
-
-
-def test_beats_that_move_the_deadline_re_arm_the_alarm_without_a_wake():
+def test_a_job_that_keeps_beating_is_never_woken_and_its_alarm_stays_set():
     async def scenario():
-        job = Job(in_seconds=0.05)
+        clock = FakeClock()
+        job = Job(clock, in_seconds=5)
         alarms, woken = alarms_for(job)
         alarms.arm("j", {"p1": "Healthy"})
-
-        async def beat() -> None:  # every 20 ms, each beat moves the deadline 50 ms on
-            while True:
-                job.deadline = time.monotonic() + 0.05
-                await asyncio.sleep(0.02)
-
-        beating = asyncio.create_task(beat())
-        await until(lambda: alarms.rearmed >= 3, "the alarm rang three times")
-        beating.cancel()
-        assert woken == [], "a job that keeps beating is not reconciled"
-        assert len(alarms) == 1, "and its alarm is still set"
-        await until(lambda: woken == ["j"], "the silence reached the deadline")  # no beat any more
-        assert len(alarms) == 0
+        for _ in range(10):
+            job.deadline = clock.now + 5  # a beat
+            await clock.advance(4)
+        assert woken == [] and len(alarms) == 1, "a job that keeps beating is not reconciled"
+        assert alarms.rearmed == 9, "each ring found the deadline moved by a beat and set it again"
+        await clock.advance(5)  # no beat any more: the silence reaches the deadline
+        assert woken == ["j"] and len(alarms) == 0
 
     asyncio.run(scenario())
 
 
 def test_a_verdict_that_changed_wakes_the_job_when_the_alarm_rings():
     async def scenario():
-        job = Job(in_seconds=0.05)
+        clock = FakeClock()
+        job = Job(clock, in_seconds=5)
         alarms, woken = alarms_for(job)
         alarms.arm("j", {"p1": "Healthy"})
-        job.states["p1"], job.deadline = "Uncertain", time.monotonic() + 60  # silent: Lost next
-        await until(lambda: woken == ["j"], "woken for the Uncertain verdict")
-        assert alarms.rearmed == 0
+        job.states["p1"], job.deadline = "Uncertain", clock.now + 60  # silent: Lost next
+        await clock.advance(4.9)
+        assert woken == []
+        await clock.advance(0.1)
+        assert woken == ["j"] and alarms.rearmed == 0
 
     asyncio.run(scenario())
 
 
 def test_a_verdict_that_changed_while_the_decision_was_written_wakes_the_job_at_once():
-    async def scenario():
-        job = Job(state="Uncertain", in_seconds=60)
-        alarms, woken = alarms_for(job)
-        alarms.arm("j", {"p1": "Healthy"})  # decided on Healthy; Uncertain by the time it is armed
-        assert woken == ["j"]
-        assert len(alarms) == 0
-
-    asyncio.run(scenario())
+    job = Job(FakeClock(), state="Uncertain", in_seconds=60)
+    alarms, woken = alarms_for(job)
+    alarms.arm("j", {"p1": "Healthy"})  # decided on Healthy; Uncertain by the time it is armed
+    assert woken == ["j"]
+    assert len(alarms) == 0
 
 
 def test_no_deadline_sets_no_alarm_and_a_cancelled_alarm_never_rings():
     async def scenario():
-        job = Job(in_seconds=None)  # a pod not running yet, or heartbeats not required
+        clock = FakeClock()
+        job = Job(clock, in_seconds=None)  # a pod not running yet, or heartbeats not required
         alarms, woken = alarms_for(job)
         alarms.arm("j", {"p1": "Healthy"})
         assert len(alarms) == 0 and woken == []
-        job.deadline = time.monotonic() + 0.02
+        job.deadline = clock.now + 2
         alarms.arm("j", {"p1": "Healthy"})
         alarms.cancel("j")  # the job is gone
-        await asyncio.sleep(0.1)  # longer than the deadline: nothing may ring
+        await clock.advance(10)  # past the deadline: nothing may ring
         assert woken == [] and len(alarms) == 0
 
     asyncio.run(scenario())
@@ -114,12 +104,13 @@ def test_no_deadline_sets_no_alarm_and_a_cancelled_alarm_never_rings():
 
 def test_arming_again_replaces_the_alarm():
     async def scenario():
-        job = Job(in_seconds=0.03)
+        clock = FakeClock()
+        job = Job(clock, in_seconds=3)
         alarms, woken = alarms_for(job)
         alarms.arm("j", {"p1": "Healthy"})
-        job.deadline = time.monotonic() + 60
+        job.deadline = clock.now + 60
         alarms.arm("j", {"p1": "Healthy"})  # a later decision, after a beat
-        await asyncio.sleep(0.1)
+        await clock.advance(10)
         assert woken == [] and alarms.rearmed == 0, "the first alarm was replaced, not kept"
         assert len(alarms) == 1
 

@@ -20,7 +20,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from vigil.metrics import Metrics, StateCollector
+from vigil.metrics import Metrics
+from vigil.metrics.collectors import StateCollector
 
 pytestmark = pytest.mark.unit
 

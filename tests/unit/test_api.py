@@ -16,7 +16,7 @@ from vigil import api
 from vigil.api import MAX_ATTEMPTS, MAX_BACKOFF_FACTOR, MAX_SECONDS
 from vigil.core.actions import CreatePod, DeleteJob, DeletePod
 from vigil.core.lifecycle import decide
-from vigil.core.liveness import Verdict
+from vigil.core.liveness import Liveness
 
 pytestmark = pytest.mark.unit
 
@@ -249,7 +249,7 @@ def test_no_admitted_value_makes_the_decision_core_raise(
             phase, exit_code = {"Failed": ("Failed", 1), "Succeeded": ("Succeeded", 0)}.get(fate, ("Running", None))
             pods[newest] = make_pod(newest, phase=phase if fate != "Pending" else "Pending", exit_code=exit_code)
             if fate in ("Lost", "Uncertain"):
-                liveness[pods[newest]["metadata"]["uid"]] = Verdict(fate, float(MAX_SECONDS), fate)
+                liveness[pods[newest]["metadata"]["uid"]] = Liveness(fate, float(MAX_SECONDS), fate)
         decision = decide(job, list(pods.values()), now, rng=rng, liveness=liveness)
         job = apply_to_job(job, decision)
         if decision.of_type(DeleteJob):

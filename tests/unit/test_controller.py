@@ -10,17 +10,13 @@ from typing import Any
 
 import pytest
 
-from vigil.controllers.jobs import Controller
+from tests.support.clock import FakeClock, settle
+from tests.support.controllers import job_controller
+from vigil.controllers.jobs import JobController
 
 pytestmark = pytest.mark.unit
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+WALL = dt.datetime(2026, 11, 29, 10, 0, 5, tzinfo=dt.UTC)  # the job's last beat stamp is 10:00:00
 
 
 def job(phase: str = "Running") -> dict[str, Any]:
@@ -48,14 +44,13 @@ def pod(version: int, beat: str | None = None, phase: str = "Running", **annotat
     }
 
 
-def controller(clock: Clock) -> Controller:
+def controller(clock: FakeClock, kube: Any = None) -> JobController:
     """A controller whose pod events make their job worth a look at once: these tests ask
     *whether* an event is worth a look; when (the batch) is tested on its own below."""
-    wall = dt.datetime(2026, 11, 29, 10, 0, 5, tzinfo=dt.UTC)
-    return Controller(kube=None, clock=lambda: wall, monotonic=clock, pod_batch_seconds=0)  # type: ignore[arg-type]
+    return job_controller(kube, clock, pod_batch_seconds=0)
 
 
-def drain(c: Controller) -> list:
+def drain(c: JobController) -> list:
     async def take():
         keys = []
         while len(c.queue):
@@ -68,19 +63,19 @@ def drain(c: Controller) -> list:
 
 
 def test_beats_alone_do_not_reconcile_but_other_changes_do():
-    clock = Clock()
+    clock = FakeClock(wall=WALL)
     c = controller(clock)
-    c.job_seen(job())
+    c.handlers.job_seen(job())
     drain(c)
-    c.pod_changed(pod(10, beat="1"))
+    c.handlers.pod_changed(pod(10, beat="1"))
     assert drain(c) == [("ns", "j")], "first sight of a pod is worth a look"
     for version, beat in [(11, "2"), (12, "3"), (13, "4")]:
-        clock.now += 10
-        c.pod_changed(pod(version, beat=beat))
+        clock.tick(10)
+        c.handlers.pod_changed(pod(version, beat=beat))
         assert drain(c) == [], "a heartbeat alone costs no reconcile"
-    c.pod_changed(pod(14, beat="5", phase="Failed"))
+    c.handlers.pod_changed(pod(14, beat="5", phase="Failed"))
     assert drain(c) == [("ns", "j")], "a phase change is"
-    c.pod_changed(pod(15, beat="6", phase="Failed", **{"vigil.dev/checkpoint": '{"a":1}'}))
+    c.handlers.pod_changed(pod(15, beat="6", phase="Failed", **{"vigil.dev/checkpoint": '{"a":1}'}))
     assert drain(c) == [("ns", "j")], "so is a new checkpoint"
 
 
@@ -88,111 +83,107 @@ def test_beats_alone_do_not_reconcile_but_other_changes_do():
 def test_a_beat_brings_a_look_when_the_last_beat_stamp_is_due(required: bool):
     """lastHeartbeatAt is written on its own once per stamp period (5 minutes here); the beat
     that finds it that stale is worth a look. Not so when beats are not required."""
-    clock, wall = Clock(), [dt.datetime(2026, 11, 29, 10, 0, 5, tzinfo=dt.UTC)]  # stamp: 10:00:00
-    c = Controller(kube=None, clock=lambda: wall[0], monotonic=clock, pod_batch_seconds=0)  # type: ignore[arg-type]
+    clock = FakeClock(wall=WALL)
+    c = controller(clock)
     quiet = job()
     quiet["spec"]["heartbeat"]["required"] = required
-    c.job_seen(quiet)
-    c.pod_changed(pod(10, beat="1"))
+    c.handlers.job_seen(quiet)
+    c.handlers.pod_changed(pod(10, beat="1"))
     drain(c)
-    wall[0] += dt.timedelta(seconds=290)
-    clock.now += 290
-    c.pod_changed(pod(11, beat="2"))
+    clock.tick(290)
+    c.handlers.pod_changed(pod(11, beat="2"))
     assert drain(c) == [], "seen 295 s after the stamp: not due yet"
-    wall[0] += dt.timedelta(seconds=10)
-    clock.now += 10
-    c.pod_changed(pod(12, beat="3"))
+    clock.tick(10)
+    c.handlers.pod_changed(pod(12, beat="3"))
     assert drain(c) == ([("ns", "j")] if required else [])
 
 
 def test_a_beat_wakes_an_uncertain_job_at_once():
-    clock = Clock()
+    clock = FakeClock(wall=WALL)
     c = controller(clock)
-    c.job_seen(job(phase="Uncertain"))
-    c.pod_changed(pod(10, beat="1"))
+    c.handlers.job_seen(job(phase="Uncertain"))
+    c.handlers.pod_changed(pod(10, beat="1"))
     drain(c)
-    clock.now += 1
-    c.pod_changed(pod(11, beat="2"))
+    clock.tick(1)
+    c.handlers.pod_changed(pod(11, beat="2"))
     assert drain(c) == [("ns", "j")]
-
-
-async def no_look_within(c: Controller, seconds: float, why: str) -> None:
-    """Asserts that no key reaches the work queue within `seconds`."""
-    with pytest.raises(TimeoutError):
-        key = await asyncio.wait_for(c.queue.get(), seconds)
-        pytest.fail(f"{key} was looked at again: {why}")
 
 
 def test_a_pods_changes_within_the_batch_cost_one_look_and_a_jobs_own_change_none_of_the_wait():
     async def scenario() -> None:
-        c = Controller(kube=None, pod_batch_seconds=0.2)  # type: ignore[arg-type]
-        c.job_seen(job())
+        clock = FakeClock(wall=WALL)
+        c = job_controller(None, clock, pod_batch_seconds=1.0)
+        c.handlers.job_seen(job())
         assert await c.queue.get() == ("ns", "j"), "a change of the job itself is looked at at once"
         c.queue.done(("ns", "j"))
-        began = asyncio.get_running_loop().time()
-        c.pod_changed(pod(10, phase="Pending"))  # created
-        c.pod_changed(pod(11, phase="Running"))  # running
-        c.pod_changed(pod(12, phase="Succeeded"))  # finished, all within the batch
-        assert len(c.queue) == 0, "not at once"
-        assert await asyncio.wait_for(c.queue.get(), 2) == ("ns", "j")
-        assert asyncio.get_running_loop().time() - began >= 0.19
+        c.handlers.pod_changed(pod(10, phase="Pending"))  # created
+        c.handlers.pod_changed(pod(11, phase="Running"))  # running
+        c.handlers.pod_changed(pod(12, phase="Succeeded"))  # finished, all within the batch
+        look = asyncio.ensure_future(c.queue.get())
+        await clock.advance(0.99)
+        assert not look.done(), "not before the batch is over"
+        await clock.advance(0.01)
+        assert look.result() == ("ns", "j")
         c.queue.done(("ns", "j"))
-        await no_look_within(c, 0.3, "three changes, one look")
-        assert c.pods.of_job("job-uid")[0]["status"]["phase"] == "Succeeded", "the look reads the newest"
+        await clock.advance(10)
+        assert len(c.queue) == 0, "three changes, one look"
+        assert c.view.pods.of_job("job-uid")[0]["status"]["phase"] == "Succeeded", "the look reads the newest"
 
     asyncio.run(scenario())
 
 
 def test_a_pod_event_while_its_job_waits_adds_no_second_look_but_one_while_it_is_processed_does():
     async def scenario() -> None:
-        c = Controller(kube=None, pod_batch_seconds=0.1)  # type: ignore[arg-type]
-        c.job_seen(job())  # waiting in the queue
-        c.pod_changed(pod(10))  # the waiting look will read it
+        clock = FakeClock(wall=WALL)
+        c = job_controller(None, clock, pod_batch_seconds=1.0)
+        c.handlers.job_seen(job())  # waiting in the queue
+        c.handlers.pod_changed(pod(10))  # the waiting look will read it
         assert await c.queue.get() == ("ns", "j")
         c.queue.done(("ns", "j"))
-        await no_look_within(c, 0.3, "one look for both changes: the pod event left no timer behind")
+        await clock.advance(10)
+        assert len(c.queue) == 0 and clock.pending() == 0, "one look for both: the pod event left no timer"
 
         c.queue.add(("ns", "j"))
         assert await c.queue.get() == ("ns", "j")
-        c.pod_changed(pod(11, phase="Failed"))  # while the worker holds the job: it read the older pod
+        c.handlers.pod_changed(pod(11, phase="Failed"))  # while the worker holds the job: it read the older pod
         c.queue.done(("ns", "j"))
         assert len(c.queue) == 0, "not at once"
-        assert await asyncio.wait_for(c.queue.get(), 2) == ("ns", "j"), "looked at again after the batch"
-        c.queue.done(("ns", "j"))
+        await clock.advance(1.0)
+        assert len(c.queue) == 1, "looked at again after the batch"
 
     asyncio.run(scenario())
 
 
 def test_a_deleted_pod_is_forgotten_by_the_detector():
-    clock = Clock()
+    clock = FakeClock(wall=WALL)
     c = controller(clock)
-    c.job_seen(job())
-    c.pod_changed(pod(10, beat="1"))
-    assert "pod-uid" in c.tracker
-    c.pod_changed(pod(11, beat="1"), deleted=True)
-    assert "pod-uid" not in c.tracker
+    c.handlers.job_seen(job())
+    c.handlers.pod_changed(pod(10, beat="1"))
+    assert "pod-uid" in c.view.tracker
+    c.handlers.pod_changed(pod(11, beat="1"), deleted=True)
+    assert "pod-uid" not in c.view.tracker
     assert drain(c) == [("ns", "j")]
 
 
 def test_a_created_pod_is_kept_until_the_watch_shows_it():
-    clock = Clock()
+    clock = FakeClock(wall=WALL)
     c = controller(clock)
-    c.pods.created(pod(10), clock.now)
-    assert [p["metadata"]["uid"] for p in c.pods.of_job("job-uid")] == ["pod-uid"]
-    clock.now += 3600
-    assert c.pods.unseen("job-uid"), "never forgotten on a timer"
-    c.pod_changed(pod(11))  # the watch caught up
-    assert c.pods.unseen("job-uid") == []
-    assert c.pods.of_job("job-uid")[0]["metadata"]["resourceVersion"] == "11"
+    c.view.pods.created(pod(10), clock.now)
+    assert [p["metadata"]["uid"] for p in c.view.pods.of_job("job-uid")] == ["pod-uid"]
+    clock.tick(3600)
+    assert c.view.pods.unseen("job-uid"), "never forgotten on a timer"
+    c.handlers.pod_changed(pod(11))  # the watch caught up
+    assert c.view.pods.unseen("job-uid") == []
+    assert c.view.pods.of_job("job-uid")[0]["metadata"]["resourceVersion"] == "11"
 
 
 def test_a_late_watch_event_does_not_undo_a_direct_read():
-    clock = Clock()
+    clock = FakeClock(wall=WALL)
     c = controller(clock)
-    c.job_seen(job())
-    c.pods.read(pod(20, beat="9"))
-    c.pod_changed(pod(15, beat="7"))
-    assert c.pods.of_job("job-uid")[0]["metadata"]["resourceVersion"] == "20"
+    c.handlers.job_seen(job())
+    c.view.pods.read(pod(20, beat="9"))
+    c.handlers.pod_changed(pod(15, beat="7"))
+    assert c.view.pods.of_job("job-uid")[0]["metadata"]["resourceVersion"] == "20"
 
 
 class Releases:
@@ -217,16 +208,14 @@ def tracked_pod(version: int) -> dict[str, Any]:
 def test_pods_of_a_deleted_job_are_released_and_an_orphan_only_once_its_job_is_confirmed_gone():
     async def scenario(existing_job):
         kube = Releases(existing_job)
-        c = Controller(kube=kube, workers=0)  # type: ignore[arg-type]
-        c.job_seen(job())
-        c.pod_changed(tracked_pod(10))
-        c.start()
-        c.job_gone(job())  # the job's DELETED: its pods can tell nothing more
-        c.pod_changed(tracked_pod(11))  # a late event of one of its pods: an orphan now
-        for _ in range(100):
-            if not c._background:
-                break
-            await asyncio.sleep(0.01)
+        c = job_controller(kube, FakeClock(wall=WALL), workers=0)
+        c.handlers.job_seen(job())
+        c.handlers.pod_changed(tracked_pod(10))
+        await c.start()
+        c.handlers.job_gone(job())  # the job's DELETED: its pods can tell nothing more
+        c.handlers.pod_changed(tracked_pod(11))  # a late event of one of its pods: an orphan now
+        await settle()
+        assert not c.releaser.busy()
         await c.stop()
         return kube.released
 
@@ -254,23 +243,21 @@ def test_after_a_conflict_the_job_is_read_again_not_awaited_from_a_watch_that_mi
             return stored
 
     async def scenario() -> dict[str, Any]:
-        c = Controller(kube=Stored(), workers=1)  # type: ignore[arg-type]
+        clock = FakeClock(wall=WALL)
+        c = job_controller(Stored(), clock, workers=1)
         seen_versions = []
 
         async def reconcile(key):
-            seen_versions.append(c.jobs[key]["metadata"]["resourceVersion"])
+            seen_versions.append(c.view.jobs[key]["metadata"]["resourceVersion"])
             if len(seen_versions) == 1:
                 raise Conflict("the object has been modified")
 
-        c.reconcile = reconcile  # type: ignore[method-assign]
-        c.job_seen(job())  # the cache: version 5; the watch will never bring 9
-        c.start()
-        for _ in range(300):
-            if len(seen_versions) >= 2:
-                break
-            await asyncio.sleep(0.01)
+        c.reconciler.reconcile = reconcile  # type: ignore[method-assign]
+        c.handlers.job_seen(job())  # the cache: version 5; the watch will never bring 9
+        await c.start()
+        assert await clock.until(lambda: len(seen_versions) >= 2, within=10), "retried after the conflict"
         await c.stop()
-        return {"versions": seen_versions, "cached": c.jobs[("ns", "j")]["metadata"]["resourceVersion"]}
+        return {"versions": seen_versions, "cached": c.view.jobs[("ns", "j")]["metadata"]["resourceVersion"]}
 
     result = asyncio.run(scenario())
     assert Stored.reads == 1
@@ -279,21 +266,21 @@ def test_after_a_conflict_the_job_is_read_again_not_awaited_from_a_watch_that_mi
 
 
 def test_a_created_pod_the_watch_never_shows_brings_the_job_back_for_a_direct_read():
-    clock = Clock()
+    clock = FakeClock(wall=WALL)
     c = controller(clock)
-    c.job_seen(job())
+    c.handlers.job_seen(job())
     drain(c)
-    c.pods.created(pod(10), clock.now)
-    c._look_if_unseen(("ns", "j"), "job-uid")  # the timer set at creation rings
+    c.view.pods.created(pod(10), clock.now)
+    c.executor._look_if_unseen(("ns", "j"))  # the timer set at creation rings
     assert drain(c) == [("ns", "j")], "still unseen: the job is looked at, and the pod read directly"
-    c.pod_changed(pod(11))  # the watch caught up
+    c.handlers.pod_changed(pod(11))  # the watch caught up
     drain(c)
-    c._look_if_unseen(("ns", "j"), "job-uid")
+    c.executor._look_if_unseen(("ns", "j"))
     assert drain(c) == [], "seen: nothing to do"
 
 
 def test_a_job_left_starting_has_itself_and_its_pods_read_from_the_api_server():
-    clock, reads = Clock(), []
+    clock, reads = FakeClock(wall=WALL), []
     # The stored job is at a lower resourceVersion than the cached one (an etcd that lost a write,
     # or one restored from a backup): the direct read still wins over the rumour.
     stored = {**job(phase="Starting"), "metadata": {**job()["metadata"], "resourceVersion": "3"}}
@@ -307,24 +294,23 @@ def test_a_job_left_starting_has_itself_and_its_pods_read_from_the_api_server():
             reads.append(job_uid)
             return [pod(12, phase="Succeeded")]
 
-    wall = dt.datetime(2026, 11, 29, 10, 0, 5, tzinfo=dt.UTC)
-    c = Controller(kube=Api(), clock=lambda: wall, monotonic=clock)  # type: ignore[arg-type]
+    c = controller(clock, Api())
     starting = job(phase="Starting")
-    c.job_seen(starting)
+    c.handlers.job_seen(starting)
 
     async def looks() -> None:
-        await c._recheck_starting(("ns", "j"), starting)  # the first look starts the clock
-        clock.now += 29
-        await c._recheck_starting(("ns", "j"), starting)
+        await c.reconciler._recheck_starting(("ns", "j"), starting)  # the first look starts the clock
+        clock.tick(29)
+        await c.reconciler._recheck_starting(("ns", "j"), starting)
         assert reads == [], "not before STARTING_RECHECK_SECONDS"
-        clock.now += 1
-        await c._recheck_starting(("ns", "j"), starting)
+        clock.tick(1)
+        await c.reconciler._recheck_starting(("ns", "j"), starting)
         c.queue.shutdown()
 
     asyncio.run(looks())
     assert reads == ["j", "job-uid"]
-    assert c.jobs[("ns", "j")]["metadata"]["resourceVersion"] == "3", "the stored job replaced the cached one"
-    assert c.pods.of_job("job-uid")[0]["status"]["phase"] == "Succeeded", "the truth replaced the rumour"
+    assert c.view.jobs[("ns", "j")]["metadata"]["resourceVersion"] == "3", "the stored job replaced the cached one"
+    assert c.view.pods.of_job("job-uid")[0]["status"]["phase"] == "Succeeded", "the truth replaced the rumour"
 
 
 def test_a_job_that_leaves_starting_takes_its_recheck_timer_with_it():
@@ -332,21 +318,21 @@ def test_a_job_that_leaves_starting_takes_its_recheck_timer_with_it():
     started at once cost a thousand reconciles for nothing 30 s later."""
 
     async def looks() -> tuple[int, int, int]:
-        c = Controller(kube=None, monotonic=Clock())  # type: ignore[arg-type]
+        c = controller(FakeClock(wall=WALL))
         starting, running = job(phase="Starting"), job(phase="Running")
-        await c._recheck_starting(("ns", "j"), starting)
-        timers_while_starting = len(c._starting)
-        await c._recheck_starting(("ns", "j"), running)
-        timers_once_running = len(c._starting)
-        await c._recheck_starting(("ns", "j"), starting)
-        c._drop(("ns", "j"))
-        return timers_while_starting, timers_once_running, len(c._starting)
+        await c.reconciler._recheck_starting(("ns", "j"), starting)
+        timers_while_starting = len(c.reconciler.rechecks)
+        await c.reconciler._recheck_starting(("ns", "j"), running)
+        timers_once_running = len(c.reconciler.rechecks)
+        await c.reconciler._recheck_starting(("ns", "j"), starting)
+        c.forget(("ns", "j"))
+        return timers_while_starting, timers_once_running, len(c.reconciler.rechecks)
 
     assert asyncio.run(looks()) == (1, 0, 0)
 
 
 def test_a_job_left_starting_that_the_api_server_no_longer_has_is_forgotten():
-    clock = Clock()
+    clock = FakeClock(wall=WALL)
 
     class Api:
         async def read_job(self, namespace, name):
@@ -355,19 +341,19 @@ def test_a_job_left_starting_that_the_api_server_no_longer_has_is_forgotten():
         async def release_pod(self, namespace, name, uid):
             pass
 
-    c = Controller(kube=Api(), monotonic=clock)  # type: ignore[arg-type]
+    c = controller(clock, Api())
     starting = job(phase="Starting")
-    c.job_seen(starting)
+    c.handlers.job_seen(starting)
 
     async def looks():
-        await c._recheck_starting(("ns", "j"), starting)
-        clock.now += 30
-        decided_on = await c._recheck_starting(("ns", "j"), starting)
+        await c.reconciler._recheck_starting(("ns", "j"), starting)
+        clock.tick(30)
+        decided_on = await c.reconciler._recheck_starting(("ns", "j"), starting)
         c.queue.shutdown()
         return decided_on
 
     assert asyncio.run(looks()) is None
-    assert ("ns", "j") not in c.jobs
+    assert ("ns", "j") not in c.view.jobs
 
 
 @pytest.mark.parametrize("by_name", ["ours", "a stranger's", "absent"])
@@ -390,8 +376,8 @@ def test_the_current_attempts_pod_missing_from_a_list_is_read_by_name(by_name: s
             reads.append(name)
             return named
 
-    c = Controller(kube=Api())  # type: ignore[arg-type]
-    truth = asyncio.run(c._read_truth(running))
+    c = controller(FakeClock(wall=WALL), Api())
+    truth = asyncio.run(c.reconciler.read_pods(running))
     assert reads == ["j-1"]
     assert [p["metadata"]["uid"] for p in truth] == (["pod-uid"] if by_name == "ours" else [])
 
@@ -409,42 +395,42 @@ def test_a_decision_that_writes_no_status_runs_only_on_the_version_the_api_serve
         async def read_job(self, namespace, name):
             return stored
 
-    c = Controller(kube=Api())  # type: ignore[arg-type]
-    c.job_seen(job(), look=False)
+    c = controller(FakeClock(wall=WALL), Api())
+    c.handlers.job_seen(job(), look=False)
 
     stored = job()  # still version 5: the decision goes on
-    assert asyncio.run(c._execute(job(), ConfirmVersion("5"))) == job()
+    assert asyncio.run(c.executor.execute(job(), ConfirmVersion("5"))) == job()
 
     stored = {**job(), "metadata": {**job()["metadata"], "resourceVersion": "9"}}
     with pytest.raises(Conflict):
-        asyncio.run(c._execute(job(), ConfirmVersion("5")))
-    assert c.jobs[("ns", "j")]["metadata"]["resourceVersion"] == "9"
+        asyncio.run(c.executor.execute(job(), ConfirmVersion("5")))
+    assert c.view.jobs[("ns", "j")]["metadata"]["resourceVersion"] == "9"
 
     stored = {**job(), "metadata": {**job()["metadata"], "uid": "another-job-of-that-name"}}
     with pytest.raises(NotFound):
-        asyncio.run(c._execute(job(), ConfirmVersion("5")))
+        asyncio.run(c.executor.execute(job(), ConfirmVersion("5")))
     stored = None
     with pytest.raises(NotFound):
-        asyncio.run(c._execute(job(), ConfirmVersion("5")))
+        asyncio.run(c.executor.execute(job(), ConfirmVersion("5")))
 
 
 @pytest.mark.parametrize("pod_first", [True, False])
 def test_a_pod_of_an_attempt_status_does_not_hold_yet_counts_as_a_start_whichever_is_seen_first(pod_first: bool):
     """After a restart the job and pod watches list in any order; either way the queue learns of a
     start whose pod came first before the job's next look records it (maxRunning holds)."""
-    c = controller(Clock())
+    c = controller(FakeClock(wall=WALL))
     starts = []
     c.dispatcher.started_unseen = lambda *args: starts.append(args)  # type: ignore[method-assign]
     queued = job(phase="Queued")
     queued["status"] = {"phase": "Queued", "attempts": 0}
     if pod_first:
-        c.pod_changed(pod(10))
-        c.job_seen(queued)
+        c.handlers.pod_changed(pod(10))
+        c.handlers.job_seen(queued)
     else:
-        c.job_seen(queued)
-        c.pod_changed(pod(10))
+        c.handlers.job_seen(queued)
+        c.handlers.pod_changed(pod(10))
     assert starts == [("ns", "j", 1)]
     recorded = {**queued, "metadata": {**queued["metadata"], "resourceVersion": "6"}, "status": {"attempts": 1}}
-    c.job_seen(recorded)
-    c.pod_changed(pod(11, phase="Succeeded"))
+    c.handlers.job_seen(recorded)
+    c.handlers.pod_changed(pod(11, phase="Succeeded"))
     assert starts == [("ns", "j", 1)], "once status holds the attempt, its pod is no news"

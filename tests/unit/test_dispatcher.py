@@ -7,10 +7,12 @@ import random
 
 import pytest
 
+from tests.support.clock import FakeClock
 from tests.unit.factories import T0, make_job, make_pod
 from vigil.controllers.dispatcher import Dispatcher, _reserves_attempt
 from vigil.core.lifecycle import decide
-from vigil.core.queueing import Admission, QueueSpec, view_of
+from vigil.core.queueing.book import QueueBook, QueueSpec, StartPermit, entry_of
+from vigil.metrics import Metrics
 
 pytestmark = pytest.mark.unit
 
@@ -33,13 +35,13 @@ def test_a_start_rate_spaces_pod_creations_but_not_the_look_that_records_an_atte
     a slot of its own and was put off again by newer starts, and a burst started at half the rate
     (tests/integration/test_queues.py::test_max_starts_per_second_spaces_a_burst: 2.5 a second)."""
     now = T0.timestamp()
-    dispatcher = Dispatcher(wake=lambda key: None, write_status=None, clock=lambda: T0)  # type: ignore[arg-type]
+    dispatcher = Dispatcher(QueueBook(), wake=lambda key: None, clock=FakeClock(wall=T0), metrics=Metrics())
     dispatcher.book.set_queue("work", "paced", QueueSpec(max_starts_per_second=5.0), now)
     first = make_job(name="first", spec={"queue": "paced"})
     second = make_job(name="second", uid="uid-second", spec={"queue": "paced"})
     for job in (first, second):
-        dispatcher.book.observe(view_of(job))
-    admitted = Admission(True, "Admitted", "queue paced admitted it")
+        dispatcher.book.observe(entry_of(job))
+    admitted = StartPermit(True, "Admitted", "queue paced admitted it")
 
     assert dispatcher.pace(first, admitted, decide(first, [], T0, rng=random.Random(0))) is None
     waits = dispatcher.pace(second, admitted, decide(second, [], T0, rng=random.Random(0)))

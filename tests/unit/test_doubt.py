@@ -11,10 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.unit.factories import T0, at, make_job, make_pod
-from vigil.controllers.podcache import PodCache
+from vigil.controllers.jobs.podcache import PodCache
 from vigil.core import doubt, failures
 from vigil.core.lifecycle import decide
-from vigil.core.liveness import Verdict, heard
+from vigil.core.liveness import Liveness, actionable
 
 pytestmark = pytest.mark.unit
 
@@ -39,7 +39,7 @@ def running_pod(uid: str = "pod-1"):
 
 def test_a_lost_verdict_is_doubted_and_a_healthy_one_is_not():
     job = make_job(status=RUNNING)
-    lost = {"pod-1": Verdict("Lost", 61, "no heartbeat for 60s")}
+    lost = {"pod-1": Liveness("Lost", 61, "no heartbeat for 60s")}
     decision = decide(job, [running_pod()], at(120), rng=random.Random(0), liveness=lost)
     assert doubt.doubt(job, decision) is not None
     healthy = decide(job, [running_pod()], at(120), rng=random.Random(0), liveness={})
@@ -61,20 +61,20 @@ def test_starting_the_next_attempt_under_no_overlap_is_doubted_but_the_first_is_
 
 
 def test_while_deaf_lost_is_only_uncertain():
-    lost = Verdict("Lost", 70, "no heartbeat for 60s or more")
-    assert heard(lost, True) is lost
-    held = heard(lost, False)
+    lost = Liveness("Lost", 70, "no heartbeat for 60s or more")
+    assert actionable(lost, True) is lost
+    held = actionable(lost, False)
     assert held.state == "Uncertain" and "not fresh" in held.detail
-    healthy = Verdict("Healthy", 1, "heartbeats arriving")
-    assert heard(healthy, False) is healthy
+    healthy = Liveness("Healthy", 1, "heartbeats arriving")
+    assert actionable(healthy, False) is healthy
 
 
 @given(st.sampled_from(["Healthy", "Uncertain", "Lost"]), st.booleans())
-def test_heard_never_raises_a_verdict(state, hearing):
+def test_heard_never_raises_a_verdict(state, pods_fresh):
     order = {"Healthy": 0, "Uncertain": 1, "Lost": 2}
-    verdict = Verdict(state, 5.0, "d")
-    assert order[heard(verdict, hearing).state] <= order[state]
-    assert hearing or heard(verdict, hearing).state != "Lost"
+    verdict = Liveness(state, 5.0, "d")
+    assert order[actionable(verdict, pods_fresh).state] <= order[state]
+    assert pods_fresh or actionable(verdict, pods_fresh).state != "Lost"
 
 
 def test_a_failure_is_shown_once_per_cause_and_cleared():
@@ -89,14 +89,6 @@ def test_a_failure_is_shown_once_per_cause_and_cleared():
     job["status"]["conditions"] = again["conditions"]
     assert failures.cleared(job) == {"conditions": []}
     assert failures.cleared(make_job(status=RUNNING)) is None
-
-
-@given(st.integers(min_value=1, max_value=10_000), st.booleans(), st.integers(0, 2**32))
-def test_retry_delays_are_bounded_and_jittered(count, conflict, seed):
-    first, largest = failures.CONFLICT_DELAYS if conflict else failures.ERROR_DELAYS
-    delay = failures.retry_delay(count, random.Random(seed), conflict=conflict)
-    base = min(largest, first * 2.0 ** min(count - 1, 64))
-    assert base / 2 <= delay <= base
 
 
 def test_the_pod_cache_keeps_created_pods_until_seen_and_takes_the_truth():

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import heapq
 import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -29,6 +28,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, target
 from hypothesis import strategies as st
 
+from tests.support.clock import FakeClock
 from vigil.cli import add_election_flags, election_config, lease_namespace
 from vigil.core.election import (
     JITTER_FACTOR,
@@ -806,44 +806,10 @@ def test_two_followers_racing_for_a_released_lease_make_one_leader():
 # ============================================================================ the shell, in virtual time
 
 
-class VirtualTime:
-    """A clock and a sleep for the shell: time jumps to the next sleeper when nothing else can run."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self._sleepers: list[tuple[float, int, asyncio.Future]] = []
-        self._seq = 0
-
-    def clock(self) -> float:
-        return self.now
-
-    async def sleep(self, delay: float) -> None:
-        future = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._sleepers, (self.now + max(0.0, delay), self._seq, future))
-        self._seq += 1
-        await future
-
-    async def until(self, condition, within: float) -> bool:
-        """Runs everything until condition() holds, jumping time; false if `within` seconds pass."""
-        end = self.now + within
-        while True:
-            for _ in range(200):  # the in-memory API answers at once: let every ready task run
-                await asyncio.sleep(0)
-            if condition():
-                return True
-            while self._sleepers and self._sleepers[0][2].done():
-                heapq.heappop(self._sleepers)
-            if not self._sleepers or self._sleepers[0][0] > end:
-                return False
-            when, _, future = heapq.heappop(self._sleepers)
-            self.now = max(self.now, when)
-            future.set_result(None)
-
-
 class Server:
     """An in-memory Lease with resourceVersions; remembers every write with its virtual time."""
 
-    def __init__(self, time: VirtualTime) -> None:
+    def __init__(self, time: FakeClock) -> None:
         self.time = time
         self.lease: LeaseRecord | None = None
         self.version = 0
@@ -892,7 +858,7 @@ SHELL = ElectionConfig(lease_duration=15, renew_deadline=10, retry_period=2)
 def elector(server: Server, identity: str, **kwargs) -> tuple[LeaderElector, Api]:
     api = Api(server)
     made = LeaderElector(
-        api, identity, SHELL, clock=server.time.clock, sleep=server.time.sleep, jitter=lambda: 0.5, **kwargs
+        api, identity, SHELL, clock=server.time, jitter=lambda: 0.5, **kwargs
     )
     return made, api
 
@@ -903,7 +869,7 @@ def shell(scenario):
 
 def test_shell_one_leads_the_other_waits_and_takes_over_a_lease_duration_after_a_kill():
     async def scenario():
-        time = VirtualTime()
+        time = FakeClock()
         server = Server(time)
         a, _ = elector(server, "a")
         b, _ = elector(server, "b")
@@ -930,7 +896,7 @@ def test_shell_one_leads_the_other_waits_and_takes_over_a_lease_duration_after_a
 
 def test_shell_release_closes_the_fence_before_writing_and_hands_over_within_a_retry():
     async def scenario():
-        time = VirtualTime()
+        time = FakeClock()
         server = Server(time)
         stops: list[StopReason] = []
         a, _ = elector(server, "a", on_stopped_leading=stops.append)
@@ -958,7 +924,7 @@ def test_shell_release_closes_the_fence_before_writing_and_hands_over_within_a_r
 
 def test_shell_a_leader_cut_off_stops_at_its_renew_deadline_before_the_lease_expires_elsewhere():
     async def scenario():
-        time = VirtualTime()
+        time = FakeClock()
         server = Server(time)
         stops: list[StopReason] = []
         a, api_a = elector(server, "a", on_stopped_leading=stops.append)
@@ -987,7 +953,7 @@ def test_shell_a_leader_cut_off_stops_at_its_renew_deadline_before_the_lease_exp
 
 def test_shell_the_fence_closes_on_the_clock_even_when_the_loop_is_not_scheduled():
     async def scenario():
-        time = VirtualTime()
+        time = FakeClock()
         server = Server(time)
         a, _ = elector(server, "a")
         task = asyncio.ensure_future(a.run())
@@ -1002,7 +968,7 @@ def test_shell_the_fence_closes_on_the_clock_even_when_the_loop_is_not_scheduled
 @pytest.mark.parametrize("asynchronous", [False, True])
 def test_shell_a_failing_start_callback_stops_leading(asynchronous):
     async def scenario():
-        time = VirtualTime()
+        time = FakeClock()
         server = Server(time)
 
         def boom():
@@ -1026,7 +992,7 @@ def test_shell_a_failing_start_callback_stops_leading(asynchronous):
 
 def test_shell_a_conflict_on_the_fast_path_reads_and_renews():
     async def scenario():
-        time = VirtualTime()
+        time = FakeClock()
         server = Server(time)
         a, _ = elector(server, "a")
         task = asyncio.ensure_future(a.run())
@@ -1043,7 +1009,7 @@ def test_shell_a_conflict_on_the_fast_path_reads_and_renews():
 
 def test_shell_a_leader_that_finds_another_holder_stops_at_once():
     async def scenario():
-        time = VirtualTime()
+        time = FakeClock()
         server = Server(time)
         stops: list[StopReason] = []
         a, _ = elector(server, "a", on_stopped_leading=stops.append)
@@ -1059,7 +1025,7 @@ def test_shell_a_leader_that_finds_another_holder_stops_at_once():
 
 def test_shell_runs_once():
     async def scenario():
-        time = VirtualTime()
+        time = FakeClock()
         a, _ = elector(Server(time), "a")
         released = asyncio.ensure_future(a.release())  # before ever running: nothing to release
         assert await time.until(released.done, 1) and released.result() is True

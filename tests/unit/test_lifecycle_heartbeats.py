@@ -14,13 +14,13 @@ from tests.unit.factories import T0, apply_to_job, at, condition, make_job, make
 from vigil import api
 from vigil.core.actions import AnnotatePod, CreatePod, Decision, DeletePod, EmitEvent, ReleasePod
 from vigil.core.lifecycle import decide
-from vigil.core.liveness import Verdict
+from vigil.core.liveness import Liveness
 
 pytestmark = pytest.mark.unit
 
-HEALTHY = Verdict("Healthy", 1.0, "heartbeats arriving")
-UNCERTAIN = Verdict("Uncertain", 35.0, "no heartbeat for 30s or more; Lost after 60s of silence")
-LOST = Verdict("Lost", 61.0, "no heartbeat for 60s or more (heartbeat.timeoutSeconds)")
+HEALTHY = Liveness("Healthy", 1.0, "heartbeats arriving")
+UNCERTAIN = Liveness("Uncertain", 35.0, "no heartbeat for 30s or more; Lost after 60s of silence")
+LOST = Liveness("Lost", 61.0, "no heartbeat for 60s or more (heartbeat.timeoutSeconds)")
 NO_BACKOFF = {"retry": {"backoff": {"initialSeconds": 0}}}
 SUPERSEDED = {api.ANNOTATION_SUPERSEDED: "HeartbeatLost"}
 
@@ -30,7 +30,7 @@ def run(
     pods: list[dict[str, Any]] = (),
     now: datetime = T0,
     *,
-    liveness: Mapping[str, Verdict] | None = None,
+    liveness: Mapping[str, Liveness] | None = None,
     may_start: bool = True,
 ) -> Decision:
     return decide(job, pods, now, rng=random.Random(0), may_start=may_start, liveness=liveness)
@@ -203,8 +203,8 @@ def test_turning_required_off_while_uncertain_brings_the_attempt_back() -> None:
 # ------------------------------------------------------------------------- lastHeartbeatAt
 
 
-def beat_at(seconds: float) -> dict[str, Verdict]:
-    return {"pod-1": Verdict("Healthy", 0.0, "heartbeats arriving", last_beat_at=at(seconds))}
+def beat_at(seconds: float) -> dict[str, Liveness]:
+    return {"pod-1": Liveness("Healthy", 0.0, "heartbeats arriving", last_beat_at=at(seconds))}
 
 
 def test_last_heartbeat_at_is_written_first_then_only_when_stale_by_the_period() -> None:
@@ -223,7 +223,7 @@ def test_last_heartbeat_at_is_written_first_then_only_when_stale_by_the_period()
 def test_last_heartbeat_at_rides_along_with_any_other_write() -> None:
     job, _ = step(running_job(), [make_pod(1, phase="Running")], at(10), liveness=beat_at(10))
     job, _ = step(job, [make_pod(1, phase="Running")], at(45), liveness={"pod-1": UNCERTAIN})
-    verdict = Verdict("Healthy", 0.0, "heartbeats arriving", last_beat_at=at(46))
+    verdict = Liveness("Healthy", 0.0, "heartbeats arriving", last_beat_at=at(46))
     job, _ = step(job, [make_pod(1, phase="Running")], at(46), liveness={"pod-1": verdict})
     assert job["status"]["currentAttempt"]["lastHeartbeatAt"] == "2025-03-01T12:00:46Z"
 

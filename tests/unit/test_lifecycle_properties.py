@@ -56,7 +56,7 @@ from vigil.core.actions import (
     SetDeadLetterLabel,
 )
 from vigil.core.lifecycle import LATE_SUCCESS_OUTCOMES, decide
-from vigil.core.liveness import Verdict
+from vigil.core.liveness import Liveness
 
 pytestmark = pytest.mark.unit
 
@@ -182,8 +182,8 @@ class World:
             if self.job["metadata"]["resourceVersion"] != version and not self.job_deleted:
                 self.check_own_write_needs_no_look(decision, pods, may_start)
 
-    def liveness(self) -> dict[str, Verdict]:
-        return {uid: Verdict(state, 0.0, f"said so ({state})", self.now) for uid, state in self.verdicts.items()}
+    def liveness(self) -> dict[str, Liveness]:
+        return {uid: Liveness(state, 0.0, f"said so ({state})", self.now) for uid, state in self.verdicts.items()}
 
     def deliver_pods(self) -> None:
         self.cached_pods = {uid: len(p.versions) - 1 for uid, p in self.pods.items() if not p.deleted}

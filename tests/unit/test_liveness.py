@@ -23,7 +23,7 @@ def pod(rv: int, *, beat: str | None = None, phase: str = "Running", uid: str = 
 
 
 def states(tracker: HeartbeatTracker, times: list[float], heartbeat: api.Heartbeat = HB) -> list[str]:
-    return [tracker.verdict("p1", heartbeat, t).state for t in times]
+    return [tracker.liveness("p1", heartbeat, t).state for t in times]
 
 
 # ---------------------------------------------------------------------------------- thresholds
@@ -57,7 +57,7 @@ def test_after_a_beat_healthy_then_uncertain_then_lost() -> None:
         "Lost",
         "Lost",
     ]
-    assert tracker.verdict("p1", HB, 145).silence_seconds == 45
+    assert tracker.liveness("p1", HB, 145).silence_seconds == 45
     assert tracker.deadline("p1", HB, 100) == 130
     assert tracker.deadline("p1", HB, 130) == 160
     assert tracker.deadline("p1", HB, 160) is None
@@ -70,7 +70,7 @@ def test_before_the_first_beat_the_grace_comes_in_front_of_the_usual_thresholds(
     assert states(tracker, [100, 249.9, 250, 279.9, 280]) == ["Healthy", "Healthy", "Uncertain", "Uncertain", "Lost"]
     assert tracker.deadline("p1", HB, 100) == 250  # 120 grace + 30
     assert tracker.deadline("p1", HB, 250) == 280  # 120 grace + 60
-    assert "startup grace 120s" in tracker.verdict("p1", HB, 280).detail
+    assert "startup grace 120s" in tracker.liveness("p1", HB, 280).detail
 
 
 def test_zero_grace_is_no_special_case() -> None:
@@ -83,7 +83,7 @@ def test_zero_grace_is_no_special_case() -> None:
 def test_a_pod_not_yet_running_is_healthy_with_no_deadline() -> None:
     tracker = HeartbeatTracker()
     tracker.observe(pod(1, phase="Pending"), 0.0)
-    assert tracker.verdict("p1", HB, 10_000).state == "Healthy"
+    assert tracker.liveness("p1", HB, 10_000).state == "Healthy"
     assert tracker.deadline("p1", HB, 0) is None
 
     assert tracker.observe(pod(2), 500.0)  # now running: grace from when it was seen so
@@ -93,20 +93,20 @@ def test_a_pod_not_yet_running_is_healthy_with_no_deadline() -> None:
 def test_a_pod_on_an_unreachable_node_counts_as_started() -> None:
     tracker = HeartbeatTracker()
     tracker.observe(pod(1, phase="Unknown"), 0.0)
-    assert tracker.verdict("p1", HB, 180).state == "Lost"
+    assert tracker.liveness("p1", HB, 180).state == "Lost"
 
 
 def test_not_required_is_always_healthy_and_never_due() -> None:
     tracker = HeartbeatTracker()
     tracker.observe(pod(1, beat="a"), 0.0)
     relaxed = HB.model_copy(update={"required": False})
-    assert tracker.verdict("p1", relaxed, 1e9).state == "Healthy"
+    assert tracker.liveness("p1", relaxed, 1e9).state == "Healthy"
     assert tracker.deadline("p1", relaxed, 0) is None
 
 
 def test_an_unknown_pod_is_healthy_and_never_due() -> None:
     tracker = HeartbeatTracker()
-    assert tracker.verdict("nobody", HB, 1e9).state == "Healthy"
+    assert tracker.liveness("nobody", HB, 1e9).state == "Healthy"
     assert tracker.deadline("nobody", HB, 0) is None
 
 
@@ -117,11 +117,11 @@ def test_a_new_value_is_a_beat_and_the_same_value_again_is_not() -> None:
     tracker = HeartbeatTracker()
     assert tracker.observe(pod(1, beat="1:x"), 0.0)
     assert not tracker.observe(pod(2, beat="1:x"), 50.0)  # e.g. a checkpoint or status change
-    assert tracker.verdict("p1", HB, 60).state == "Lost"
+    assert tracker.liveness("p1", HB, 60).state == "Lost"
 
     assert tracker.observe(pod(3, beat="2:x"), 61.0)
-    assert tracker.verdict("p1", HB, 61).state == "Healthy"
-    assert tracker.verdict("p1", HB, 61).silence_seconds == 0
+    assert tracker.liveness("p1", HB, 61).state == "Healthy"
+    assert tracker.liveness("p1", HB, 61).silence_seconds == 0
     assert tracker.deadline("p1", HB, 61) == 91
 
 
@@ -138,10 +138,10 @@ def test_a_stale_snapshot_delivered_late_is_not_a_beat() -> None:
     tracker.observe(pod(9, beat="new"), 10.0)
 
     assert not tracker.observe(pod(4, beat="old"), 50.0)  # reordered: older version, other value
-    assert tracker.verdict("p1", HB, 70).state == "Lost"  # silence still counts from 10
+    assert tracker.liveness("p1", HB, 70).state == "Lost"  # silence still counts from 10
 
     assert tracker.observe(pod(10, beat="newer"), 71.0)
-    assert tracker.verdict("p1", HB, 71).state == "Healthy"
+    assert tracker.liveness("p1", HB, 71).state == "Healthy"
 
 
 def test_opaque_resource_versions_still_count_new_values() -> None:
@@ -175,9 +175,9 @@ def test_the_wall_clock_time_of_the_last_beat_is_carried_for_display() -> None:
     tracker = HeartbeatTracker()
     tracker.observe(pod(1, beat="a"), 0.0, wall=T0)
     tracker.observe(pod(2, beat="a"), 5.0, wall=T0 + timedelta(seconds=5))  # no beat: not moved
-    assert tracker.verdict("p1", HB, 6).last_beat_at == T0
+    assert tracker.liveness("p1", HB, 6).last_beat_at == T0
     tracker.observe(pod(3, beat="b"), 10.0, wall=T0 + timedelta(seconds=10))
-    assert tracker.verdict("p1", HB, 11).last_beat_at == T0 + timedelta(seconds=10)
+    assert tracker.liveness("p1", HB, 11).last_beat_at == T0 + timedelta(seconds=10)
 
 
 def test_forget_drops_a_pod() -> None:
@@ -187,13 +187,13 @@ def test_forget_drops_a_pod() -> None:
     tracker.forget("p1")
     tracker.forget("never-seen")
     assert "p1" not in tracker and "p2" in tracker and len(tracker) == 1
-    assert tracker.verdict("p1", HB, 1e6).state == "Healthy"
+    assert tracker.liveness("p1", HB, 1e6).state == "Healthy"
 
 
 def test_the_detail_does_not_change_while_the_state_does_not() -> None:
     tracker = HeartbeatTracker()
     tracker.observe(pod(1, beat="a"), 0.0)
-    assert tracker.verdict("p1", HB, 31).detail == tracker.verdict("p1", HB, 59).detail
+    assert tracker.liveness("p1", HB, 31).detail == tracker.liveness("p1", HB, 59).detail
 
 
 # --------------------------------------------------------------------------- operator restarts
@@ -204,7 +204,7 @@ def test_after_a_restart_an_old_beat_counts_from_the_first_look() -> None:
     tracker = HeartbeatTracker()
     tracker.observe(pod(77, beat="812:boot"), 5000.0)
 
-    assert tracker.verdict("p1", HB, 5000).state == "Healthy"
+    assert tracker.liveness("p1", HB, 5000).state == "Healthy"
     assert tracker.deadline("p1", HB, 5000) == 5030
     assert states(tracker, [5059.9, 5060]) == ["Uncertain", "Lost"]  # a full timeout, then Lost
 
@@ -272,7 +272,7 @@ def test_the_verdict_follows_silence_since_the_last_beat_seen(
     uncertain_after, lost_after = thresholds(heartbeat)
     for later in (0.0, 1.0, uncertain_after, lost_after, 1e5):
         at = now + later
-        verdict = tracker.verdict("p1", heartbeat, at)
+        verdict = tracker.liveness("p1", heartbeat, at)
         if reference is None:
             assert verdict.state == "Healthy"
             continue
@@ -305,7 +305,7 @@ def test_the_deadline_is_exactly_when_the_verdict_next_changes(
     previous = 0
     for offset in sorted(probes):
         now = start + offset
-        verdict = tracker.verdict("p1", heartbeat, now)
+        verdict = tracker.liveness("p1", heartbeat, now)
         assert RANK[verdict.state] >= previous  # without a beat, never better
         previous = RANK[verdict.state]
         due = tracker.deadline("p1", heartbeat, now)
@@ -313,5 +313,5 @@ def test_the_deadline_is_exactly_when_the_verdict_next_changes(
             assert verdict.state == "Lost"
             continue
         assert due > now
-        assert tracker.verdict("p1", heartbeat, due).state != verdict.state
-        assert tracker.verdict("p1", heartbeat, now + (due - now) / 2).state == verdict.state
+        assert tracker.liveness("p1", heartbeat, due).state != verdict.state
+        assert tracker.liveness("p1", heartbeat, now + (due - now) / 2).state == verdict.state

@@ -17,17 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import datetime as dt
-import random
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.clock import FakeClock
+from tests.support.controllers import job_controller
 from tests.unit.factories import make_job, merge_patch
 from vigil import api
-from vigil.controllers.jobs import Controller
 from vigil.kube.errors import Conflict
 
 pytestmark = pytest.mark.unit
@@ -113,25 +112,17 @@ class FakeApi:
 class World:
     def __init__(self, guarantee: str):
         self.fake = FakeApi(make_job(spec={"heartbeat": HEARTBEAT, "guarantee": guarantee}))
-        self.now = 1000.0
-        self.hearing = True
-        wall = dt.datetime(2025, 3, 1, 12, tzinfo=dt.UTC)
-        self.controller = Controller(
-            self.fake,  # type: ignore[arg-type]
-            clock=lambda: wall + dt.timedelta(seconds=self.now - 1000.0),
-            monotonic=lambda: self.now,
-            rng=random.Random(0),
-            hearing=lambda: self.hearing,
-        )
-        self.controller.job_seen(copy.deepcopy(self.fake.job))
-        self.controller.dispatcher.listed()  # no VigilQueue: the job's default queue is unlimited
+        self.clock = FakeClock()
+        self.pods_fresh = True
+        self.controller = job_controller(self.fake, self.clock, pods_fresh=lambda: self.pods_fresh)
+        self.controller.handlers.job_seen(copy.deepcopy(self.fake.job))
 
     def reconcile(self) -> None:
-        asyncio.run(self.controller.reconcile(KEY))
-        self.controller.job_seen(copy.deepcopy(self.fake.job))
+        asyncio.run(self.controller.reconciler.reconcile(KEY))
+        self.controller.handlers.job_seen(copy.deepcopy(self.fake.job))
 
     def deliver(self, pod: dict[str, Any]) -> None:
-        self.controller.pod_changed(copy.deepcopy(pod))
+        self.controller.handlers.pod_changed(copy.deepcopy(pod))
 
 
 # What the watch does with each new truth: deliver it, drop it, deliver an older snapshot, lose
@@ -149,7 +140,7 @@ def _feed(world: World, behaviour: str, truth: dict[str, Any], stale: dict[str, 
     elif behaviour == "stale" and stale is not None:
         world.deliver(stale)
     elif behaviour == "forget":
-        world.controller.pods.gone(truth["metadata"]["labels"][api.LABEL_JOB_UID], truth["metadata"]["uid"])
+        world.controller.view.pods.gone(truth["metadata"]["labels"][api.LABEL_JOB_UID], truth["metadata"]["uid"])
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -162,9 +153,9 @@ def test_a_beating_attempt_is_never_killed_whatever_the_cache_says(guarantee, st
     world.deliver(first)
     world.reconcile()
     previous = first
-    for number, (behaviour, seconds, hearing) in enumerate(steps, start=1):
-        world.now += seconds
-        world.hearing = hearing
+    for number, (behaviour, seconds, fresh) in enumerate(steps, start=1):
+        world.clock.tick(seconds)
+        world.pods_fresh = fresh
         truth = world.fake.run("ledger-1", beat=str(number))  # the agent beats, whatever the operator sees
         _feed(world, behaviour, truth, previous)
         previous = truth
@@ -185,9 +176,9 @@ def test_no_overlap_never_starts_while_an_earlier_pod_really_exists(steps):
     # The attempt fails its heartbeat: the agent goes silent for good, but its pod lingers in
     # truth (a node that does not answer: the deletion never completes).
     lingering = copy.deepcopy(world.fake.pods["ledger-1"])
-    for behaviour, seconds, hearing in steps:
-        world.now += seconds
-        world.hearing = hearing
+    for behaviour, seconds, fresh in steps:
+        world.clock.tick(seconds)
+        world.pods_fresh = fresh
         if "ledger-1" not in world.fake.pods and world.fake.deleted:
             # Vigil deleted it, but the pod stays terminating in truth.
             lingering["metadata"]["deletionTimestamp"] = "2025-03-01T12:10:00Z"
@@ -205,13 +196,13 @@ def test_a_silent_attempt_is_still_declared_lost_once_the_operator_hears(lies):
     world.reconcile()
     world.deliver(world.fake.run("ledger-1", beat="0"))
     world.reconcile()
-    for behaviour, hearing in lies:  # the agent never beats again; the cache lies meanwhile (< timeout)
-        world.now += 0.5
-        world.hearing = hearing
+    for behaviour, fresh in lies:  # the agent never beats again; the cache lies meanwhile (< timeout)
+        world.clock.tick(0.5)
+        world.pods_fresh = fresh
         _feed(world, behaviour, world.fake.pods["ledger-1"], None)
         world.reconcile()
-    world.hearing = True
-    world.now += HEARTBEAT["timeoutSeconds"] + 1
+    world.pods_fresh = True
+    world.clock.tick(HEARTBEAT["timeoutSeconds"] + 1)
     world.reconcile()
     history = world.fake.job["status"].get("history") or []
     assert [r["outcome"] for r in history] == ["Lost"], world.fake.job["status"]

@@ -7,7 +7,8 @@ from datetime import UTC, datetime
 import pytest
 from prometheus_client import generate_latest
 
-from vigil.metrics import Metrics, StateCollector, count_transition
+from vigil.metrics import Metrics
+from vigil.metrics.collectors import StateCollector, count_transition
 
 pytestmark = pytest.mark.unit
 

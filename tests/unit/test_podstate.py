@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tests.unit.factories import JOB_UID, T0, at, make_pod, stamp
 from vigil import api
-from vigil.controllers.jobs import _more_than_a_beat
+from vigil.controllers.jobs.handlers import more_than_a_beat
 from vigil.core.liveness import _is_running
 from vigil.core.podstate import (
     CLOCK_SKEW_ALLOWANCE,
@@ -307,10 +307,10 @@ def test_a_kept_pod_reads_as_the_whole_pod(pod: dict, other: dict) -> None:
     kept_pod, kept_other = kept(pod), kept(other)
     assert readings(kept_pod) == readings(pod)
     assert freshest_by_uid([kept_pod, kept_other]) == [kept(p) for p in freshest_by_uid([pod, other])]
-    changed = _more_than_a_beat(kept_pod, kept_other)
+    changed = more_than_a_beat(kept_pod, kept_other)
     if readings(pod) != readings(other) or but_the_beat(pod) != but_the_beat(other):
         assert changed
-    if not _more_than_a_beat(pod, other):
+    if not more_than_a_beat(pod, other):
         assert not changed
 
 

@@ -14,25 +14,27 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vigil.core.queueing import (
-    BURST_SECONDS,
-    DEFAULT_QUEUE,
+from vigil.api import DEFAULT_QUEUE
+from vigil.core.queueing.book import (
     RELEASE_RECHECK_SECONDS,
-    RETRY_WINDOW_SECONDS,
-    JobView,
-    LazyHeap,
     QueueBook,
+    QueueEntry,
     QueueSpec,
-    RetryWindow,
     Standing,
+    entry_of,
+    order_key,
+)
+from vigil.core.queueing.heap import LazyHeap
+from vigil.core.queueing.limits import (
+    BURST_SECONDS,
+    RETRY_WINDOW_SECONDS,
+    RetryWindow,
     TokenBucket,
     burst_for,
-    order_key,
-    queue_status,
     retry_allowed,
     retry_floor,
-    view_of,
 )
+from vigil.core.queueing.status import queue_status
 
 pytestmark = pytest.mark.unit
 
@@ -41,20 +43,20 @@ QK = (NS, Q)
 T0 = 1_700_000_000.0  # the wall clock, in seconds
 
 
-def waiting(name: str, priority: int = 0, created: float = 0.0, **kw: object) -> JobView:
-    return JobView(NS, name, kw.pop("queue", Q), priority, T0 + created, Standing.QUEUED, **kw)  # type: ignore[arg-type]
+def waiting(name: str, priority: int = 0, created: float = 0.0, **kw: object) -> QueueEntry:
+    return QueueEntry(NS, name, kw.pop("queue", Q), priority, T0 + created, Standing.QUEUED, **kw)  # type: ignore[arg-type]
 
 
-def running(view: JobView) -> JobView:
+def running(view: QueueEntry) -> QueueEntry:
     """The job as its status shows it once its reserved attempt is written."""
     return replace(view, standing=Standing.RUNNING, attempts=view.attempts + 1, ready_at=None)
 
 
-def backing_off(view: JobView, ready_at: float) -> JobView:
+def backing_off(view: QueueEntry, ready_at: float) -> QueueEntry:
     return replace(view, standing=Standing.BACKING_OFF, is_retry=True, ready_at=ready_at)
 
 
-def book_of(spec: QueueSpec, *views: JobView, now: float = T0) -> QueueBook:
+def book_of(spec: QueueSpec, *views: QueueEntry, now: float = T0) -> QueueBook:
     book = QueueBook()
     book.set_queue(NS, Q, spec, now)
     for view in views:
@@ -66,7 +68,7 @@ def names(dispatch_start: tuple[tuple[str, str], ...]) -> list[str]:
     return [name for _, name in dispatch_start]
 
 
-def run_one_at_a_time(book: QueueBook, views: dict[str, JobView], now: float) -> list[str]:
+def run_one_at_a_time(book: QueueBook, views: dict[str, QueueEntry], now: float) -> list[str]:
     """With room for one, starts, confirms and finishes jobs until none is left to start."""
     order = []
     while started := book.dispatch(QK, now).start:
@@ -78,7 +80,7 @@ def run_one_at_a_time(book: QueueBook, views: dict[str, JobView], now: float) ->
     return order
 
 
-# ------------------------------------------------------------------------------ view_of
+# ------------------------------------------------------------------------------ entry_of
 
 
 def job(status: dict | None = None, **spec: object) -> dict:
@@ -90,7 +92,7 @@ def job(status: dict | None = None, **spec: object) -> dict:
 
 
 def test_a_new_job_waits_in_its_queue_as_a_first_attempt() -> None:
-    view = view_of(job())
+    view = entry_of(job())
     assert (view.key, view.queue_key, view.priority, view.standing) == ((NS, "j"), QK, 3, Standing.QUEUED)
     assert (view.is_retry, view.ready_at, view.blocked, view.attempts) == (False, None, False, 0)
     assert view.created == 1714564800.0
@@ -99,7 +101,7 @@ def test_a_new_job_waits_in_its_queue_as_a_first_attempt() -> None:
 def test_a_job_naming_no_queue_is_in_the_default_one() -> None:
     raw = job()
     del raw["spec"]["queue"], raw["spec"]["priority"]
-    assert (view_of(raw).queue, view_of(raw).priority) == (DEFAULT_QUEUE, 0)
+    assert (entry_of(raw).queue, entry_of(raw).priority) == (DEFAULT_QUEUE, 0)
 
 
 @pytest.mark.parametrize(
@@ -119,7 +121,7 @@ def test_a_job_naming_no_queue_is_in_the_default_one() -> None:
     ],
 )
 def test_standing_follows_the_phase(status: dict, spec: dict, standing: Standing | None, is_retry: bool) -> None:
-    view = view_of(job(status, **spec))
+    view = entry_of(job(status, **spec))
     assert view.standing == standing
     if standing is not None:
         assert view.is_retry == is_retry
@@ -128,21 +130,21 @@ def test_standing_follows_the_phase(status: dict, spec: dict, standing: Standing
 def test_a_redrive_not_yet_honoured_puts_a_dead_lettered_job_back_in_line_as_no_retry() -> None:
     raw = job({"phase": "DeadLettered", "startedAt": "2024-05-01T12:00:05Z", "lastRedrive": "1"})
     raw["metadata"]["annotations"] = {"vigil.dev/redrive": "2"}
-    assert (view_of(raw).standing, view_of(raw).is_retry) == (Standing.QUEUED, False)
+    assert (entry_of(raw).standing, entry_of(raw).is_retry) == (Standing.QUEUED, False)
     raw["metadata"]["annotations"] = {"vigil.dev/redrive": "1"}  # already honoured
-    assert view_of(raw).standing == Standing.DEAD_LETTERED
+    assert entry_of(raw).standing == Standing.DEAD_LETTERED
 
 
 def test_a_job_being_deleted_is_not_tracked() -> None:
     raw = job({"phase": "Queued"})
     raw["metadata"]["deletionTimestamp"] = "2024-05-01T12:01:00Z"
-    assert view_of(raw).standing is None
+    assert entry_of(raw).standing is None
 
 
 def test_next_attempt_at_and_a_wait_for_the_previous_pod_are_read() -> None:
-    view = view_of(job({"phase": "BackingOff", "nextAttemptAt": "2024-05-01T12:00:10.5+00:00", "reason": "X"}))
+    view = entry_of(job({"phase": "BackingOff", "nextAttemptAt": "2024-05-01T12:00:10.5+00:00", "reason": "X"}))
     assert view.ready_at == 1714564810.5 and not view.blocked
-    assert view_of(job({"phase": "Queued", "reason": "WaitingForPreviousPod"})).blocked
+    assert entry_of(job({"phase": "Queued", "reason": "WaitingForPreviousPod"})).blocked
 
 
 # -------------------------------------------------------------------------------- order
@@ -255,14 +257,14 @@ def test_a_start_is_held_until_the_status_shows_it_and_a_stale_event_does_not_fr
     a, b = waiting("a"), waiting("b", created=1)
     book = book_of(QueueSpec(max_running=1), a, b)
     assert names(book.dispatch(QK, T0).start) == ["a"]
-    assert book.admission(NS, "a", T0).may_start
+    assert book.permit(NS, "a", T0).may_start
     book.observe(a)  # a late event from before the start
     assert book.count(QK, Standing.RUNNING) == 1
     assert book.dispatch(QK, T0).start == ()
-    refused = book.admission(NS, "b", T0)
+    refused = book.permit(NS, "b", T0)
     assert (refused.may_start, refused.reason) == (False, "QueueSaturated")
     book.observe(running(a))
-    assert not book.admission(NS, "a", T0).may_start  # it runs: no new start for it
+    assert not book.permit(NS, "a", T0).may_start  # it runs: no new start for it
     book.forget(NS, "a")  # it succeeded
     assert names(book.dispatch(QK, T0).start) == ["b"]
 
@@ -301,7 +303,7 @@ def test_paused_starts_nothing_and_running_attempts_go_on() -> None:
     book = book_of(QueueSpec(max_running=5, paused=True), running(a), b)
     assert book.dispatch(QK, T0) == book.dispatch(QK, T0 + 100)
     assert book.dispatch(QK, T0).start == ()
-    assert book.admission(NS, "b", T0).reason == "QueuePaused"
+    assert book.permit(NS, "b", T0).reason == "QueuePaused"
     status = queue_status(book, QK, T0)
     assert status is not None and status.running == 1
     assert [(c.type, c.status) for c in status.conditions] == [
@@ -330,10 +332,10 @@ def test_a_missing_queue_holds_its_jobs_until_it_exists_and_a_missing_default_ru
     book = QueueBook()
     book.observe(waiting("a"))
     book.observe(waiting("d", queue=DEFAULT_QUEUE))
-    missing = book.admission(NS, "a", T0)
+    missing = book.permit(NS, "a", T0)
     assert (missing.may_start, missing.reason) == (False, "QueueNotFound")
     assert "VigilQueue batch does not exist in namespace team" in missing.message
-    assert book.admission(NS, "d", T0).may_start  # no default queue: as before queues existed
+    assert book.permit(NS, "d", T0).may_start  # no default queue: as before queues existed
     assert book.dispatch(QK, T0).start == () and queue_status(book, QK, T0) is None
     book.observe(running(waiting("d", queue=DEFAULT_QUEUE)))
     book.set_queue(NS, DEFAULT_QUEUE, QueueSpec(max_running=1), T0)
@@ -355,7 +357,7 @@ def test_a_job_moved_to_another_queue_leaves_the_first() -> None:
 class _Model:
     """The test's own account of one queue's jobs."""
 
-    views: dict[str, JobView]
+    views: dict[str, QueueEntry]
     state: dict[str, str]  # waiting | held | running
     not_before: dict[str, float]
 
@@ -477,7 +479,7 @@ def test_a_burst_of_100_submissions_at_10_per_second_starts_one_every_tenth_of_a
         times += [now] * len(dispatch.start)
         assert dispatch.wake_at is not None or len(times) == 100
         if dispatch.wake_at is not None:
-            assert book.admission(NS, f"j{len(times):03d}", now).reason == "StartRateLimited"
+            assert book.permit(NS, f"j{len(times):03d}", now).reason == "StartRateLimited"
             now = dispatch.wake_at
     assert times[-1] - times[0] == pytest.approx(9.9)
     assert all(b - a == pytest.approx(0.1) for a, b in zip(times, times[1:], strict=False))
@@ -556,7 +558,7 @@ def test_a_retry_over_budget_waits_while_first_attempts_go_past_it_and_goes_when
     first = book.dispatch(QK, T0)
     assert names(first.start) == [f"r{i}" for i in range(10)] + ["fresh"]
     assert first.wake_at == T0 + RETRY_WINDOW_SECONDS
-    admission = book.admission(NS, "r10", T0 + 1)
+    admission = book.permit(NS, "r10", T0 + 1)
     assert (admission.reason, admission.retry_at) == ("RetryBudgetExhausted", T0 + RETRY_WINDOW_SECONDS)
     status = queue_status(book, QK, T0 + 1)
     assert status is not None and status.conditions[2].status == "True"
@@ -620,7 +622,7 @@ def test_with_a_budget_each_start_is_the_first_eligible_job_and_every_retry_even
     spec = QueueSpec(max_running=max_running, retry_budget=budget)
     book = book_of(spec)
     arrivals = sorted(arrivals, key=lambda a: a[3])
-    waiting_now: dict[str, JobView] = {}
+    waiting_now: dict[str, QueueEntry] = {}
     log: list[tuple[float, bool]] = []
     now, pending = T0, list(enumerate(arrivals))
 

@@ -6,19 +6,12 @@ import asyncio
 
 import pytest
 
-from vigil.controllers.rechecks import StartingRechecks
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import FakeClock
+from vigil.controllers.jobs.rechecks import StartingRechecks
 
 
 def test_a_read_is_due_one_period_after_the_first_look_and_then_one_period_after_each_read():
-    clock = Clock()
+    clock = FakeClock()
     rechecks: StartingRechecks[str] = StartingRechecks(lambda key: None, clock, period=30)
     assert not rechecks.due("j"), "the first look starts the count"
     clock.now += 29.9
@@ -32,7 +25,7 @@ def test_a_read_is_due_one_period_after_the_first_look_and_then_one_period_after
 
 
 def test_a_job_that_leaves_starting_starts_its_count_afresh_if_it_comes_back():
-    clock = Clock()
+    clock = FakeClock()
     rechecks: StartingRechecks[str] = StartingRechecks(lambda key: None, clock, period=30)
     rechecks.due("j")
     clock.now += 40
@@ -41,25 +34,13 @@ def test_a_job_that_leaves_starting_starts_its_count_afresh_if_it_comes_back():
     assert not rechecks.due("j"), "Starting again (a new attempt): counted from now"
 
 
-async def rings(wakes: asyncio.Queue[str], seconds: float) -> list[str]:
-    """The keys woken within `seconds`, in order."""
-    woken: list[str] = []
-    deadline = asyncio.get_running_loop().time() + seconds
-    while (left := deadline - asyncio.get_running_loop().time()) > 0:
-        try:
-            woken.append(await asyncio.wait_for(wakes.get(), left))
-        except TimeoutError:
-            break
-    return woken
-
-
 def woken(armed: list[str], cleared: tuple[str, ...] = (), shutdown: bool = False) -> list[str]:
-    """The keys woken within 0.3 s after arming `armed` in order (0.05 s period), then clearing
+    """The keys woken over a minute after arming `armed` in order (30 s period), then clearing
     `cleared` and, if asked, shutting down."""
 
     async def scenario() -> list[str]:
-        wakes: asyncio.Queue[str] = asyncio.Queue()
-        rechecks: StartingRechecks[str] = StartingRechecks(wakes.put_nowait, Clock(), period=0.05)
+        clock, wakes = FakeClock(), []
+        rechecks: StartingRechecks[str] = StartingRechecks(wakes.append, clock, period=30)
         for key in armed:
             rechecks.arm(key)
         for key in cleared:
@@ -67,7 +48,10 @@ def woken(armed: list[str], cleared: tuple[str, ...] = (), shutdown: bool = Fals
         if shutdown:
             rechecks.shutdown()
             assert len(rechecks) == 0
-        return await rings(wakes, 0.3)
+        await clock.advance(29.9)
+        assert wakes == [], "not before its period"
+        await clock.advance(30)
+        return wakes
 
     return asyncio.run(scenario())
 
@@ -87,10 +71,11 @@ def test_shutdown_cancels_every_timer():
 @pytest.mark.parametrize("period", [0.0, 0.01])
 def test_a_short_period_still_wakes_after_the_arming_look_returns(period: float):
     async def scenario() -> list[str]:
-        wakes: asyncio.Queue[str] = asyncio.Queue()
-        rechecks: StartingRechecks[str] = StartingRechecks(wakes.put_nowait, Clock(), period=period)
+        clock, wakes = FakeClock(), []
+        rechecks: StartingRechecks[str] = StartingRechecks(wakes.append, clock, period=period)
         rechecks.arm("j")
-        assert wakes.empty(), "never from inside arm(): the look that armed it is still running"
-        return await rings(wakes, 0.2)
+        assert wakes == [], "never from inside arm(): the look that armed it is still running"
+        await clock.advance(1)
+        return wakes
 
     assert asyncio.run(scenario()) == ["j"]

@@ -5,10 +5,10 @@ waits."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
+from tests.support.clock import FakeClock, settle
 from vigil.kube.events import EventRecorder
 
 pytestmark = pytest.mark.unit
@@ -18,15 +18,17 @@ DEADLINE = 5.0
 
 
 class SlowApi:
-    """An API server that answers each event after `latency` seconds; `gate` holds them all."""
+    """An API server that answers each event after `latency` seconds of `clock`; `gate` holds
+    them all."""
 
-    def __init__(self, latency: float = 0.0):
-        self.latency, self.posted, self.gate = latency, [], asyncio.Event()
+    def __init__(self, clock: FakeClock, latency: float = 0.0):
+        self.clock, self.latency, self.posted, self.gate = clock, latency, [], asyncio.Event()
         self.gate.set()
 
     async def post(self, job, type_, reason, message):
         await self.gate.wait()
-        await asyncio.sleep(self.latency)
+        if self.latency:
+            await self.clock.sleep(self.latency)
         if reason == "Refused":
             raise RuntimeError("the API server refused it")
         self.posted.append(reason)
@@ -34,13 +36,16 @@ class SlowApi:
 
 def test_recording_returns_at_once_and_every_event_is_posted():
     async def scenario():
-        api = SlowApi(latency=0.05)
-        recorder = EventRecorder(api.post, concurrency=4)
-        started = time.monotonic()
+        clock = FakeClock()
+        api = SlowApi(clock, latency=0.05)
+        recorder = EventRecorder(api.post, concurrency=4, clock=clock)
         for n in range(20):
             recorder.record(JOB, "Normal", f"E{n}", "m")
-        assert time.monotonic() - started < 0.05, "no record waited for a post"
-        assert await recorder.flush(DEADLINE)
+        await settle()
+        assert api.posted == [] and len(recorder) == 16, "recorded at once, four posts in flight"
+        flushed = asyncio.ensure_future(recorder.flush(DEADLINE))
+        await clock.advance(0.05 * 5)
+        assert await flushed
         assert sorted(api.posted) == sorted(f"E{n}" for n in range(20))
         assert recorder.dropped == 0
         await recorder.close()
@@ -50,10 +55,10 @@ def test_recording_returns_at_once_and_every_event_is_posted():
 
 def test_past_its_capacity_events_are_dropped_and_counted_not_waited_for():
     async def scenario():
-        api = SlowApi()
+        api = SlowApi(FakeClock())
         api.gate.clear()  # the API server hangs
         drops = []
-        recorder = EventRecorder(api.post, capacity=5, concurrency=1, on_drop=lambda: drops.append(1))
+        recorder = EventRecorder(api.post, capacity=5, concurrency=1, on_drop=lambda: drops.append(1), clock=api.clock)
         for n in range(12):
             recorder.record(JOB, "Normal", f"E{n}", "m")
         await asyncio.sleep(0)  # the sender takes the first event and hangs on it
@@ -70,8 +75,8 @@ def test_past_its_capacity_events_are_dropped_and_counted_not_waited_for():
 
 def test_a_refused_event_is_given_up_and_the_next_ones_still_go():
     async def scenario():
-        api = SlowApi()
-        recorder = EventRecorder(api.post, concurrency=1)
+        api = SlowApi(FakeClock())
+        recorder = EventRecorder(api.post, concurrency=1, clock=api.clock)
         for reason in ("A", "Refused", "B"):
             recorder.record(JOB, "Normal", reason, "m")
         assert await recorder.flush(DEADLINE)
@@ -83,20 +88,23 @@ def test_a_refused_event_is_given_up_and_the_next_ones_still_go():
 
 def test_closing_posts_what_waits_within_its_timeout_then_stops():
     async def scenario():
-        api = SlowApi(latency=0.01)
-        recorder = EventRecorder(api.post, concurrency=1)
+        clock = FakeClock()
+        api = SlowApi(clock, latency=0.01)
+        recorder = EventRecorder(api.post, concurrency=1, clock=clock)
         for n in range(3):
             recorder.record(JOB, "Normal", f"E{n}", "m")
-        await recorder.close(timeout=DEADLINE)
+        closing = asyncio.ensure_future(recorder.close(timeout=DEADLINE))
+        await clock.advance(0.03)
+        await closing
         assert api.posted == ["E0", "E1", "E2"]
 
-        hung = SlowApi()
+        hung = SlowApi(clock)
         hung.gate.clear()
-        recorder = EventRecorder(hung.post)
+        recorder = EventRecorder(hung.post, clock=clock)
         recorder.record(JOB, "Normal", "never", "m")
-        started = time.monotonic()
-        await recorder.close(timeout=0.1)
-        assert time.monotonic() - started < DEADLINE, "a hung API server does not hold the shutdown"
+        closing = asyncio.ensure_future(recorder.close(timeout=0.1))
+        await clock.advance(0.1)
+        assert closing.done(), "a hung API server does not hold the shutdown past its timeout"
         assert hung.posted == []
 
     asyncio.run(scenario())

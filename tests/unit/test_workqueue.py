@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.clock import FakeClock, settle
 from vigil.runtime.workqueue import WorkQueue
 
 pytestmark = pytest.mark.unit
@@ -19,7 +20,7 @@ def run(coro):
 
 def test_a_key_added_twice_waits_once():
     async def scenario():
-        queue: WorkQueue[str] = WorkQueue()
+        queue: WorkQueue[str] = WorkQueue(FakeClock())
         queue.add("a")
         queue.add("a")
         queue.add("b")
@@ -31,42 +32,63 @@ def test_a_key_added_twice_waits_once():
 
 def test_a_key_added_while_processed_comes_back_after_done_not_before():
     async def scenario():
-        queue: WorkQueue[str] = WorkQueue()
+        queue: WorkQueue[str] = WorkQueue(FakeClock())
         queue.add("a")
         key = await queue.get()
         queue.add("a")  # a new event while a worker holds "a"
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(queue.get(), 0.05)  # not handed to a second worker
+        second = asyncio.ensure_future(queue.get())
+        await settle()
+        assert not second.done()  # not handed to a second worker
         queue.done(key)
-        assert await asyncio.wait_for(queue.get(), 1) == "a"
+        await settle()
+        assert second.result() == "a"
 
     run(scenario())
 
 
 def test_delayed_adds_keep_the_earliest_time():
     async def scenario():
-        queue: WorkQueue[str] = WorkQueue()
-        loop = asyncio.get_running_loop()
-        began = loop.time()
+        clock = FakeClock()
+        queue: WorkQueue[str] = WorkQueue(clock)
         queue.add_after("a", 5)
         queue.add_after("a", 0.05)  # earlier: replaces the 5 s one
         queue.add_after("a", 3)  # later: ignored
-        assert await asyncio.wait_for(queue.get(), 1) == "a"
-        assert loop.time() - began < 1
+        taken = asyncio.ensure_future(queue.get())
+        await clock.advance(0.04)
+        assert not taken.done()
+        await clock.advance(0.01)
+        assert taken.result() == "a"
         queue.done("a")
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(queue.get(), 0.2)  # the dropped timers do not fire again
+        again = asyncio.ensure_future(queue.get())
+        await clock.advance(10)
+        assert not again.done()  # the dropped timers do not fire again
+        again.cancel()
 
     run(scenario())
 
 
 def test_forget_cancels_a_pending_delayed_add():
     async def scenario():
-        queue: WorkQueue[str] = WorkQueue()
+        clock = FakeClock()
+        queue: WorkQueue[str] = WorkQueue(clock)
         queue.add_after("a", 0.05)
         queue.forget("a")
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(queue.get(), 0.2)
+        taken = asyncio.ensure_future(queue.get())
+        await clock.advance(1)
+        assert not taken.done() and clock.pending() == 0
+        taken.cancel()
+
+    run(scenario())
+
+
+def test_the_wait_reported_is_the_clocks():
+    async def scenario():
+        clock, waits = FakeClock(), []
+        queue: WorkQueue[str] = WorkQueue(clock, on_wait=waits.append)
+        queue.add("a")
+        clock.tick(2.5)
+        await queue.get()
+        assert waits == [2.5]
 
     run(scenario())
 
@@ -78,7 +100,7 @@ def test_concurrent_workers_never_hold_one_key_twice_and_see_every_last_add(adds
     added is processed at least once after its last add."""
 
     async def scenario():
-        queue: WorkQueue[str] = WorkQueue()
+        queue: WorkQueue[str] = WorkQueue(FakeClock())
         holding: set[str] = set()
         last_added: dict[str, int] = {}
         processed_after: dict[str, int] = {}

@@ -357,7 +357,7 @@ def supervise(settings: Settings, child: Child, heart: Heart, events: queue.Queu
             fencer.observe(value, at)
         now = CLOCK()
         if stopping_at is None:
-            decision = fencer.decide(now)
+            decision = fencer.assess(now)
             if decision.stop is not None:
                 reason = f"{decision.stop.value}: {decision.message}"
                 log(f"stopping the job ({reason}); SIGTERM now, SIGKILL after {settings.grace:g}s")

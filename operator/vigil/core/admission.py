@@ -4,7 +4,7 @@ can retry, instead of as a backlog nobody sees.
 
 A pure core, as `lifecycle` and `queueing` are: no I/O and no clock (the shell passes monotonic
 `now`). `review()` turns an AdmissionReview v1 into the AdmissionReview to answer with;
-`decide()` is the verdict alone; `Pending` remembers the jobs this process admitted that the
+`admit()` is the verdict alone; `Pending` remembers the jobs this process admitted that the
 operator's watch has not shown yet. docs/admission.md says why each choice was made; in short:
 
 - The count is `waiting` (the operator's cache: jobs of the queue that wait to start) plus
@@ -86,7 +86,7 @@ class Submission:
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class AdmissionVerdict:
     allowed: bool
     record: bool = False  # count it as pending (admitted into a capped queue, not a dry run)
     code: int = 200
@@ -94,7 +94,7 @@ class Verdict:
     message: str = ""
 
 
-ADMIT = Verdict(True)
+ADMIT = AdmissionVerdict(True)
 
 
 def parse(body: Any) -> Submission:
@@ -145,9 +145,9 @@ def full_message(namespace: str, queue: str, waiting: int, pending: int, max_que
     )
 
 
-def decide(
+def admit(
     submission: Submission, spec: QueueLimits | None, waiting: int, pending: int, *, exists: bool = False
-) -> Verdict:
+) -> AdmissionVerdict:
     """Admit the job unless its queue has no room for one more waiting job.
 
     exists: a job of this name is already known; the API server will answer AlreadyExists, which
@@ -158,12 +158,12 @@ def decide(
     if waiting + pending >= spec.max_queued:
         message = full_message(submission.namespace, submission.queue, waiting, pending, spec.max_queued)
         # 429, not 403: the refusal is about load, not about the job; clients treat it as retryable.
-        return Verdict(False, code=429, reason="TooManyRequests", message=message)
-    return Verdict(True, record=not submission.dry_run)
+        return AdmissionVerdict(False, code=429, reason="TooManyRequests", message=message)
+    return AdmissionVerdict(True, record=not submission.dry_run)
 
 
-def pending_full_verdict(submission: Submission, limit: int) -> Verdict:
-    return Verdict(
+def pending_full_verdict(submission: Submission, limit: int) -> AdmissionVerdict:
+    return AdmissionVerdict(
         False,
         code=429,
         reason="TooManyRequests",
@@ -174,7 +174,7 @@ def pending_full_verdict(submission: Submission, limit: int) -> Verdict:
     )
 
 
-def response(review_uid: str, verdict: Verdict) -> dict[str, Any]:
+def response(review_uid: str, verdict: AdmissionVerdict) -> dict[str, Any]:
     """The AdmissionReview v1 answer."""
     answer: dict[str, Any] = {"uid": review_uid, "allowed": verdict.allowed}
     if not verdict.allowed:
@@ -203,7 +203,7 @@ def review(
         return response(submission.review_uid, ADMIT)
     spec, waiting = lookup(submission.namespace, submission.queue)
     known = exists is not None and bool(submission.name) and exists(submission.namespace, submission.name)
-    verdict = decide(
+    verdict = admit(
         submission, spec, waiting, pending.count(submission.namespace, submission.queue, now), exists=known
     )
     if verdict.record and not pending.add(submission, now):

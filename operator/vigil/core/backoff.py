@@ -1,4 +1,13 @@
-"""Exponential backoff with jitter between the attempts of a job."""
+"""Every delay of Vigil that grows with failures, and every spread of a period: one formula each.
+
+`backoff()` is exponential backoff capped, with jitter that only ever shortens the delay, so the
+cap stays a true upper bound: base = min(largest, first x factor^(failures - 1)), delay = base x
+(1 - jitter x u), with u drawn uniformly from [0, 1) by the caller (the randomness is passed in;
+the same u gives the same delay). It spaces a job's attempts (its spec.retry.backoff), a
+reconcile's retries after a failure, a watch's reconnections and an agent's retried beats.
+`jitter_up()` spreads a period the way client-go's wait.Jitter does (a follower's retries of
+the Lease); `spread()` moves a period both ways (an agent's beats).
+"""
 
 from __future__ import annotations
 
@@ -6,31 +15,57 @@ import random
 
 from vigil.api import Backoff
 
+EQUAL_JITTER = 0.5  # half fixed, half random: retries of many keys do not align, none waits twice too long
 
-def base_delay(failed_attempts: int, backoff: Backoff) -> float:
-    """The delay before the next attempt, before jitter, after `failed_attempts` (>= 1) failures.
+# A reconcile that failed is retried after (first, largest) seconds: a conflict is routine
+# (someone wrote the job first), so it is looked at again soon; anything else may take a while.
+CONFLICT_DELAYS = (0.1, 5.0)
+ERROR_DELAYS = (1.0, 300.0)
 
-    base = min(maxSeconds, initialSeconds * factor^(failed_attempts - 1))
-    """
-    if failed_attempts < 1:
-        raise ValueError(f"failed_attempts must be >= 1, not {failed_attempts}")
+
+def exponential(failures: int, first: float, largest: float, factor: float = 2.0) -> float:
+    """min(largest, first x factor^(failures - 1)), for `failures` >= 1."""
+    if failures < 1:
+        raise ValueError(f"failures must be >= 1, not {failures}")
     try:
-        growth = backoff.factor ** (failed_attempts - 1)
-    except OverflowError:  # a float power this large is past any maxSeconds
-        return float(backoff.max_seconds)
-    return min(float(backoff.max_seconds), backoff.initial_seconds * growth)
+        growth = factor ** (failures - 1)
+    except OverflowError:  # a float power this large is past any cap
+        return float(largest)
+    return min(float(largest), first * growth)
 
 
-def retry_delay(failed_attempts: int, backoff: Backoff, rng: random.Random) -> float:
-    """Seconds to wait before the next attempt, after `failed_attempts` (>= 1) failures.
+def backoff(
+    failures: int, first: float, largest: float, u: float, *, factor: float = 2.0, jitter: float = EQUAL_JITTER
+) -> float:
+    """Seconds before try `failures` + 1: `exponential()`, shortened by up to `jitter` of itself."""
+    return exponential(failures, first, largest, factor) * (1.0 - jitter * u)
 
-    Jitter is "equal jitter" generalised to any share `jitter` in [0, 1]:
 
-        delay = base * (1 - jitter * u),  u drawn uniformly from [0, 1) by `rng`
+def attempt_delay(failed_attempts: int, policy: Backoff, rng: random.Random) -> float:
+    """Seconds before a job's next attempt after `failed_attempts` (>= 1) counted failures of its
+    round, as its spec.retry.backoff says: in (base x (1 - jitter), base]. jitter 0 is the plain
+    exponential delay, 0.5 classic equal jitter, 1 full jitter."""
+    return backoff(
+        failed_attempts,
+        policy.initial_seconds,
+        policy.max_seconds,
+        rng.random(),
+        factor=policy.factor,
+        jitter=policy.jitter,
+    )
 
-    so the delay lies in (base * (1 - jitter), base]: jitter 0 is the plain exponential delay,
-    0.5 is classic equal jitter, 1 is full jitter. Jitter only ever shortens the delay, so
-    maxSeconds stays a true upper bound. The same `rng` state gives the same delay.
-    """
-    base = base_delay(failed_attempts, backoff)
-    return base * (1.0 - backoff.jitter * rng.random())
+
+def reconcile_retry_delay(failures: int, u: float, *, conflict: bool = False) -> float:
+    """Seconds before a reconcile that failed `failures` times in a row is tried again."""
+    first, largest = CONFLICT_DELAYS if conflict else ERROR_DELAYS
+    return backoff(failures, first, largest, u)
+
+
+def jitter_up(period: float, factor: float, u: float) -> float:
+    """period x (1 + factor x u): client-go's wait.Jitter."""
+    return period * (1.0 + factor * u)
+
+
+def spread(period: float, share: float, u: float) -> float:
+    """`period` moved by up to +-`share` of itself."""
+    return period * (1.0 - share + 2.0 * share * u)

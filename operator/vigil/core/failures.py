@@ -5,13 +5,13 @@ Any failure (an exception in the core, a write the API server refuses, an API se
 not answer) sets the condition ReconcileError=True on the job, with the cause as its reason and
 the message saying what failed; a Warning event is posted once per distinct cause, not on every
 retry. The condition is removed by the first reconcile that goes through. Retries back off
-exponentially with jitter, so a job that cannot be written, or a refusal that repeats, costs a
-bounded number of calls however long it lasts. Pure: the shell passes the time and the randomness.
+exponentially with jitter (`core.backoff.reconcile_retry_delay`), so a job that cannot be
+written, or a refusal that repeats, costs a bounded number of calls however long it lasts. Pure:
+the shell passes the time.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -20,20 +20,6 @@ from vigil.api import Condition
 from vigil.core.conditions import find_condition, remove_condition, set_condition
 
 CONDITION = "ReconcileError"
-
-# (first delay, largest delay) in seconds. A conflict is routine (someone wrote the job first):
-# look again soon. Anything else may take a while to clear.
-CONFLICT_DELAYS = (0.1, 5.0)
-ERROR_DELAYS = (1.0, 300.0)
-
-
-def retry_delay(failures: int, rng: random.Random, *, conflict: bool = False) -> float:
-    """Seconds before try number `failures` + 1, after `failures` (>= 1) failures in a row:
-    exponential, capped, with equal jitter (half fixed, half random) so retries do not align."""
-    first, largest = CONFLICT_DELAYS if conflict else ERROR_DELAYS
-    base = min(largest, first * 2.0 ** min(failures - 1, 64))
-    return base * (0.5 + 0.5 * rng.random())
-
 
 def _conditions(job: Mapping[str, Any]) -> list[Condition]:
     return [Condition.model_validate(c) for c in (job.get("status") or {}).get("conditions") or []]

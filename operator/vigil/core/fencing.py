@@ -16,6 +16,7 @@ import enum
 from dataclasses import dataclass
 
 from vigil.api import Guarantee
+from vigil.core.backoff import backoff, spread
 
 # Exit code of an agent that stopped its child itself (EX_TEMPFAIL from sysexits.h: the
 # attempt did not fail, it was replaced or fenced off; another attempt carries on).
@@ -23,7 +24,7 @@ EXIT_FENCED = 75
 
 RETRY_INITIAL_SECONDS = 0.5  # first retry after an API error
 RETRIES_PER_TIMEOUT = 4  # retry at least this often within one heartbeat timeout
-JITTER = 0.1  # +-10% on every delay, so that agents started together do not beat together
+JITTER = 0.1  # 10% of every delay, so that agents started together do not beat together
 # How long the pod's token must be refused (401), with no renewal between, before the agent
 # takes it for its pod deleted. A kube-apiserver that has just restarted refuses valid pod-bound
 # tokens until it can look their pods up again (the test bed saw this for a few seconds after
@@ -52,18 +53,18 @@ class Reason(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Decision:
+class FenceDecision:
     stop: Reason | None = None  # None: let the child run
     overdue: bool = False  # no renewal for the whole timeout (under AtLeastOnce: kept running)
     message: str = ""
 
 
-KEEP_GOING = Decision()
+KEEP_GOING = FenceDecision()
 
 
 @dataclass
 class Fencer:
-    """The renewal history that decisions need; fed observations, asked for decisions.
+    """The renewal history that decisions need; fed observations, asked for its assessment.
 
     `started_at` counts as the last renewal: the timeout runs from the agent's start until
     the first beat gets through.
@@ -97,18 +98,18 @@ class Fencer:
             if observed is Observed.UNAUTHORIZED and self.refused_since is None:
                 self.refused_since = sent_at
 
-    def decide(self, now: float) -> Decision:
+    def assess(self, now: float) -> FenceDecision:
         refused_for = 0.0 if self.refused_since is None else now - self.refused_since
-        return decide(
+        return assess(
             self.last, self.last_renewed_at, self.ever_renewed, now, self.timeout, self.guarantee, refused_for
         )
 
     def deadline(self) -> float:
-        """When silence reaches the timeout: the caller must ask decide() again by then."""
+        """When silence reaches the timeout: the caller must ask assess() again by then."""
         return self.last_renewed_at + self.timeout
 
 
-def decide(
+def assess(
     last: Observed | None,
     last_renewed_at: float,
     ever_renewed: bool,
@@ -116,23 +117,23 @@ def decide(
     timeout: float,
     guarantee: Guarantee,
     refused_for: float = 0.0,
-) -> Decision:
+) -> FenceDecision:
     """Whether the child may keep running, given the last observation, the silence so far, and
     for how long the pod's token has been refused (401) since the last renewal."""
     if last is Observed.SUPERSEDED:
-        return Decision(
+        return FenceDecision(
             Reason.SUPERSEDED, message="the pod is marked vigil.dev/superseded: another attempt replaced it"
         )
     if last is Observed.DELETING:
-        return Decision(Reason.DELETED, message="the pod is being deleted")
+        return FenceDecision(Reason.DELETED, message="the pod is being deleted")
     if last is Observed.GONE:
-        return Decision(Reason.GONE, message="the pod no longer exists (404)")
+        return FenceDecision(Reason.GONE, message="the pod no longer exists (404)")
     if last is Observed.UNAUTHORIZED and ever_renewed and refused_for >= UNAUTHORIZED_GRACE_SECONDS:
         # The same credentials worked before, and have been refused for longer than a restarted
         # API server takes to accept them again. A pod-bound token stops working when its pod is
         # deleted, so this is the pod gone; a token that never worked is a setup error instead,
         # retried like any API error (and fenced by the timeout under NoOverlap).
-        return Decision(
+        return FenceDecision(
             Reason.GONE,
             message=f"the API server has refused the pod's token (401) for {refused_for:.0f}s: the pod was deleted",
         )
@@ -140,27 +141,22 @@ def decide(
     if silence < timeout:
         return KEEP_GOING
     if guarantee == "NoOverlap":
-        return Decision(
+        return FenceDecision(
             Reason.FENCED,
             overdue=True,
             message=f"no heartbeat renewed for {silence:.0f}s (timeout {timeout:g}s): under NoOverlap the "
             "attempt must assume it was replaced",
         )
-    return Decision(
+    return FenceDecision(
         overdue=True,
         message=f"no heartbeat renewed for {silence:.0f}s (timeout {timeout:g}s): the attempt may be replaced; "
         "under AtLeastOnce the job keeps running and the agent keeps trying",
     )
 
 
-def jittered(delay: float, rand: float) -> float:
-    """`delay` moved by up to +-JITTER; `rand` is uniform in [0, 1)."""
-    return delay * (1 - JITTER + 2 * JITTER * rand)
-
-
 def next_beat_delay(interval: float, rand: float) -> float:
-    """Delay before the next beat after a successful one."""
-    return jittered(interval, rand)
+    """Delay before the next beat after a successful one: the interval, +-JITTER."""
+    return spread(interval, JITTER, rand)
 
 
 def retry_delay(failures: int, interval: float, timeout: float, rand: float) -> float:
@@ -168,8 +164,7 @@ def retry_delay(failures: int, interval: float, timeout: float, rand: float) -> 
     RETRY_INITIAL_SECONDS, but never longer than the interval nor than a quarter of the
     timeout, so a partition that heals is noticed soon and the agent tries several times
     before it would fence itself."""
-    base = RETRY_INITIAL_SECONDS * 2 ** max(0, min(failures - 1, 30))
-    return jittered(min(base, interval, timeout / RETRIES_PER_TIMEOUT), rand)
+    return backoff(failures, RETRY_INITIAL_SECONDS, min(interval, timeout / RETRIES_PER_TIMEOUT), rand, jitter=JITTER)
 
 
 def request_timeout(timeout: float) -> float:

@@ -101,9 +101,9 @@ from vigil.core.actions import (
     RequeueAfter,
     SetDeadLetterLabel,
 )
-from vigil.core.backoff import retry_delay
+from vigil.core.backoff import attempt_delay
 from vigil.core.conditions import find_condition, remove_condition, set_condition
-from vigil.core.liveness import Verdict, beat_stamp_due
+from vigil.core.liveness import Liveness, beat_stamp_due
 from vigil.core.manifest import attempt_pod_manifest, attempt_pod_name
 
 # How often a job blocked by a pod it does not own looks again: that pod's deletion is not an
@@ -121,8 +121,8 @@ _KEPT_CONDITIONS = (CONDITION_HEARTBEAT, CONDITION_CHECKPOINT)  # kept between d
 # Outcomes of attempts Vigil replaced while they might still run: their late success counts.
 LATE_SUCCESS_OUTCOMES = frozenset({"Lost", "Superseded"})
 
-_NOT_REQUIRED = Verdict("Healthy", 0.0, "heartbeat not required: liveness is the pod phase alone")
-_NO_VERDICT = Verdict("Healthy", 0.0, "no heartbeat verdict yet; silence counts from the operator's first look")
+_NOT_REQUIRED = Liveness("Healthy", 0.0, "heartbeat not required: liveness is the pod phase alone")
+_NO_VERDICT = Liveness("Healthy", 0.0, "no heartbeat verdict yet; silence counts from the operator's first look")
 
 
 def decide(
@@ -133,7 +133,7 @@ def decide(
     rng: random.Random,
     may_start: bool = True,
     waiting: tuple[str, str] | None = None,
-    liveness: Mapping[str, Verdict] | None = None,
+    liveness: Mapping[str, Liveness] | None = None,
 ) -> Decision:
     """The actions that move `job` on, given every pod observed for it at time `now`.
 
@@ -259,7 +259,7 @@ class _Draft:
 
     job: VigilJob
     now: datetime
-    liveness: Mapping[str, Verdict] = field(default_factory=dict)
+    liveness: Mapping[str, Liveness] = field(default_factory=dict)
     status: VigilJobStatus = field(init=False)
     pod_actions: list[CreatePod | DeletePod | AnnotatePod] = field(default_factory=list)
     releases: list[ReleasePod] = field(default_factory=list)
@@ -320,7 +320,7 @@ class _Draft:
     def set_condition_later(self, type_: str, status: api.ConditionStatus, reason: str, message: str) -> None:
         self.conditions_to_set[type_] = (status, reason, message)
 
-    def verdict_for(self, pod: podstate.Pod) -> Verdict:
+    def verdict_for(self, pod: podstate.Pod) -> Liveness:
         if not self.spec.heartbeat.required:
             return _NOT_REQUIRED
         return self.liveness.get(podstate.uid_of(pod)) or _NO_VERDICT
@@ -977,7 +977,7 @@ def _after_failure(draft: _Draft, rng: random.Random, summary: str) -> None:
             f"{summary}, and all {retry.max_attempts} attempts of this round are used",
         )
         return
-    delay = retry_delay(max(1, draft.status.round_attempts), retry.backoff, rng)
+    delay = attempt_delay(max(1, draft.status.round_attempts), retry.backoff, rng)
     next_attempt_at = draft.now + timedelta(seconds=delay)
     draft.update(next_attempt_at=next_attempt_at)
     message = f"{summary}; attempt {draft.status.attempts + 1} starts in {delay:.1f}s, at {_stamp(next_attempt_at)}"

@@ -39,7 +39,7 @@ G = heartbeat.startupGraceSeconds:
   is the business of attemptDeadlineSeconds, not of the heartbeat.
 - heartbeat.required false: always Healthy; liveness is then the pod's phase alone.
 
-The wall-clock time of the last beat (`Verdict.last_beat_at`) is carried only for display in
+The wall-clock time of the last beat (`Liveness.last_beat_at`) is carried only for display in
 `status.currentAttempt.lastHeartbeatAt`; see `beat_stamp_due` for how rarely it is written.
 """
 
@@ -65,7 +65,7 @@ MIN_STAMP_PERIOD_SECONDS = 300.0
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Liveness:
     """The detector's view of one attempt at one instant.
 
     state: Healthy, Uncertain or Lost.
@@ -175,20 +175,20 @@ class HeartbeatTracker:
         """Drop a pod (deleted, or its job is gone). Unknown UIDs are fine."""
         self._pods.pop(uid, None)
 
-    def verdict(self, uid: str, heartbeat: api.Heartbeat, now: float) -> Verdict:
+    def liveness(self, uid: str, heartbeat: api.Heartbeat, now: float) -> Liveness:
         """The attempt's state at monotonic time `now` (see the module docstring for the rule)."""
         if not heartbeat.required:
-            return Verdict("Healthy", 0.0, "heartbeat not required: liveness is the pod phase alone")
+            return Liveness("Healthy", 0.0, "heartbeat not required: liveness is the pod phase alone")
         seen = self._pods.get(uid)
         if seen is None:
-            return Verdict("Healthy", 0.0, "not observed yet")
+            return Liveness("Healthy", 0.0, "not observed yet")
         clock = _clock(seen, heartbeat)
         if clock is None:
-            return Verdict("Healthy", 0.0, "waiting for the container to start")
+            return Liveness("Healthy", 0.0, "waiting for the container to start")
         reference, uncertain_at, lost_at = clock
         silence = max(0.0, now - reference)
         state: State = "Lost" if now >= lost_at else "Uncertain" if now >= uncertain_at else "Healthy"
-        return Verdict(state, silence, _detail(state, seen, heartbeat), seen.beat_wall)
+        return Liveness(state, silence, _detail(state, seen, heartbeat), seen.beat_wall)
 
     def last_beat_at(self, uid: str) -> datetime | None:
         """The wall-clock time the pod's last beat was seen (if the shell gave one): what
@@ -254,11 +254,27 @@ def _detail(state: State, seen: _Seen, heartbeat: api.Heartbeat) -> str:
     return f"no heartbeat for {lost_after:g}s or more (heartbeat.timeoutSeconds)"
 
 
-def heard(verdict: Verdict, hearing: bool) -> Verdict:
+def actionable(verdict: Liveness, pods_fresh: bool) -> Liveness:
     """The verdict as far as the operator may act on it: silence is evidence only while the
     operator can hear. While its view of pods is not fresh (a stalled or broken watch), an
     attempt may be Uncertain but never Lost."""
-    if hearing or verdict.state != "Lost":
+    if pods_fresh or verdict.state != "Lost":
         return verdict
     detail = f"{verdict.detail}; but the operator's view of pods is not fresh, so it is not declared Lost yet"
-    return Verdict("Uncertain", verdict.silence_seconds, detail, verdict.last_beat_at)
+    return Liveness("Uncertain", verdict.silence_seconds, detail, verdict.last_beat_at)
+
+
+# An alarm may ring a hair early (the event loop runs timers within its clock's resolution): a deadline
+# this close counts as reached, so the job is woken rather than re-armed for an instant.
+EARLY_SECONDS = 0.001
+
+
+def ring_or_rearm(
+    decided: Mapping[str, str], current: Mapping[str, str], next_deadline: float | None, now: float
+) -> float | None:
+    """When a silence alarm rings (`vigil.controllers.jobs.alarms`): None to wake the job (some
+    verdict changed since the decision, or its deadline is reached), or the monotonic time to set
+    the alarm again for (beats moved it)."""
+    if dict(current) != dict(decided) or next_deadline is None or next_deadline <= now + EARLY_SECONDS:
+        return None
+    return next_deadline

@@ -118,6 +118,14 @@ def is_controlled_by(pod: Pod, owner_uid: str) -> bool:
     )
 
 
+def owner_key(pod: Pod) -> tuple[str, str] | None:
+    """(namespace, name) of the VigilJob controlling the pod: always the pod's own namespace."""
+    for ref in pod["metadata"].get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == api.KIND:
+            return pod["metadata"]["namespace"], ref["name"]
+    return None
+
+
 def attempt_of(pod: Pod) -> int | None:
     """The attempt number in the pod's `vigil.dev/attempt` label, if it has a valid one."""
     value = (pod["metadata"].get("labels") or {}).get(api.LABEL_ATTEMPT, "")

@@ -1,9 +1,8 @@
 """Events are posted beside the work, not in its way.
 
-A decision's events (AttemptStarting, AttemptSucceeded, ...) used to be posted by the worker
-that executed the decision, one round trip each, before it could take the next job: with two
-events per attempt, a start cost three serial API calls where the batch/v1 Job controller makes
-one. client-go's recorder hands events to a broadcaster and returns at once; this does the same.
+A decision's events (AttemptStarting, AttemptSucceeded, ...) are handed to the recorder, which
+returns at once and posts them from senders of its own, as client-go's recorder hands events to
+a broadcaster: a worker never waits for an event's round trip before it takes the next job.
 
 `EventRecorder` remembers only the events not yet posted: at most `capacity` of them. An event
 is best effort (as in client-go, which drops events when its queue is full): past the capacity
@@ -17,6 +16,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from vigil.runtime.clock import SYSTEM, Clock
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +35,9 @@ class EventRecorder:
         capacity: int = CAPACITY,
         concurrency: int = CONCURRENCY,
         on_drop: Callable[[], None] = lambda: None,
+        clock: Clock = SYSTEM,
     ) -> None:
-        self.post, self.on_drop = post, on_drop
+        self.post, self.on_drop, self.clock = post, on_drop, clock
         self._capacity, self._concurrency = capacity, concurrency
         self._pending: asyncio.Queue[tuple[dict, str, str, str]] = asyncio.Queue(capacity)
         self._senders: list[asyncio.Task] = []
@@ -61,12 +63,21 @@ class EventRecorder:
 
     async def flush(self, timeout: float) -> bool:
         """Waits until every queued event was posted (or given up), at most `timeout` seconds."""
+        joined = asyncio.ensure_future(self._pending.join())
+        expired = asyncio.ensure_future(self.clock.sleep(timeout))
         try:
-            async with asyncio.timeout(timeout):
-                await self._pending.join()
-            return True
-        except TimeoutError:
-            return False
+            await asyncio.wait({joined, expired}, return_when=asyncio.FIRST_COMPLETED)
+            return joined.done()
+        finally:
+            joined.cancel()
+            expired.cancel()
+
+    async def start(self) -> None:
+        """Nothing to do: the senders start with the first event."""
+
+    async def stop(self) -> None:
+        """The last decisions' events, briefly (`close`)."""
+        await self.close()
 
     async def close(self, timeout: float = 2.0) -> None:
         """Posts what waits, for at most `timeout` seconds, then stops."""

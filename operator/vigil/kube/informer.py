@@ -26,14 +26,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
 from collections.abc import Callable, Mapping
 
+from vigil.core.backoff import backoff
 from vigil.core.objects import strip
 from vigil.kube.client import ApiClient
 from vigil.kube.errors import ApiError, Expired, Stalled
 from vigil.kube.freshness import Freshness
 from vigil.kube.seen import Delta, SeenObjects
+from vigil.runtime.clock import SYSTEM, Clock
 
 log = logging.getLogger(__name__)
 
@@ -59,27 +60,28 @@ class Informer:
         self,
         reader: ApiClient,
         path: str,
-        on_delta: Callable[[Delta], None],
+        on_delta: Callable[[Delta], None] | None = None,
         *,
         params: Mapping[str, str] | None = None,
         name: str,
         accept: Callable[[Mapping], bool] = lambda _: True,
         watch_seconds: int = WATCH_SECONDS,
         progress_deadline: float = PROGRESS_DEADLINE_SECONDS,
-        monotonic: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM,
         rng: random.Random | None = None,
         on_relist: Callable[[], None] = lambda: None,
         pace: float = 0.0,
         trim: Callable[[dict], dict] = strip,
     ) -> None:
-        self.reader, self.path, self.on_delta, self.name = reader, path, on_delta, name
+        self.reader, self.path, self.name = reader, path, name
+        self.handlers: list[Callable[[Delta], None]] = [on_delta] if on_delta is not None else []
         self.on_relist = on_relist
         self.params = dict(params or {})
         self.accept = accept  # a client-side filter (namespace globs)
         self.watch_seconds = watch_seconds
         self.pace = pace  # seconds the watch's connection rests after each read (ApiClient.watch)
         self.trim = trim  # drops, in place, what the consumer never reads (objects.strip, podstate.strip_pod)
-        self.monotonic = monotonic
+        self.clock = clock
         self.rng = rng or random.Random()
         self.seen = SeenObjects()
         self.freshness = Freshness(progress_deadline)
@@ -90,8 +92,12 @@ class Informer:
         self._repairing = False  # repair() cancelled the running task to cut its connection
         self._current: asyncio.Task | None = None
 
+    def add_handler(self, handler: Callable[[Delta], None]) -> None:
+        """Every delta from now on goes to `handler` too (register before `run()`)."""
+        self.handlers.append(handler)
+
     def fresh(self) -> bool:
-        return self.freshness.fresh(self.monotonic())
+        return self.freshness.fresh(self.clock.monotonic())
 
     def repair(self, reason: str) -> None:
         """Distrust the watch: drop its connection and list again (a direct read showed that it
@@ -131,10 +137,9 @@ class Informer:
                 await self._pause(failures, str(err))
 
     async def _pause(self, failures: int, why: str) -> None:
-        first, largest = RETRY_SECONDS
-        delay = min(largest, first * 2 ** (failures - 1)) * (0.5 + self.rng.random() / 2)
+        delay = backoff(failures, *RETRY_SECONDS, self.rng.random())
         log.warning("%s: %s; retrying in %.1fs", self.name, why, delay)
-        await asyncio.sleep(delay)
+        await self.clock.sleep(delay)
 
     async def _list(self) -> None:
         items, version = await self.reader.list_all(self.path, self.params)
@@ -149,7 +154,7 @@ class Informer:
         for delta in deltas:
             self._deliver(delta)
         self.freshness.synced = True
-        self.freshness.recovered(self.monotonic())
+        self.freshness.recovered(self.clock.monotonic())
         self.synced.set()
 
     async def _watch(self) -> None:
@@ -160,7 +165,7 @@ class Informer:
         def on_bytes() -> None:  # the stream was accepted, or bytes arrived: the connection lives
             nonlocal alive
             alive = True
-            self.freshness.recovered(self.monotonic())
+            self.freshness.recovered(self.clock.monotonic())
 
         events = self.reader.watch(self.path, params, self.freshness.deadline, on_bytes, self.pace)
         try:
@@ -176,12 +181,32 @@ class Informer:
                         self._deliver(delta)
                 self._resource_version = version or self._resource_version
             if alive:  # the server ended the watch as asked: progress, not failure
-                self.freshness.recovered(self.monotonic())
+                self.freshness.recovered(self.clock.monotonic())
         finally:
             await events.aclose()
 
     def _deliver(self, delta: Delta) -> None:
-        try:
-            self.on_delta(delta)
-        except Exception:  # a consumer's bug must not stop the watch of every other object
-            log.exception("%s: handling a %s of %s failed", self.name, delta.kind, delta.obj["metadata"].get("name"))
+        for handler in self.handlers:
+            try:
+                handler(delta)
+            except Exception:  # a consumer's bug must not stop the watch of every other object
+                name = delta.obj["metadata"].get("name")
+                log.exception("%s: handling a %s of %s failed", self.name, delta.kind, name)
+
+
+class Watches:
+    """The informers of one kind of object, one per watched scope, asked as one."""
+
+    def __init__(self, informers: list[Informer]) -> None:
+        self.informers = informers
+
+    def fresh(self) -> bool:
+        return all(informer.fresh() for informer in self.informers)
+
+    def repair(self, reason: str) -> None:
+        for informer in self.informers:
+            informer.repair(reason)
+
+    def add_handler(self, handler: Callable[[Delta], None]) -> None:
+        for informer in self.informers:
+            informer.add_handler(handler)

@@ -19,12 +19,11 @@ import os
 import random
 import secrets
 import socket
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from vigil.core.backoff import jitter_up
 from vigil.core.election import (
     JITTER_FACTOR,
     Candidate,
@@ -38,6 +37,7 @@ from vigil.core.election import (
 from vigil.kube.client import ApiClient
 from vigil.kube.errors import Conflict, NotFound
 from vigil.kube.leases import LeaseStore
+from vigil.runtime.clock import SYSTEM, Clock
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +50,9 @@ def default_identity() -> str:
 
 
 def monotonic() -> float:
-    """This process's clock for the election: CLOCK_BOOTTIME where there is one, because it
-    keeps counting while the machine is suspended (CLOCK_MONOTONIC stops, and a leader frozen
-    with its VM would wake up believing its lease still fresh)."""
-    return time.clock_gettime(time.CLOCK_BOOTTIME) if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic()
+    """This process's clock for the election (the system clock's monotonic reading: CLOCK_BOOTTIME,
+    which keeps counting while the machine is suspended)."""
+    return SYSTEM.monotonic()
 
 
 class LeaseApi(Protocol):
@@ -116,9 +115,7 @@ class LeaderElector:
         on_stopped_leading: Callback | None = None,
         name: str = "lease",
         call_timeout: float | None = None,
-        clock: Callable[[], float] = monotonic,
-        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
-        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        clock: Clock = SYSTEM,
         jitter: Callable[[], float] = random.random,
     ) -> None:
         self.api = api
@@ -133,7 +130,7 @@ class LeaderElector:
         self.stopped = asyncio.Event()
         self.counters = ElectionCounters()
         self.leader: str | None = None  # the holder last seen ("" released, None unknown)
-        self._clock, self._wall, self._sleep, self._jitter = clock, wall, sleep, jitter
+        self.clock, self._jitter = clock, jitter
         self._lock = asyncio.Lock()  # one Lease conversation at a time: a renewal and a release never interleave
         self._wake = asyncio.Event()
         self._closing = False
@@ -164,7 +161,7 @@ class LeaderElector:
         """True only while leading and now < last renewal sent + renew deadline (own clock).
         Computed from the clock on every call, so it turns false on time even when the event
         loop is late or the process was frozen."""
-        return self.state.may_act(self._clock(), self.config)
+        return self.state.may_act(self.clock.monotonic(), self.config)
 
     def check(self) -> None:
         """The fence before a write: raises NotLeading unless `deadline_ok()`."""
@@ -206,24 +203,24 @@ class LeaderElector:
         self._closing = True
         self._wake.set()
         self._set(self.state.stopped(StopReason.RELEASED))
-        give_up = self._clock() + self.config.renew_deadline
+        give_up = self.clock.monotonic() + self.config.renew_deadline
         async with self._lock:
             while True:
-                remaining = give_up - self._clock()
+                remaining = give_up - self.clock.monotonic()
                 if remaining <= 0:
                     log.warning("could not release %s: standbys take over once it expires", self.name)
                     return False
                 try:
                     got = await self._bounded(self.api.get(), remaining)
-                    self._set(self.state.observed(*(got or (None, "")), now=self._clock()))
-                    decision = self.state.release_decision(self._wall())
+                    self._set(self.state.observed(*(got or (None, "")), now=self.clock.monotonic()))
+                    decision = self.state.release_decision(self.clock.wall())
                     if decision.verdict is LeaseVerdict.WAIT:
                         return True
                     assert decision.write is not None and decision.version is not None
                     record, version = await self._bounded(
-                        self.api.update(decision.write, decision.version), give_up - self._clock()
+                        self.api.update(decision.write, decision.version), give_up - self.clock.monotonic()
                     )
-                    self._set(self.state.wrote(record, version, self._clock(), self._clock()))
+                    self._set(self.state.wrote(record, version, self.clock.monotonic(), self.clock.monotonic()))
                     self.counters.released += 1
                     log.info("released %s (leaseTransitions %d)", self.name, record.transitions)
                     return True
@@ -233,13 +230,13 @@ class LeaderElector:
                 except Exception as err:  # noqa: BLE001 - any failure: retry until give_up
                     self.counters.errors += 1
                     log.warning("releasing %s failed: %s", self.name, _describe(err))
-                    await self._sleep(min(self.config.retry_period, max(0.0, give_up - self._clock())))
+                    await self.clock.sleep(min(self.config.retry_period, max(0.0, give_up - self.clock.monotonic())))
 
     # -- one attempt (client-go's tryAcquireOrRenew)
 
     async def _attempt(self) -> None:
         self._waiting = None
-        self._set(self.state.expired(self._clock(), self.config))
+        self._set(self.state.expired(self.clock.monotonic(), self.config))
         if self.state.phase is ElectionPhase.STOPPED:
             return
         renewing = self.state.phase is ElectionPhase.LEADING
@@ -254,7 +251,7 @@ class LeaderElector:
         """One attempt; true if a write naming us landed."""
         if self.state.phase is ElectionPhase.LEADING:
             # fast path: renew on the record we last wrote, without reading first
-            outcome = await self._write(self.state.decide(self._clock(), self._wall(), self.config))
+            outcome = await self._write(self.state.decide(self.clock.monotonic(), self.clock.wall(), self.config))
             if outcome.landed or not outcome.conflict or self.state.phase is ElectionPhase.STOPPED:
                 return outcome.landed  # an error: try again after the retry period, within the deadline
         try:
@@ -262,11 +259,11 @@ class LeaderElector:
         except Exception as err:  # noqa: BLE001 - a failed read is a failed attempt
             self.counters.errors += 1
             log.warning("reading %s failed: %s", self.name, _describe(err))
-            self._set(self.state.expired(self._clock(), self.config))
+            self._set(self.state.expired(self.clock.monotonic(), self.config))
             return False
         record, version = got if got is not None else (None, "")
-        self._set(self.state.observed(record, version, self._clock()))
-        decision = self.state.decide(self._clock(), self._wall(), self.config)
+        self._set(self.state.observed(record, version, self.clock.monotonic()))
+        decision = self.state.decide(self.clock.monotonic(), self.clock.wall(), self.config)
         if decision.verdict is LeaseVerdict.WAIT:
             self._waiting = decision
             log.debug("%s: %s", self.name, decision.why)
@@ -279,7 +276,7 @@ class LeaderElector:
     async def _write(self, decision: LeaseDecision) -> _Outcome:
         if decision.write is None:
             return _Outcome()
-        sent_at = self._clock()  # the write can land no earlier than this: the deadline counts from here
+        sent_at = self.clock.monotonic()  # the write can land no earlier than this: the deadline counts from here
         try:
             call = (
                 self.api.create(decision.write)
@@ -296,9 +293,9 @@ class LeaderElector:
         except Exception as err:  # noqa: BLE001 - an error or timeout: the write may or may not have landed
             self.counters.errors += 1
             log.warning("writing %s failed: %s", self.name, _describe(err))
-            self._set(self.state.expired(self._clock(), self.config))
+            self._set(self.state.expired(self.clock.monotonic(), self.config))
             return _Outcome()
-        self._set(self.state.wrote(record, version, sent_at, self._clock()))
+        self._set(self.state.wrote(record, version, sent_at, self.clock.monotonic()))
         return _Outcome(landed=True)
 
     def _call_budget(self) -> float:
@@ -306,7 +303,7 @@ class LeaderElector:
         deadline = self.state.deadline(self.config)
         if deadline is None:
             return self.call_timeout
-        return max(0.0, min(self.call_timeout, deadline - self._clock()))
+        return max(0.0, min(self.call_timeout, deadline - self.clock.monotonic()))
 
     async def _bounded(self, call: Awaitable[Any], timeout: float) -> Any:
         if timeout <= 0:
@@ -316,18 +313,18 @@ class LeaderElector:
         return await asyncio.wait_for(call, timeout)
 
     def _next_delay(self) -> float:
-        now = self._clock()
+        now = self.clock.monotonic()
         deadline = self.state.deadline(self.config)
         if deadline is not None:  # leading: renew every retry period; wake at the deadline at the latest
             return max(0.0, min(self.config.retry_period, deadline - now))
-        delay = self.config.retry_period * (1 + self._jitter() * JITTER_FACTOR)
+        delay = jitter_up(self.config.retry_period, JITTER_FACTOR, self._jitter())
         if self._waiting is not None and self._waiting.retry_in is not None:
             # no later than the moment the watched record expires (if still unchanged then)
             delay = min(delay, self._waiting.retry_in + 0.01)
         return delay
 
     async def _pause(self, delay: float) -> None:
-        sleeper = asyncio.ensure_future(self._sleep(delay))
+        sleeper = asyncio.ensure_future(self.clock.sleep(delay))
         waker = asyncio.ensure_future(self._wake.wait())
         try:
             await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from vigil.core.election import mark_changes
 from vigil.kube.operations import Kube
+from vigil.runtime.clock import SYSTEM, Clock
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +48,20 @@ class OwnPod:
 class LeaderMark:
     """Places and removes the mark; every write is the leader's, so the fence lets it pass."""
 
-    def __init__(self, kube: Kube, pod: OwnPod, lease: str) -> None:
-        self.kube, self.pod, self.lease = kube, pod, lease
+    def __init__(self, kube: Kube, pod: OwnPod, lease: str, clock: Clock = SYSTEM) -> None:
+        self.kube, self.pod, self.lease, self.clock = kube, pod, lease, clock
+        self._claiming: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        """This process leads: its pod is marked, in the background (`claim`)."""
+        self._claiming = asyncio.ensure_future(self.claim())
+
+    async def stop(self) -> None:
+        """Leading ends: the claim is given up and this pod's mark removed (`drop`)."""
+        if self._claiming is not None:
+            self._claiming.cancel()
+            await asyncio.gather(self._claiming, return_exceptions=True)
+        await self.drop()
 
     async def claim(self) -> None:
         """Marks this pod and unmarks the others, retrying until done (cancel to give up)."""
@@ -63,7 +76,7 @@ class LeaderMark:
                 raise
             except Exception as err:  # noqa: BLE001 - retried; the webhook's failurePolicy covers the gap
                 log.warning("could not mark this pod as the leader (retrying in %.0f s): %s", RETRY_SECONDS, err)
-                await asyncio.sleep(RETRY_SECONDS)
+                await self.clock.sleep(RETRY_SECONDS)
 
     async def drop(self) -> None:
         """Removes this pod's mark, once, before the Lease is released."""

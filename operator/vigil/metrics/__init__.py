@@ -8,27 +8,22 @@ by namespace and queue name (a handful per namespace, chosen by people).
 `Metrics` holds every metric on its own registry, so that two operators in one process (tests)
 do not collide. Counts that are states (jobs by phase, queue depth) are read from the caches at
 scrape time by collectors, so they can never drift from what the operator holds. Counts of
-events are incremented where they happen; `count_transition` derives them from a job's status
+events are incremented where they happen; `collectors.count_transition` derives them from a job's status
 before and after a write, purely.
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter as Tally
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from datetime import datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
-from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-
-from vigil import api
 
 disable_created_metrics()  # the *_created series double what is scraped and no dashboard reads them
 
-CONTROLLER = "vigiljob"
+CONTROLLER = "vigiljob"  # the job controller's name in the controller-runtime metrics
+QUEUE_CONTROLLER = "vigilqueue"
 # Seconds: from a hundredth of a second (a watch's latency) to an hour (a long queue wait).
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 DURATION_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
@@ -181,97 +176,3 @@ class _Timed:
         if error is not None:
             code = str(getattr(error, "status", 0) or 0)
             self.metrics.api_errors.labels(self.verb, self.resource, code).inc()
-
-
-class StateCollector(Collector):
-    """Gauges read from the caches at scrape time: jobs by phase, attempts Uncertain, queues."""
-
-    def __init__(
-        self,
-        jobs: Callable[[], Iterable[Mapping[str, Any]]],
-        queues: Callable[[], Iterable[tuple[str, str, Mapping[str, int]]]],
-    ) -> None:
-        self.jobs, self.queues = jobs, queues
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        phases = Tally(((job.get("status") or {}).get("phase") or "New") for job in self.jobs())
-        by_phase = GaugeMetricFamily("vigil_jobs", "VigilJobs the operator holds, by phase.", labels=["phase"])
-        for phase in ("New", *api.Phase.__args__):  # every phase, zeros included: absent is not zero
-            by_phase.add_metric([phase], phases.get(phase, 0))
-        yield by_phase
-        uncertain = GaugeMetricFamily("vigil_attempts_uncertain", "Attempts Uncertain now.")
-        uncertain.add_metric([], phases.get("Uncertain", 0))
-        yield uncertain
-        families = {
-            "queued": GaugeMetricFamily("vigil_queue_depth", "Jobs waiting to start.", labels=["namespace", "queue"]),
-            "running": GaugeMetricFamily("vigil_queue_running", "Attempts running.", labels=["namespace", "queue"]),
-            "backingOff": GaugeMetricFamily(
-                "vigil_queue_backing_off", "Jobs in backoff.", labels=["namespace", "queue"]
-            ),
-            "oldestQueuedSeconds": GaugeMetricFamily(
-                "vigil_queue_oldest_wait_seconds", "Wait of the first job in line.", labels=["namespace", "queue"]
-            ),
-            "maxRunning": GaugeMetricFamily(
-                "vigil_queue_max_running", "The queue's spec.maxRunning.", labels=["namespace", "queue"]
-            ),
-        }
-        for namespace, queue, numbers in self.queues():
-            for field, family in families.items():
-                if field in numbers:
-                    family.add_metric([namespace, queue], numbers[field])
-        yield from families.values()
-
-
-def _started_at(status: Mapping[str, Any], number: int) -> Any:
-    current = status.get("currentAttempt") or {}
-    if current.get("number") == number:
-        return current.get("startedAt")
-    return next((r.get("startedAt") for r in status.get("history") or [] if r.get("number") == number), None)
-
-
-def count_transition(
-    metrics: Metrics,
-    before: Mapping[str, Any],
-    after: Mapping[str, Any],
-    *,
-    queue: tuple[str, str],
-    created: Any,
-    now: datetime,
-) -> None:
-    """Counts what a status write did to a job: attempts started and finished, retries, Lost,
-    Uncertain, dead letters, the queue wait of a start. `before` and `after` are statuses;
-    `created` is the job's creationTimestamp (a first attempt could start from then on)."""
-    started = int(after.get("attempts") or 0) - int(before.get("attempts") or 0)
-    if started > 0:
-        metrics.attempts_started.inc(started)
-        metrics.queue_starts.labels(*queue).inc(started)
-        ready = before.get("nextAttemptAt") or (created if not before.get("attempts") else None)
-        if ready:
-            # Until the attempt began: its pod may have come first, and this write found it.
-            began = _started_at(after, int(before.get("attempts") or 0) + 1)
-            until = min(now, _time(began)) if began else now
-            metrics.queue_wait.labels(*queue).observe(max(0.0, (until - _time(ready)).total_seconds()))
-    known = {record.get("number") for record in before.get("history") or []}
-    for record in after.get("history") or []:
-        if record.get("number") in known:
-            continue
-        outcome = record.get("outcome") or "Unknown"
-        metrics.attempts_finished.labels(outcome).inc()
-        if record.get("startedAt") and record.get("finishedAt"):
-            seconds = (_time(record["finishedAt"]) - _time(record["startedAt"])).total_seconds()
-            metrics.attempt_duration.labels(outcome).observe(max(0.0, seconds))
-        if outcome == "Lost":
-            metrics.lost.labels(record.get("reason") or "Unknown").inc()
-    phase, was = after.get("phase"), before.get("phase")
-    if phase == was:
-        return
-    if phase == "BackingOff" and after.get("history"):
-        metrics.retries.labels(after["history"][-1].get("outcome") or "Unknown").inc()
-    elif phase == "Uncertain":
-        metrics.uncertain.inc()
-    elif phase == "DeadLettered":
-        metrics.dead_letters.labels(after.get("reason") or "Unknown").inc()
-
-
-def _time(value: Any) -> datetime:
-    return value if isinstance(value, datetime) else datetime.fromisoformat(str(value))

@@ -6,9 +6,11 @@ afterwards. Delayed adds keep only the earliest pending time per key.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
+
+from vigil.runtime.clock import SYSTEM, Clock
+from vigil.runtime.timers import Timers
 
 K = TypeVar("K", bound=Hashable)
 
@@ -18,22 +20,25 @@ class WorkQueue(Generic[K]):
     waited when a worker takes it (for the workqueue_* metrics)."""
 
     def __init__(
-        self, on_add: Callable[[], None] = lambda: None, on_wait: Callable[[float], None] = lambda seconds: None
+        self,
+        clock: Clock = SYSTEM,
+        on_add: Callable[[], None] = lambda: None,
+        on_wait: Callable[[float], None] = lambda seconds: None,
     ) -> None:
-        self.on_add, self.on_wait = on_add, on_wait
+        self.clock, self.on_add, self.on_wait = clock, on_add, on_wait
         self._added_at: dict[K, float] = {}
         self._queue: asyncio.Queue[K] = asyncio.Queue()
         self._waiting: set[K] = set()  # in _queue
         self._processing: set[K] = set()
         self._dirty: set[K] = set()  # added while processing: goes back in when done
-        self._timers: dict[K, asyncio.TimerHandle] = {}
+        self._timers: Timers[K] = Timers(clock, self.add)  # delayed adds
 
     def add(self, key: K) -> None:
         if key in self._processing:
             self._dirty.add(key)
         elif key not in self._waiting:
             self._waiting.add(key)
-            self._added_at[key] = time.monotonic()
+            self._added_at[key] = self.clock.monotonic()
             self._queue.put_nowait(key)
             self.on_add()
 
@@ -42,14 +47,7 @@ class WorkQueue(Generic[K]):
         if seconds <= 0:
             self.add(key)
             return
-        loop = asyncio.get_running_loop()
-        when = loop.time() + seconds
-        timer = self._timers.get(key)
-        if timer is not None and not timer.cancelled():
-            if timer.when() <= when:
-                return
-            timer.cancel()
-        self._timers[key] = loop.call_at(when, self._fire, key)
+        self._timers.set_after(key, seconds, keep_earlier=True)
 
     def add_batched(self, key: K, seconds: float) -> None:
         """Adds the key within `seconds`, so that the changes of that window cost one look: a key
@@ -60,16 +58,12 @@ class WorkQueue(Generic[K]):
         if key not in self._waiting:
             self.add_after(key, seconds)
 
-    def _fire(self, key: K) -> None:
-        self._timers.pop(key, None)
-        self.add(key)
-
     async def get(self) -> K:
         key = await self._queue.get()
         self._waiting.discard(key)
         added = self._added_at.pop(key, None)
         if added is not None:
-            self.on_wait(time.monotonic() - added)
+            self.on_wait(self.clock.monotonic() - added)
         self._processing.add(key)
         return key
 
@@ -81,14 +75,10 @@ class WorkQueue(Generic[K]):
 
     def forget(self, key: K) -> None:
         """Drops a pending delayed add (the object is gone)."""
-        timer = self._timers.pop(key, None)
-        if timer is not None:
-            timer.cancel()
+        self._timers.cancel(key)
 
     def __len__(self) -> int:
         return len(self._waiting) + len(self._dirty)
 
     def shutdown(self) -> None:
-        for timer in self._timers.values():
-            timer.cancel()
-        self._timers.clear()
+        self._timers.shutdown()

@@ -22,7 +22,6 @@ import shutil
 import ssl
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,8 @@ from aiohttp import web
 
 from vigil import api
 from vigil.core import admission
+from vigil.runtime.clock import SYSTEM, Clock
+from vigil.servers.http import Server, serve, split_address
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ class WebhookServer:
         pending: admission.Pending | None = None,
         *,
         exists: Callable[[str, str], bool] | None = None,
-        monotonic: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM,
         reload_seconds: float = CERT_RELOAD_SECONDS,
         on_refused: Callable[[str, str], None] = lambda namespace, queue: None,
     ) -> None:
@@ -69,35 +70,29 @@ class WebhookServer:
         self.on_refused = on_refused  # (namespace, queue) of each refusal, for the metrics
         self.pending = pending if pending is not None else admission.Pending()
         self.exists = exists
-        self.monotonic = monotonic
+        self.clock = clock
         self.reload_seconds = reload_seconds
         self.reviews = 0  # answered AdmissionReviews
         self.refusals = 0  # of which refused
-        self._runner: web.AppRunner | None = None
-        self._site: web.TCPSite | None = None
+        self._server: Server | None = None
         self._reloader: asyncio.Task | None = None
 
-    async def start(self, address: str, cert_file: str | Path, key_file: str | Path) -> web.AppRunner:
+    async def start(self, address: str, cert_file: str | Path, key_file: str | Path) -> None:
         """Serves on `address` ("HOST:PORT"; port 0 picks a free one, see `port`)."""
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.load_cert_chain(str(cert_file), str(key_file))
-        app = web.Application(client_max_size=MAX_REQUEST_BYTES)
-        app.add_routes([web.post(PATH, self._handle)])
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        host, _, port = address.rpartition(":")
-        self._site = web.TCPSite(self._runner, host or "0.0.0.0", int(port), ssl_context=context)
-        await self._site.start()
+        self._server = await serve(
+            [web.post(PATH, self._handle)], address, ssl_context=context, max_body=MAX_REQUEST_BYTES
+        )
         self._reloader = asyncio.create_task(self._reload(context, Path(cert_file), Path(key_file)))
-        log.info("admission webhook serving https://%s:%d%s", host or "0.0.0.0", self.port, PATH)
-        return self._runner
+        log.info("admission webhook serving https://%s:%d%s", split_address(address)[0], self.port, PATH)
 
     @property
     def port(self) -> int:
         """The port it listens on (the one picked when started on port 0)."""
-        assert self._runner is not None, "not started"
-        return self._runner.addresses[0][1]
+        assert self._server is not None, "not started"
+        return self._server.port
 
     async def stop(self) -> None:
         if self._reloader is not None:
@@ -105,9 +100,9 @@ class WebhookServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reloader
             self._reloader = None
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = self._site = None
+        if self._server is not None:
+            await self._server.stop()
+            self._server = None
 
     async def _handle(self, request: web.Request) -> web.Response:
         try:
@@ -117,7 +112,7 @@ class WebhookServer:
         except (ValueError, UnicodeDecodeError):
             return web.Response(status=400, text="expected a JSON AdmissionReview v1\n")
         try:
-            answer = admission.review(body, self.lookup, self.pending, self.monotonic(), self.exists)
+            answer = admission.review(body, self.lookup, self.pending, self.clock.monotonic(), self.exists)
         except admission.BadReview as err:
             return web.Response(status=400, text=f"{err}\n")
         self.reviews += 1
@@ -131,7 +126,7 @@ class WebhookServer:
         """Loads a renewed certificate into the live context: new handshakes use it at once."""
         loaded = _read_pair(cert_file, key_file)
         while True:
-            await asyncio.sleep(self.reload_seconds)
+            await self.clock.sleep(self.reload_seconds)
             current = _read_pair(cert_file, key_file)
             if current is None or current == loaded:
                 continue

@@ -1,70 +1,25 @@
-"""Queues: which waiting jobs may start an attempt now, in what order and how fast.
-
-A pure core, as `lifecycle` is: no I/O and no clock. Every time is a float of seconds on the
-wall clock (the shell passes `clock().timestamp()`), the clock the jobs' own timestamps are on.
-Where state is kept across calls (the `QueueBook`, a `RetryWindow`) it is in memory and bounded.
-What runs and what waits is rebuilt after a restart from the jobs' statuses (DESIGN.md: "Status
-is the only memory"); only the start rate's bucket and the retry window start afresh, which
-loosens the limits by at most one burst and one floor (see `QueueBook`).
-
-The rules (DESIGN.md, `VigilQueue`; issue 8):
-- Order: priority (high first), then creation time, then name. A retry keeps its place: its key
-  is its job's, so after its backoff it goes before younger jobs of the same priority.
-- Capacity: attempts in Starting, Running or Uncertain count against `maxRunning`; BackingOff
-  does not. `paused` starts nothing. `maxStartsPerSecond` is a token bucket (`TokenBucket`).
-- Retry budget: the retries started over the last `RETRY_WINDOW_SECONDS` are at most
-  `max(floor, retryBudget x starts)`, the retry itself counted among the starts (`RetryWindow`).
-  A retry over budget waits (first attempts go past it meanwhile), never is dropped.
-- A job whose queue does not exist waits for it, except on the queue named `default`: a job
-  there runs unlimited until a `default` VigilQueue exists (the CRD defaults spec.queue to
-  `default`, so this is "a job that names no queue").
-"""
+"""The queue book: every queue's line, capacity, start rate and retry budget, and the starts it
+gives (`QueueBook.dispatch`), in memory, rebuilt from the jobs' statuses after a restart."""
 
 from __future__ import annotations
 
 import heapq
 import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from vigil.api import ANNOTATION_REDRIVE
-
-DEFAULT_QUEUE = "default"
-
-# The retry budget's sliding window, counted in whole seconds. A minute is the time scale of
-# jobs (the default backoff's first steps are 10 s and 20 s, so the retries a burst of failures
-# asks for are weighed against the burst of starts that caused them), and short enough that a
-# budget spent in an outage comes back a minute after it.
-RETRY_WINDOW_SECONDS = 60
-
-# The floor: retries a queue may start per window whatever its starts, so a quiet queue (a few
-# starts an hour) still retries its rare failure at once. It grows with maxRunning, the
-# capacity the queue's owner already granted: in a storm where every attempt fails, retries
-# without fresh work behind them refill at most a tenth of the queue's slots per minute. The
-# price: after such an outage the backlog of retries drains at that pace (plus the budget's
-# share of fresh starts); a queue whose downstream recovers faster raises retryBudget (1: off).
-RETRY_FLOOR_MIN = 3
-RETRY_FLOOR_SHARE = 0.1
-
-# The token bucket holds a tenth of a second of starts, at least one start. Starts are spaced
-# as asked for (a burst of submissions reaches what the jobs call at most 0.1 s of load at
-# once), and the shell wakes at most about ten times a second per queue to start the next few,
-# whatever the rate: a burst of 1 at 1,000 starts/s would wake it 1,000 times a second.
-BURST_SECONDS = 0.1
+from vigil.api import ANNOTATION_REDRIVE, DEFAULT_QUEUE
+from vigil.core.queueing.heap import LazyHeap
+from vigil.core.queueing.limits import RetryWindow, TokenBucket, retry_floor
 
 # A start the shell gave back (the job's decision reserved no attempt: a NoOverlap pod still
 # there, say) is not offered to the same job again sooner than this, so the two cannot loop.
 RELEASE_RECHECK_SECONDS = 1.0
 
 HEAD_OF_LINE = 5  # names of the next jobs to start shown in the queue's status
-
-_EPSILON = 1e-9  # float slack: 0.1 x 30 must count as 3
-
-
-# ------------------------------------------------------------------------------------- spec
 
 
 @dataclass(frozen=True)
@@ -90,234 +45,9 @@ class QueueSpec:
         return retry_floor(self.max_running)
 
 
-# ----------------------------------------------------------------------------- token bucket
-
-
-def burst_for(rate: float) -> float:
-    """The bucket's capacity at `rate` starts per second (see BURST_SECONDS)."""
-    return max(1.0, rate * BURST_SECONDS)
-
-
-@dataclass(frozen=True)
-class TokenBucket:
-    """A token bucket of capacity `burst` that refills continuously at `rate` tokens a second; a
-    start takes a token. Over any span of T seconds it lets at most `burst + rate x T` starts
-    through. A value: each operation returns a new bucket.
-
-    It is kept as `full_at`, the time at which it is full again (the "theoretical arrival time"
-    of GCRA, the same limiter): level(t) = burst - rate x (full_at - t). `ready` and
-    `next_token_at` then compare and return one and the same float, so a wake at
-    `next_token_at` always finds a token; a level kept as a float would miss it by a rounding
-    error at epoch-sized times (2e-7 s apart) and wake again and again. A `now` before the last
-    take (the wall clock stepped back) finds the bucket emptier, never fuller: starts are delayed
-    by the step, never sped up.
-    """
-
-    rate: float
-    burst: float
-    full_at: float
-
-    @classmethod
-    def full(cls, rate: float, now: float) -> TokenBucket:
-        return cls(rate, burst_for(rate), now)
-
-    def level(self, now: float) -> float:
-        return max(0.0, self.burst - self.rate * max(0.0, self.full_at - now))
-
-    def next_token_at(self, now: float) -> float:
-        """The earliest time from `now` at which a start may take a token."""
-        return max(now, self.full_at - (self.burst - 1.0) / self.rate)
-
-    def ready(self, now: float) -> bool:
-        return self.next_token_at(now) <= now
-
-    def take(self, now: float) -> TokenBucket:
-        if not self.ready(now):
-            raise ValueError("no token to take")
-        return replace(self, full_at=max(self.full_at, now) + 1.0 / self.rate)
-
-    def with_rate(self, rate: float, now: float) -> TokenBucket:
-        """The bucket after maxStartsPerSecond changed: what is in it stays, up to the new burst."""
-        burst = burst_for(rate)
-        return TokenBucket(rate, burst, now + (burst - min(burst, self.level(now))) / rate)
-
-
-# ----------------------------------------------------------------------------- retry budget
-
-
-def retry_floor(max_running: int) -> int:
-    """Retries a queue may start per window whatever its starts (see RETRY_FLOOR_*)."""
-    return max(RETRY_FLOOR_MIN, math.ceil(RETRY_FLOOR_SHARE * max_running))
-
-
-def retry_allowed(retries: int, starts: int, budget: float, floor: int) -> bool:
-    """Whether one more retry may start, given the retries and starts (retries included) already
-    in the window: after it, retries <= max(floor, budget x starts), itself counted in both."""
-    return retries + 1 <= max(floor, budget * (starts + 1)) + _EPSILON
-
-
-class RetryWindow:
-    """The attempt starts of one queue over the last RETRY_WINDOW_SECONDS, and how many of them
-    were retries, in one-second buckets.
-
-    Remembers: for each of the last `seconds` whole seconds, the starts and retries counted in
-    it, and the totals. Bound: 2 x `seconds` integers, whatever the rate of starts. The window
-    at time t is the whole seconds floor(t) - seconds + 1 ... floor(t) (so it reaches between
-    seconds - 1 and seconds into the past). Time never goes back here: a `now` before the newest
-    second seen counts in that second. Forgotten on restart: an empty window allows `floor`
-    retries and no more, so a restart never loosens the budget by more than one floor.
-    """
-
-    def __init__(self, seconds: int = RETRY_WINDOW_SECONDS) -> None:
-        self.seconds = seconds
-        self._starts = [0] * seconds
-        self._retries = [0] * seconds
-        self._second: int | None = None  # the newest whole second seen
-        self._start_total = 0
-        self._retry_total = 0
-
-    def _advance(self, now: float) -> int:
-        second = math.floor(now)
-        if self._second is None:
-            self._second = second
-        elif second > self._second:
-            if second - self._second >= self.seconds:
-                self._starts = [0] * self.seconds
-                self._retries = [0] * self.seconds
-                self._start_total = self._retry_total = 0
-            else:
-                for passed in range(self._second + 1, second + 1):
-                    i = passed % self.seconds
-                    self._start_total -= self._starts[i]
-                    self._retry_total -= self._retries[i]
-                    self._starts[i] = self._retries[i] = 0
-            self._second = second
-        return self._second
-
-    def counts(self, now: float) -> tuple[int, int]:
-        """(starts, retries) in the window at `now`; retries are counted among the starts."""
-        self._advance(now)
-        return self._start_total, self._retry_total
-
-    def record(self, now: float, retry: bool) -> int:
-        """Counts a start at `now`; returns its second, for `unrecord`."""
-        second = self._advance(now)
-        i = second % self.seconds
-        self._starts[i] += 1
-        self._start_total += 1
-        if retry:
-            self._retries[i] += 1
-            self._retry_total += 1
-        return second
-
-    def unrecord(self, second: int, retry: bool) -> None:
-        """Takes back a start `record` counted in `second`, if that second is still in the window."""
-        if self._second is None or not self._second - self.seconds < second <= self._second:
-            return
-        i = second % self.seconds
-        if self._starts[i] > 0:
-            self._starts[i] -= 1
-            self._start_total -= 1
-        if retry and self._retries[i] > 0:
-            self._retries[i] -= 1
-            self._retry_total -= 1
-
-    def allows_retry(self, now: float, budget: float, floor: int) -> bool:
-        starts, retries = self.counts(now)
-        return retry_allowed(retries, starts, budget, floor)
-
-    def next_retry_at(self, now: float, budget: float, floor: int) -> float:
-        """The earliest time from `now` at which a retry may start if no other start happens
-        first (others only move it earlier). At most `seconds` ahead: by then the window is
-        empty, and an empty window allows `floor` >= 1 retries."""
-        newest = self._advance(now)
-        starts, retries = self._start_total, self._retry_total
-        if retry_allowed(retries, starts, budget, floor):
-            return now
-        for second in range(newest - self.seconds + 1, newest + 1):  # oldest first
-            i = second % self.seconds
-            starts -= self._starts[i]
-            retries -= self._retries[i]
-            if retry_allowed(retries, starts, budget, floor):
-                return float(second + self.seconds)  # when that second leaves the window
-        return float(newest + self.seconds)
-
-
-# ---------------------------------------------------------------------------------- order
-
-
 def order_key(priority: int, created: float, name: str) -> tuple[int, float, str]:
     """A job's place in its queue: priority (high first), then creation time, then name."""
     return (-priority, created, name)
-
-
-class LazyHeap:
-    """A binary heap of (key, name) with at most one live entry per name, and lazy deletion:
-    `discard` and a new `push` of a name only forget its old entry, which `peek` and `pop` skip
-    and drop when they meet it. Every operation costs O(log n) amortised.
-
-    Remembers: the live entry of each name, and the heap array. Bound: the array holds at most
-    2 x live + 64 entries; past that it is rebuilt from the live ones (O(live), amortised O(1)).
-    """
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[Any, str]] = []
-        self._live: dict[str, tuple[Any, str]] = {}
-
-    def __len__(self) -> int:
-        return len(self._live)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._live
-
-    def push(self, name: str, key: Any) -> None:
-        entry = (key, name)
-        self._live[name] = entry
-        heapq.heappush(self._heap, entry)
-        self._compact()
-
-    def discard(self, name: str) -> None:
-        if self._live.pop(name, None) is not None:
-            self._compact()
-
-    def peek(self) -> tuple[Any, str] | None:
-        heap = self._heap
-        while heap:
-            entry = heap[0]
-            if self._live.get(entry[1]) is entry:
-                return entry
-            heapq.heappop(heap)
-        return None
-
-    def pop(self) -> tuple[Any, str] | None:
-        entry = self.peek()
-        if entry is not None:
-            heapq.heappop(self._heap)
-            del self._live[entry[1]]
-        return entry
-
-    def smallest(self, k: int) -> list[tuple[Any, str]]:
-        """The k smallest live entries, in order, without changing the heap: a walk down the
-        heap's tree that opens a node's children only once the node is taken, O(k log k) plus
-        the dead entries met on the way."""
-        heap, out = self._heap, []
-        frontier = [(heap[0], 0)] if heap else []
-        while frontier and len(out) < k:
-            entry, i = heapq.heappop(frontier)
-            if self._live.get(entry[1]) is entry:
-                out.append(entry)
-            for child in (2 * i + 1, 2 * i + 2):
-                if child < len(heap):
-                    heapq.heappush(frontier, (heap[child], child))
-        return out
-
-    def _compact(self) -> None:
-        if len(self._heap) > 2 * len(self._live) + 64:
-            self._heap = list(self._live.values())
-            heapq.heapify(self._heap)
-
-
-# --------------------------------------------------------------------- jobs as a queue sees them
 
 
 class Standing(StrEnum):
@@ -330,7 +60,7 @@ class Standing(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class JobView:
+class QueueEntry:
     """What a queue needs to know of one job, read from the job as the cluster holds it.
 
     standing: None for a job its queue no longer tracks (succeeded, suspended, being deleted).
@@ -371,8 +101,8 @@ class JobView:
         return self.ready_at if self.ready_at is not None else self.created
 
 
-def view_of(job: Mapping[str, Any]) -> JobView:
-    """The queue's view of a VigilJob as read from the API server (a dict on the wire format).
+def entry_of(job: Mapping[str, Any]) -> QueueEntry:
+    """The queue's entry of a VigilJob as read from the API server (a dict on the wire format).
 
     It reads the state the job's next decision starts from: a job about to be resumed (suspend
     turned off) or redriven (a new vigil.dev/redrive value) is already QUEUED, since that same
@@ -380,7 +110,7 @@ def view_of(job: Mapping[str, Any]) -> JobView:
     """
     meta, spec, status = job["metadata"], job.get("spec") or {}, job.get("status") or {}
     standing, fresh_round = _standing(meta, spec, status)
-    return JobView(
+    return QueueEntry(
         namespace=meta["namespace"],
         name=meta["name"],
         queue=spec.get("queue") or DEFAULT_QUEUE,
@@ -422,8 +152,6 @@ def _epoch(value: Any) -> float | None:
     return datetime.fromisoformat(str(value)).timestamp()
 
 
-# ---------------------------------------------------------------------------------- the book
-
 QueueKey = tuple[str, str]  # (namespace, VigilQueue name)
 JobKey = tuple[str, str]  # (namespace, VigilJob name)
 
@@ -443,7 +171,7 @@ class Dispatch:
 
 
 @dataclass(frozen=True)
-class Admission:
+class StartPermit:
     """A job's answer from its queue: may it start an attempt now, and if not, why.
 
     reason: Admitted (held for it), NoQueue (no `default` VigilQueue: unlimited), QueueNotFound,
@@ -467,7 +195,7 @@ class _Hold:
 
 @dataclass(slots=True)
 class _Job:
-    view: JobView
+    entry: QueueEntry
     hold: _Hold | None = None
     not_before: float = -math.inf  # after a release (RELEASE_RECHECK_SECONDS)
     tally: str | None = None  # the status counter it is in
@@ -495,7 +223,7 @@ class QueueBook:
 
     Remembers, per (namespace, queue name):
     - the queue's spec (`set_queue`), or None while no VigilQueue of that name exists;
-    - the view of each job naming it that is not finished (`observe`; `forget` on deletion):
+    - the entry of each job naming it that is not finished (`observe`; `forget` on deletion):
       the jobs waiting in order, those backing off, running and dead-lettered, with their counts;
     - holds: starts given by `dispatch` (or seen made, `started_unseen`) to jobs whose status
       does not show the attempt yet.
@@ -538,34 +266,34 @@ class QueueBook:
         self._changed.add(key)
         self._drop_if_empty(key)
 
-    def observe(self, view: JobView) -> None:
+    def observe(self, entry: QueueEntry) -> None:
         """A job as the cluster holds it now (each watch event, each status the shell wrote)."""
-        if view.standing is None:
+        if entry.standing is None:
             # The first status that shows a start can also show its end (its pod came first and
             # finished before the look that records it): the start was made, its count stays.
-            qkey = self._where.get(view.key)
-            job = self._queues[qkey].jobs[view.name] if qkey is not None else None
-            if job is not None and job.hold is not None and view.attempts >= job.hold.attempt:
+            qkey = self._where.get(entry.key)
+            job = self._queues[qkey].jobs[entry.name] if qkey is not None else None
+            if job is not None and job.hold is not None and entry.attempts >= job.hold.attempt:
                 self._end_hold(self._queues[qkey], job, started=True)
-            self.forget(view.namespace, view.name)
+            self.forget(entry.namespace, entry.name)
             return
-        previous = self._where.get(view.key)
-        if previous is not None and previous != view.queue_key:
-            self.forget(view.namespace, view.name)  # it moved to another queue
-        queue = self._queue(view.queue_key)
-        self._where[view.key] = view.queue_key
-        job = queue.jobs.get(view.name)
+        previous = self._where.get(entry.key)
+        if previous is not None and previous != entry.queue_key:
+            self.forget(entry.namespace, entry.name)  # it moved to another queue
+        queue = self._queue(entry.queue_key)
+        self._where[entry.key] = entry.queue_key
+        job = queue.jobs.get(entry.name)
         if job is None:
-            job = queue.jobs[view.name] = _Job(view)
+            job = queue.jobs[entry.name] = _Job(entry)
         else:
-            job.view = view
+            job.entry = entry
         if job.hold is not None:
-            if view.attempts >= job.hold.attempt:
+            if entry.attempts >= job.hold.attempt:
                 self._end_hold(queue, job, started=True)
-            elif view.standing is Standing.DEAD_LETTERED:
+            elif entry.standing is Standing.DEAD_LETTERED:
                 self._end_hold(queue, job, started=False)
         self._file(queue, job)
-        self._changed.add(view.queue_key)
+        self._changed.add(entry.queue_key)
 
     def forget(self, namespace: str, name: str) -> None:
         """A job finished, was suspended or deleted: its queue no longer tracks it."""
@@ -610,9 +338,9 @@ class QueueBook:
             return
         queue = self._queues[qkey]
         job = queue.jobs[name]
-        if job.hold is not None or job.view.attempts >= attempt:
+        if job.hold is not None or job.entry.attempts >= attempt:
             return
-        retry = job.view.is_retry
+        retry = job.entry.is_retry
         job.hold = _Hold(attempt=attempt, second=queue.window.record(now, retry), retry=retry)
         self._file(queue, job)
         self._changed.add(qkey)
@@ -655,36 +383,38 @@ class QueueBook:
             self._changed.add(queue_key)
         return Dispatch(tuple(started), min(wake_at) if wake_at else None)
 
-    def admission(self, namespace: str, name: str, now: float) -> Admission:
+    def permit(self, namespace: str, name: str, now: float) -> StartPermit:
         """Whether the job may start an attempt now: yes when `dispatch` gave it a start (or it
         names a `default` queue that does not exist); else why it waits. Changes nothing."""
         qkey = self._where.get((namespace, name))
         if qkey is None:
-            return Admission(False, "WaitingForQueue", "the job waits to be seen by its queue")
+            return StartPermit(False, "WaitingForQueue", "the job waits to be seen by its queue")
         queue, job = self._queues[qkey], self._queues[qkey].jobs[name]
-        view, spec, label = job.view, self._queues[qkey].spec, f"queue {qkey[1]}"
+        entry, spec, label = job.entry, self._queues[qkey].spec, f"queue {qkey[1]}"
         if job.hold is not None:
-            return Admission(True, "Admitted", f"{label} admitted it")
+            return StartPermit(True, "Admitted", f"{label} admitted it")
         if spec is None:
-            if view.queue == DEFAULT_QUEUE:
-                return Admission(True, "NoQueue", f"no VigilQueue {DEFAULT_QUEUE} in namespace {namespace}: unlimited")
-            return Admission(
+            if entry.queue == DEFAULT_QUEUE:
+                message = f"no VigilQueue {DEFAULT_QUEUE} in namespace {namespace}: unlimited"
+                return StartPermit(True, "NoQueue", message)
+            return StartPermit(
                 False,
                 "QueueNotFound",
-                f"VigilQueue {view.queue} does not exist in namespace {namespace}: the job waits until it is created",
+                f"VigilQueue {entry.queue} does not exist in namespace {namespace}: the job waits until it is created",
             )
         if spec.paused:
-            return Admission(False, "QueuePaused", f"{label} is paused (spec.paused): no attempt starts until resumed")
+            message = f"{label} is paused (spec.paused): no attempt starts until resumed"
+            return StartPermit(False, "QueuePaused", message)
         if queue.running >= spec.max_running:
-            return Admission(
+            return StartPermit(
                 False,
                 "QueueSaturated",
                 f"{label} is full: {queue.running} attempts run, maxRunning is {spec.max_running}",
             )
-        if view.is_retry and not queue.window.allows_retry(now, spec.retry_budget, spec.retry_floor):
+        if entry.is_retry and not queue.window.allows_retry(now, spec.retry_budget, spec.retry_floor):
             starts, retries = queue.window.counts(now)
             at = queue.window.next_retry_at(now, spec.retry_budget, spec.retry_floor)
-            return Admission(
+            return StartPermit(
                 False,
                 "RetryBudgetExhausted",
                 f"{label} spent its retry budget: {retries} of the {starts} attempt starts in the last "
@@ -694,17 +424,17 @@ class QueueBook:
             )
         if queue.bucket is not None and not queue.bucket.ready(now):
             at = queue.bucket.next_token_at(now)
-            return Admission(
+            return StartPermit(
                 False,
                 "StartRateLimited",
                 f"{label} starts at most {spec.max_starts_per_second:g} attempts per second",
                 retry_at=at,
             )
         waiting = len(queue.firsts) + len(queue.retries)
-        return Admission(
+        return StartPermit(
             False,
             "WaitingForQueue",
-            f"the job waits its turn in {label} (priority {view.priority}; {waiting} jobs waiting)",
+            f"the job waits its turn in {label} (priority {entry.priority}; {waiting} jobs waiting)",
         )
 
     # --- what the book tells -----------------------------------------------------------------
@@ -773,19 +503,19 @@ class QueueBook:
 
     def _file(self, queue: _Queue, job: _Job) -> None:
         """Puts the job in the one heap its state says (or none), and in the counts."""
-        view, name = job.view, job.view.name
+        entry, name = job.entry, job.entry.name
         for heap in (queue.firsts, queue.retries, queue.pending, queue.ages):
             heap.discard(name)
-        wants = view.standing in (Standing.QUEUED, Standing.BACKING_OFF) and not view.blocked
+        wants = entry.standing in (Standing.QUEUED, Standing.BACKING_OFF) and not entry.blocked
         if job.hold is None and wants:
-            due = max(view.ready_at if view.ready_at is not None else -math.inf, job.not_before)
+            due = max(entry.ready_at if entry.ready_at is not None else -math.inf, job.not_before)
             if due > -math.inf:
                 queue.pending.push(name, (due, name))  # `dispatch` moves it on when due
             else:
-                (queue.retries if view.is_retry else queue.firsts).push(name, view.order)
-        if job.hold is None and view.standing is Standing.QUEUED:
-            queue.ages.push(name, (view.waiting_since, name))
-        self._count(queue, job, Standing.RUNNING if job.hold is not None else view.standing)
+                (queue.retries if entry.is_retry else queue.firsts).push(name, entry.order)
+        if job.hold is None and entry.standing is Standing.QUEUED:
+            queue.ages.push(name, (entry.waiting_since, name))
+        self._count(queue, job, Standing.RUNNING if job.hold is not None else entry.standing)
 
     @staticmethod
     def _count(queue: _Queue, job: _Job, tally: Standing | None) -> None:
@@ -799,15 +529,15 @@ class QueueBook:
     def _promote_due(queue: _Queue, now: float) -> None:
         while (entry := queue.pending.peek()) is not None and entry[0][0] <= now:
             queue.pending.pop()
-            view = queue.jobs[entry[1]].view
-            (queue.retries if view.is_retry else queue.firsts).push(view.name, view.order)
+            due = queue.jobs[entry[1]].entry
+            (queue.retries if due.is_retry else queue.firsts).push(due.name, due.order)
 
     def _hold(self, queue: _Queue, job: _Job, now: float) -> None:
-        retry = job.view.is_retry
-        job.hold = _Hold(attempt=job.view.attempts + 1, second=queue.window.record(now, retry), retry=retry)
+        retry = job.entry.is_retry
+        job.hold = _Hold(attempt=job.entry.attempts + 1, second=queue.window.record(now, retry), retry=retry)
         if queue.bucket is not None:
             queue.bucket = queue.bucket.take(now)
-        queue.ages.discard(job.view.name)
+        queue.ages.discard(job.entry.name)
         self._count(queue, job, Standing.RUNNING)
 
     @staticmethod
@@ -832,79 +562,3 @@ class QueueBook:
         queue = self._queues.get(key)
         if queue is not None and queue.spec is None and not queue.jobs:
             del self._queues[key]
-
-
-# ------------------------------------------------------------------------------ queue status
-
-
-@dataclass(frozen=True)
-class QueueCondition:
-    type: str  # Saturated | Paused | RetryBudgetExhausted
-    status: str  # "True" | "False"
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True)
-class QueueStatus:
-    """A VigilQueue's status numbers and conditions. Equal values mean nothing to write."""
-
-    queued: int
-    running: int
-    backing_off: int
-    dead_lettered: int
-    oldest_queued_seconds: int  # whole seconds (0: none waits), so it changes at most once a second
-    head_of_line: tuple[str, ...]
-    conditions: tuple[QueueCondition, ...]
-
-    def numbers(self) -> dict[str, Any]:
-        """The status fields on the wire (camelCase), conditions aside (the shell merges those
-        with conditions.set_condition, which keeps lastTransitionTime)."""
-        return {
-            "queued": self.queued,
-            "running": self.running,
-            "backingOff": self.backing_off,
-            "deadLettered": self.dead_lettered,
-            "oldestQueuedSeconds": self.oldest_queued_seconds,
-            "headOfLine": list(self.head_of_line),
-        }
-
-
-def queue_status(book: QueueBook, queue_key: QueueKey, now: float) -> QueueStatus | None:
-    """The status of an existing queue from the book, O(log n); None if no VigilQueue exists."""
-    spec = book.spec(queue_key)
-    if spec is None:
-        return None
-    queued, running = book.count(queue_key, Standing.QUEUED), book.count(queue_key, Standing.RUNNING)
-    since = book.oldest_waiting_since(queue_key)
-    oldest = max(0, math.floor(now - since)) if since is not None else 0
-    if running >= spec.max_running:
-        saturated = QueueCondition(
-            "Saturated", "True", "AtMaxRunning", f"{running} attempts run, maxRunning is {spec.max_running}"
-        )
-    else:
-        saturated = QueueCondition(
-            "Saturated", "False", "BelowMaxRunning", f"{running} of maxRunning {spec.max_running} attempts run"
-        )
-    if spec.paused:
-        paused = QueueCondition("Paused", "True", "Paused", f"spec.paused is true: no attempt starts; {running} run on")
-    else:
-        paused = QueueCondition("Paused", "False", "NotPaused", "attempts start as room allows")
-    starts, retries = book.window_counts(queue_key, now)
-    within = f"{retries} of the {starts} attempt starts in the last {RETRY_WINDOW_SECONDS}s were retries"
-    rule = f"retryBudget {spec.retry_budget}, floor {spec.retry_floor} per {RETRY_WINDOW_SECONDS}s"
-    if book.budget_exhausted(queue_key, now):
-        budget = QueueCondition(
-            "RetryBudgetExhausted", "True", "RetriesDelayed", f"{within} ({rule}): due retries wait, none is dropped"
-        )
-    else:
-        budget = QueueCondition("RetryBudgetExhausted", "False", "WithinBudget", f"{within} ({rule})")
-    return QueueStatus(
-        queued=queued,
-        running=running,
-        backing_off=book.count(queue_key, Standing.BACKING_OFF),
-        dead_lettered=book.count(queue_key, Standing.DEAD_LETTERED),
-        oldest_queued_seconds=oldest,
-        head_of_line=tuple(book.head_of_line(queue_key)),
-        conditions=(saturated, paused, budget),
-    )

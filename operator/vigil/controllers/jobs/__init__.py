@@ -1,0 +1,130 @@
+"""The VigilJob controller: level-triggered reconciliation of jobs, their attempts and pods.
+
+Its parts, each in a module of its own:
+
+- `view.ClusterView`: the jobs, their pods and the failure detector's record of each pod;
+- `handlers.JobEvents`: watch deltas into the view and keys into the work queue;
+- `reconciler.JobReconciler`: one look at one job (decide, after asking the API server where
+  the view is not to be trusted), and what a failure means;
+- `executor.Executor`: a decision's actions against the API server;
+- `orphans.Releaser`: finalizer releases that belong to no look;
+- `alarms`, `rechecks`: the timers that bring a job back without an event;
+- the generic `vigil.controllers.worker.Worker` that runs the looks.
+
+`JobController` builds them with their collaborators and is what the manager runs.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from vigil.controllers.dispatcher import Dispatcher
+from vigil.controllers.jobs.executor import Executor
+from vigil.controllers.jobs.handlers import POD_BATCH_SECONDS, JobEvents
+from vigil.controllers.jobs.orphans import Releaser
+from vigil.controllers.jobs.reconciler import JobReconciler
+from vigil.controllers.jobs.view import ClusterView
+from vigil.controllers.worker import Worker
+from vigil.core.objects import Key
+from vigil.kube.events import EventRecorder
+from vigil.kube.operations import Kube
+from vigil.metrics import CONTROLLER, Metrics
+from vigil.runtime.clock import Clock
+from vigil.runtime.workqueue import WorkQueue
+
+
+def job_queue(clock: Clock, metrics: Metrics) -> WorkQueue[Key]:
+    """The job controller's work queue (the dispatcher wakes jobs into it too)."""
+    return WorkQueue(
+        clock,
+        on_add=metrics.workqueue_adds.labels(CONTROLLER).inc,
+        on_wait=metrics.workqueue_queue_duration.labels(CONTROLLER).observe,
+    )
+
+
+class JobController:
+    """`on_job(namespace, name, uid)` hears of every job version the view takes, and of each
+    deletion (uid None); `pods_fresh()` and `repair(reason)` are the pod watches' (see
+    `JobReconciler`)."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        queue: WorkQueue[Key],
+        dispatcher: Dispatcher,
+        events: EventRecorder,
+        *,
+        clock: Clock,
+        metrics: Metrics,
+        workers: int = 4,
+        rng: random.Random | None = None,
+        pods_fresh: Callable[[], bool] = lambda: True,
+        repair: Callable[[str], None] = lambda reason: None,
+        on_job: Callable[[str, str, str | None], None] = lambda namespace, name, uid: None,
+        pod_batch_seconds: float = POD_BATCH_SECONDS,
+    ) -> None:
+        self.kube, self.dispatcher, self.events, self.metrics = kube, dispatcher, events, metrics
+        self.on_job = on_job
+        rng = rng or random.Random()
+        self.view = ClusterView()
+        self.queue = queue
+        self.releaser = Releaser(kube, self.view.pods, clock, rng)
+        self.handlers = JobEvents(
+            self.view,
+            self.queue,
+            dispatcher,
+            self.releaser,
+            clock=clock,
+            metrics=metrics,
+            forget=self.forget,
+            on_job=on_job,
+            pod_batch_seconds=pod_batch_seconds,
+        )
+        self.executor = Executor(
+            kube, self.view, self.queue, events, job_seen=self.handlers.job_seen, clock=clock, metrics=metrics
+        )
+        self.reconciler = JobReconciler(
+            kube,
+            self.view,
+            self.queue,
+            dispatcher,
+            self.handlers,
+            self.executor,
+            events,
+            clock=clock,
+            rng=rng,
+            pods_fresh=pods_fresh,
+            repair=repair,
+        )
+        self.worker = Worker(
+            CONTROLLER, self.queue, self.reconciler, workers=workers, clock=clock, metrics=metrics, rng=rng
+        )
+
+    def forget(self, key: Key) -> None:
+        """Everything known of the job goes (its pods aside: they are the watch's)."""
+        job = self.view.drop(key)
+        if job is not None:
+            self.dispatcher.job_gone(*key)
+            self.on_job(*key, None)
+        self.queue.forget(key)
+        self.reconciler.forget(key)
+        self.executor.forget(key)
+        self.worker.forget(key)
+
+    async def start(self) -> None:
+        """Begin reconciling: call once every watch has listed (before, a job whose pods are not
+        listed yet would look as if its pods had vanished). Pods whose job is not known are
+        released once the API server confirms their job is gone."""
+        self.handlers.listed = True
+        self.worker.start()
+        pods = self.view.pods
+        orphans = [pod for uid in pods.job_uids() if not self.view.knows_job_uid(uid) for pod in pods.of_job(uid)]
+        self.releaser.release_orphans(orphans)
+
+    async def stop(self) -> None:
+        await self.worker.stop()
+        await self.releaser.stop()
+        self.queue.shutdown()
+        self.reconciler.shutdown()
+        self.executor.shutdown()

@@ -1,0 +1,174 @@
+"""What the watches report, turned into the view's updates and keys in the work queue.
+
+Deltas only update the view and say which job is worth a look; the reconciler reads the newest
+version when it takes the key, so duplicate, stale or missed events cost at most an extra look.
+The hot path is `pod_changed`: most pod events are heartbeats, which cost a few dictionary
+operations here and no reconcile (the silence alarm wakes a job when its silence crosses a
+threshold). A pod's other changes are batched over `pod_batch_seconds`, so that its changes of
+that window (created, bound, running, finished) cost one look; a change to the job itself is
+looked at at once.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from vigil import api
+from vigil.controllers.dispatcher import Dispatcher
+from vigil.controllers.jobs.orphans import Releaser
+from vigil.controllers.jobs.podcache import job_uid_of
+from vigil.controllers.jobs.view import ClusterView
+from vigil.core import podstate
+from vigil.core.liveness import beat_stamp_due
+from vigil.core.objects import Key, key_of
+from vigil.kube.seen import Delta
+from vigil.metrics import Metrics
+from vigil.runtime.clock import Clock
+from vigil.runtime.workqueue import WorkQueue
+
+# A pod event makes its job worth a look within this long, not at once (the Job controller's
+# batch period, syncJobBatchPeriod, is the same second).
+POD_BATCH_SECONDS = 1.0
+
+
+def more_than_a_beat(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether two versions of a pod differ in anything the decision core reads, the heartbeat
+    annotation left out. Compared field by field (dict equality, in C): no copy, no encoding."""
+    before, after = old["metadata"], new["metadata"]
+    return (
+        old.get("status") != new.get("status")
+        or before.get("deletionTimestamp") != after.get("deletionTimestamp")
+        or before.get("finalizers") != after.get("finalizers")
+        or before.get("labels") != after.get("labels")
+        or (old.get("spec") or {}).get("nodeName") != (new.get("spec") or {}).get("nodeName")
+        or _annotations_but_the_beat(before) != _annotations_but_the_beat(after)
+    )
+
+
+def _annotations_but_the_beat(metadata: Mapping[str, Any]) -> dict[str, str]:
+    annotations = metadata.get("annotations") or {}
+    if api.ANNOTATION_HEARTBEAT not in annotations:
+        return annotations
+    return {k: v for k, v in annotations.items() if k != api.ANNOTATION_HEARTBEAT}
+
+
+class JobEvents:
+    """`forget(key)` drops everything known of a job (the controller's, across its parts);
+    `on_job(namespace, name, uid)` hears of every job version taken into the view, and of each
+    deletion (uid None): the admission webhook's count of jobs admitted but not yet watched."""
+
+    def __init__(
+        self,
+        view: ClusterView,
+        queue: WorkQueue[Key],
+        dispatcher: Dispatcher,
+        releaser: Releaser,
+        *,
+        clock: Clock,
+        metrics: Metrics,
+        forget: Callable[[Key], None],
+        on_job: Callable[[str, str, str | None], None] = lambda namespace, name, uid: None,
+        pod_batch_seconds: float = POD_BATCH_SECONDS,
+    ) -> None:
+        self.view, self.queue, self.dispatcher, self.releaser = view, queue, dispatcher, releaser
+        self.clock, self.metrics = clock, metrics
+        self.forget, self.on_job = forget, on_job
+        self.pod_batch_seconds = pod_batch_seconds
+        self.listed = False  # every watch has listed: an unknown job is then really unknown
+
+    def job_delta(self, delta: Delta) -> None:
+        if delta.kind == "delete":
+            self.job_gone(delta.obj)
+        else:
+            self.job_seen(delta.obj)
+
+    def pod_delta(self, delta: Delta) -> None:
+        self.pod_changed(delta.obj, deleted=delta.kind == "delete")
+
+    def job_seen(self, body: Mapping[str, Any], *, look: bool = True, read: bool = False) -> None:
+        """A version of a job, from the watch or from a write of ours. `look`: worth a reconcile
+        (not so for the write that reports a failure: the retry's backoff decides when). `read`:
+        a direct read from the API server, taken even if it is older (`ClusterView.take`)."""
+        key = key_of(body)
+        if self.view.take(body, read=read):
+            self.dispatcher.job_seen(body)
+            for pod in self.view.pods.of_job(body["metadata"]["uid"]):
+                self._note_start(key, body, pod)
+            self.on_job(*key, body["metadata"]["uid"])
+        if look:
+            self.queue.add(key)
+
+    def job_gone(self, body: Mapping[str, Any]) -> None:
+        key = key_of(body)
+        current = self.view.job(key)
+        if current is None or current["metadata"]["uid"] != body["metadata"]["uid"]:
+            return
+        self.forget(key)
+        # Its pods can tell nobody anything any more: let them go.
+        pods = self.view.pods.drop_job(body["metadata"]["uid"])
+        self.releaser.release(pods, f"the pods of deleted job {key[0]}/{key[1]}")
+
+    def pod_changed(self, pod: Mapping[str, Any], deleted: bool = False) -> None:
+        """A pod of some job changed (the hot path: see the module docstring)."""
+        view = self.view
+        key = podstate.owner_key(pod)
+        uid = pod["metadata"]["uid"]
+        if deleted:
+            view.pod_gone(job_uid_of(pod), uid)
+        else:
+            previous = view.pods.get(job_uid_of(pod), uid)
+            if not view.pods.watched(pod):
+                return  # older than what a direct read showed
+            self._check_orphan(pod)
+            tracker = view.tracker
+            beats = tracker.beats
+            beat = tracker.observe(pod, self.clock.monotonic(), self.clock.wall())
+            if tracker.beats > beats:
+                self.metrics.heartbeats.inc()
+                if tracker.last_gap is not None:  # not the pod's first beat
+                    self.metrics.heartbeat_gap.observe(tracker.last_gap)
+            # The first version the watch shows is worth a look, whatever the view held before.
+            only_a_beat = uid in view.looked_at and previous is not None and not more_than_a_beat(previous, pod)
+            # A beat alone makes the job worth a look only if the job is in doubt (resume it now,
+            # not at the next deadline) or its LAST-BEAT stamp is due.
+            if only_a_beat and not (beat and key is not None and self._beat_matters(key, uid)):
+                return
+            view.looked_at.add(uid)
+            if key is not None and (job := view.job(key)) is not None:
+                self._note_start(key, job, pod)
+        if key is not None:
+            self.queue.add_batched(key, self.pod_batch_seconds)
+
+    def _note_start(self, key: Key, job: Mapping[str, Any], pod: Mapping[str, Any]) -> None:
+        """A pod of an attempt the job's status does not hold yet is a start made (its pod came
+        first): its queue counts it as running until status shows it, after a restart too."""
+        attempt = podstate.attempt_of(pod)
+        recorded = int((job.get("status") or {}).get("attempts") or 0)
+        if attempt is not None and attempt > recorded and podstate.is_controlled_by(pod, job["metadata"]["uid"]):
+            self.dispatcher.started_unseen(*key, attempt)
+
+    def _check_orphan(self, pod: Mapping[str, Any]) -> None:
+        """A pod held by Vigil's finalizer whose job is not known (deleted while the job watch
+        lagged, say): released if the API server confirms the job is gone."""
+        if (
+            self.listed  # before the first listing, jobs may simply not be listed yet
+            and not self.view.knows_job_uid(job_uid_of(pod))
+            and podstate.is_tracked(pod)
+        ):
+            self.releaser.release_orphan(pod)
+
+    def _beat_matters(self, key: Key, uid: str) -> bool:
+        job = self.view.job(key)
+        if job is None:
+            return False
+        status = job.get("status") or {}
+        if status.get("phase") == "Uncertain":
+            return True
+        heartbeat = self.view.heartbeats[key]
+        if not heartbeat.required:
+            return False  # no stamp: liveness is the pod phase alone
+        stored = (status.get("currentAttempt") or {}).get("lastHeartbeatAt")
+        last_beat_at = self.view.tracker.last_beat_at(uid)
+        return beat_stamp_due(dt.datetime.fromisoformat(stored) if stored else None, last_beat_at, heartbeat)

@@ -1,0 +1,316 @@
+"""One look at one job: read the newest version the view holds and the job's pods, ask the core
+what to do (`vigil.core.lifecycle.decide`), and carry it out (`Executor`).
+
+Nothing is remembered between two looks at a job except what is in its status. The view is a
+rumour, so around the decision the reconciler asks the API server directly:
+
+- before a decision that cannot be undone (`core.doubt`), the job's pods are listed and the
+  decision taken again on that list; a list that contradicts the watch has the watch repaired;
+- a pod this operator created that the watch has not shown within `UNSEEN_CHECK_SECONDS` is
+  read by name;
+- a job left Starting has itself and its pods read every `STARTING_RECHECK_SECONDS`;
+- a stranger in the way of the job's next pod is read again at each look.
+
+While the pod watch is not fresh, silence is no evidence: a Lost verdict is held back (the
+attempt may become Uncertain) and the job looked at again soon. A failure is shown on the job
+(`core.failures`: the ReconcileError condition, one event per distinct cause) and retried by the
+worker with backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+from vigil.controllers.dispatcher import Dispatcher
+from vigil.controllers.jobs.alarms import SilenceAlarms
+from vigil.controllers.jobs.executor import UNSEEN_CHECK_SECONDS, Executor, PodCreateRefused
+from vigil.controllers.jobs.handlers import JobEvents
+from vigil.controllers.jobs.rechecks import StartingRechecks
+from vigil.controllers.jobs.view import ClusterView
+from vigil.controllers.worker import Outcome
+from vigil.core import actions, doubt, failures, lifecycle, podstate
+from vigil.core.liveness import actionable
+from vigil.core.objects import Key
+from vigil.core.queueing.book import StartPermit
+from vigil.kube.errors import Conflict, NotFound, Refused
+from vigil.kube.events import EventRecorder
+from vigil.kube.operations import Kube
+from vigil.runtime.clock import Clock
+from vigil.runtime.workqueue import WorkQueue
+
+log = logging.getLogger(__name__)
+
+# A job left Starting this long has itself and its pods read directly: a watch can miss an event
+# (kubernetes#123072), and a Pending pod has no heartbeat deadline that would catch it.
+STARTING_RECHECK_SECONDS = 30.0
+# Conflicts on one job in a row before they are logged as a warning rather than at debug level.
+CONFLICTS_WORTH_A_WARNING = 3
+# How soon a job whose Lost verdict was held back (the pod watch not fresh) is looked at again.
+HELD_BACK_RECHECK_SECONDS = 2.0
+
+Pod = Mapping[str, Any]
+
+
+class Decided(NamedTuple):
+    """A decision and what it was taken on."""
+
+    decision: actions.Decision
+    held_back: bool  # a Lost verdict was held back because the pod watch is not fresh
+    permit: StartPermit  # the queue's say
+    states: dict[str, str]  # the detector's state of each pod, by UID (for the silence alarm)
+
+
+def describe(err: Exception) -> tuple[str, str]:
+    """(reason, message) for the ReconcileError condition."""
+    if isinstance(err, PodCreateRefused):
+        return "PodCreateRefused", f"{err.message}; retrying with backoff"
+    if isinstance(err, Refused):
+        return "WriteRefused", f"the API server refused a write: {err.message}"
+    return "ReconcileFailed", f"reconciling failed: {type(err).__name__}: {str(err)[:1000]}"
+
+
+class JobReconciler:
+    """`pods_fresh()` says whether the pod watch can be believed now; `repair(reason)` has it
+    listed again (a direct read showed what it missed)."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        view: ClusterView,
+        queue: WorkQueue[Key],
+        dispatcher: Dispatcher,
+        handlers: JobEvents,
+        executor: Executor,
+        events: EventRecorder,
+        *,
+        clock: Clock,
+        rng: random.Random | None = None,
+        pods_fresh: Callable[[], bool] = lambda: True,
+        repair: Callable[[str], None] = lambda reason: None,
+    ) -> None:
+        self.kube, self.view, self.queue, self.dispatcher = kube, view, queue, dispatcher
+        self.handlers, self.executor, self.events = handlers, executor, events
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.pods_fresh, self.repair = pods_fresh, repair
+        self.alarms: SilenceAlarms[Key] = SilenceAlarms(self._silence, queue.add, clock)
+        self.rechecks: StartingRechecks[Key] = StartingRechecks(queue.add, clock, STARTING_RECHECK_SECONDS)
+
+    def forget(self, key: Key) -> None:
+        self.alarms.cancel(key)
+        self.rechecks.clear(key)
+
+    def shutdown(self) -> None:
+        self.alarms.shutdown()
+        self.rechecks.shutdown()
+
+    # --- the worker's questions -----------------------------------------------------------
+
+    async def reconcile(self, key: Key) -> None:
+        job = self.view.job(key)
+        if job is None:
+            return
+        namespace, job_uid = key[0], job["metadata"]["uid"]
+        await self._settle_unseen(namespace, job_uid)
+        job = await self._recheck_starting(key, job)
+        if job is None:
+            return
+        stranger = await self._recheck_stranger(key)
+        extra = [stranger] if stranger is not None else []
+        decided = self._decide(key, job, self.view.pods.of_job(job_uid) + extra)
+        held_back = decided.held_back
+        why = doubt.doubt(job, decided.decision)
+        if why is not None:
+            # Never on a rumour: decide again on what the API server says now.
+            pods = await self.read_pods(job)
+            self._take_pods_read(job_uid, pods)
+            decided = self._decide(key, job, pods + extra)
+            if doubt.doubt(job, decided.decision) != why:  # the watch missed a beat, a pod, a deletion
+                self.repair(f"a direct read of {namespace}/{key[1]}'s pods contradicts the watch: {why}")
+        wait = self.dispatcher.pace(job, decided.permit, decided.decision)
+        if wait is not None:  # the queue's start rate: this start goes a little later
+            self.queue.add_after(key, wait)
+            return
+        for action in decided.decision.actions:
+            job = await self.executor.execute(job, action)
+        self._schedule(key, decided.states, held_back)
+
+    async def failed(self, key: Key, err: Exception, in_a_row: int) -> Outcome:
+        if isinstance(err, NotFound):
+            log.info("%s/%s is gone; forgetting it", *key)
+            self.handlers.forget(key)
+            return Outcome.FORGET
+        if isinstance(err, Conflict):
+            # One conflict is routine (the watch was a step behind); a run of them means the
+            # view and the API server disagree for longer than a watch lags: say so.
+            level = logging.WARNING if in_a_row >= CONFLICTS_WORTH_A_WARNING else logging.DEBUG
+            log.log(level, "conflict on %s/%s (%d in a row), reading it again: %s", *key, in_a_row, err)
+            await self._read_again(key)
+            return Outcome.CONFLICT
+        await self._report_failure(key, err)
+        return Outcome.ERROR
+
+    async def recovered(self, key: Key) -> None:
+        job = self.view.job(key)
+        patch = failures.cleared(job) if job is not None else None
+        if job is not None and patch is not None:
+            self.handlers.job_seen(await self.kube.patch_job_status(*key, job["metadata"]["resourceVersion"], patch))
+
+    # --- deciding -------------------------------------------------------------------------
+
+    def _decide(self, key: Key, job: Mapping[str, Any], pods: list[Pod]) -> Decided:
+        """The core's decision on these pods, and what it was taken on."""
+        view = self.view
+        heartbeat, now, fresh = view.heartbeats[key], self.clock.monotonic(), self.pods_fresh()
+        liveness, states, held_back = {}, {}, False
+        for pod in pods:
+            uid = pod["metadata"]["uid"]
+            heard = view.tracker.liveness(uid, heartbeat, now)
+            states[uid] = heard.state
+            liveness[uid] = actionable(heard, fresh)
+            held_back = held_back or liveness[uid] is not heard
+        permit = self.dispatcher.permit(*key)
+        decision = lifecycle.decide(
+            job,
+            pods,
+            self.clock.wall(),
+            may_start=permit.may_start,
+            waiting=(permit.reason, permit.message),
+            rng=self.rng,
+            liveness=liveness,
+        )
+        self.dispatcher.decided(job, permit, decision)
+        return Decided(decision, held_back, permit, states)
+
+    def _schedule(self, key: Key, states: Mapping[str, str], held_back: bool) -> None:
+        """Sets the job's silence alarm, or wakes it soon if a Lost verdict waits for the pod
+        watch to be fresh again. Pods the decision did not see (one it just created) are taken
+        as they are now."""
+        current, _ = self._silence(key)
+        self.alarms.arm(key, {uid: states.get(uid, state) for uid, state in current.items()})
+        if held_back:
+            self.queue.add_after(key, HELD_BACK_RECHECK_SECONDS)
+
+    def _silence(self, key: Key) -> tuple[dict[str, str], float | None]:
+        """The liveness state of each of the job's pods now, and the next instant one changes if
+        no beat arrives (the silence alarm's `look`)."""
+        view = self.view
+        job, heartbeat, now = view.job(key), view.heartbeats.get(key), self.clock.monotonic()
+        if job is None or heartbeat is None:
+            return {}, None
+        states, deadlines = {}, []
+        for pod in view.pods.of_job(job["metadata"]["uid"]):
+            uid = pod["metadata"]["uid"]
+            states[uid] = view.tracker.liveness(uid, heartbeat, now).state
+            if (deadline := view.tracker.deadline(uid, heartbeat, now)) is not None:
+                deadlines.append(deadline)
+        return states, min(deadlines, default=None)
+
+    # --- asking the API server ------------------------------------------------------------
+
+    async def read_pods(self, job: Mapping[str, Any]) -> list[Pod]:
+        """The job's pods as the API server has them now. A list is served from the API
+        server's watch cache (consistent reads from cache, KEP-2340), and a cache can lose an
+        event (kubernetes#123072); so the current attempt's pod, if the list lacks it, is read
+        by name, which the API server answers from etcd."""
+        namespace, job_uid = job["metadata"]["namespace"], job["metadata"]["uid"]
+        pods = await self.kube.list_job_pods(namespace, job_uid)
+        current = (job.get("status") or {}).get("currentAttempt") or {}
+        name = current.get("podName")
+        if name and all(pod["metadata"]["name"] != name for pod in pods):
+            pod = await self.kube.read_pod(namespace, name)
+            if pod is not None and podstate.is_controlled_by(pod, job_uid):
+                log.warning("pod %s/%s exists but the API server's list lacks it", namespace, name)
+                pods.append(pod)
+        return pods
+
+    def _take_pods_read(self, job_uid: str, pods: list[Pod]) -> None:
+        """Folds a direct list of a job's pods into the view and the detector."""
+        view, now, wall = self.view, self.clock.monotonic(), self.clock.wall()
+        for pod in view.pods.replace_job(job_uid, pods):
+            view.tracker.forget(pod["metadata"]["uid"])
+        for pod in pods:
+            view.tracker.observe(pod, now, wall)
+
+    async def _settle_unseen(self, namespace: str, job_uid: str) -> None:
+        """Pods this operator created that the watch is slow to show are read directly: kept if
+        they exist, dropped on 404. Never forgotten on a timer."""
+        pods = self.view.pods
+        horizon = self.clock.monotonic() - UNSEEN_CHECK_SECONDS
+        for pod, created_at in pods.unseen(job_uid):
+            if created_at > horizon:
+                continue
+            current = await self.kube.read_pod(namespace, pod["metadata"]["name"])
+            if current is None or current["metadata"]["uid"] != pod["metadata"]["uid"]:
+                pods.gone(job_uid, pod["metadata"]["uid"])
+            else:
+                pods.read(current)
+                if self.pods_fresh():  # a fresh watch that never showed a pod this old missed it
+                    self.repair(f"pod {namespace}/{pod['metadata']['name']} exists and the watch never showed it")
+
+    async def _recheck_starting(self, key: Key, job: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """A job that stays Starting has itself and its pods read from the API server every
+        STARTING_RECHECK_SECONDS. Returns the job to decide on; None if it is gone."""
+        if (job.get("status") or {}).get("phase") != "Starting":
+            self.rechecks.clear(key)
+            return job
+        if self.rechecks.due(key):
+            stored = await self.kube.read_job(*key)
+            if stored is None or stored["metadata"]["uid"] != job["metadata"]["uid"]:
+                self.handlers.job_gone(job)
+                return None
+            self.handlers.job_seen(stored, look=False, read=True)
+            job = self.view.jobs[key]
+            self._take_pods_read(job["metadata"]["uid"], await self.read_pods(job))
+            if (job.get("status") or {}).get("phase") != "Starting":
+                self.rechecks.clear(key)
+                return job
+        self.rechecks.arm(key)
+        return job
+
+    async def _recheck_stranger(self, key: Key) -> Pod | None:
+        stranger = self.view.strangers.get(key)
+        if stranger is None:
+            return None
+        current = await self.kube.read_pod(key[0], stranger["metadata"]["name"])
+        if current is None or current["metadata"]["uid"] != stranger["metadata"]["uid"]:
+            del self.view.strangers[key]
+            return None
+        return current
+
+    async def _read_again(self, key: Key) -> None:
+        """After a conflict the job in the view is older than the API server's: read it, so the
+        next look decides on the stored version, not on the watch's promise to deliver it (a
+        watch that missed that version would otherwise make every retry conflict again, and the
+        job would stand still)."""
+        try:
+            stored = await self.kube.read_job(*key)
+        except Exception as err:  # noqa: BLE001 - the retry comes anyway, on the view
+            log.debug("could not read %s/%s again after a conflict: %s", *key, err)
+            return
+        if stored is not None:  # gone: the retry's write meets the 404 and forgets it, as ever
+            self.handlers.job_seen(stored, look=False, read=True)
+
+    async def _report_failure(self, key: Key, err: Exception) -> None:
+        """Shows the failure on the job (condition, and one event per distinct cause)."""
+        job = self.view.job(key)
+        reason, message = describe(err)
+        if job is None:
+            return
+        patch, new_cause = failures.report(job, reason, message, self.clock.wall())
+        if new_cause:
+            log.error("reconciling %s/%s failed: %s", *key, message, exc_info=not isinstance(err, PodCreateRefused))
+        else:
+            log.warning("reconciling %s/%s failed again: %s", *key, message)
+        try:
+            if patch is not None:
+                self.handlers.job_seen(
+                    await self.kube.patch_job_status(*key, job["metadata"]["resourceVersion"], patch), look=False
+                )
+            if new_cause:
+                self.events.record(job, "Warning", reason, message)
+        except Exception as report_err:  # the API server may be what fails: the retry comes anyway
+            log.warning("could not report the failure on %s/%s: %s", *key, report_err)

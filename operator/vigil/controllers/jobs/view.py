@@ -1,0 +1,79 @@
+"""The job controller's view of the cluster: the jobs, their pods, and what the failure detector
+has heard from each pod. A view is a rumour (DESIGN: "never on a rumour"): it is what the
+watches, this operator's own writes and its direct reads have shown, and the reconciler asks
+the API server before anything that cannot be undone.
+
+Remembers, per job: its newest version, its spec.heartbeat parsed once per version (not on
+every beat of its pods), and a pod bearing its current attempt's name that is not its own (a
+stranger, which no watch of the job's pods shows); per pod: its newest snapshot (`PodCache`),
+the detector's record (`HeartbeatTracker`), and whether a watched version of it has reached a
+reconcile yet. Everything is dropped with the job or the pod.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from vigil import api
+from vigil.controllers.jobs.podcache import PodCache
+from vigil.core.liveness import HeartbeatTracker
+from vigil.core.objects import Key, is_older, key_of
+
+Job = Mapping[str, Any]
+Pod = Mapping[str, Any]
+
+
+def parse_heartbeat(job: Job) -> api.Heartbeat:
+    try:
+        return api.Heartbeat.model_validate((job.get("spec") or {}).get("heartbeat") or {})
+    except ValueError:  # decide() reports the invalid spec; the detector uses the defaults meanwhile
+        return api.Heartbeat()
+
+
+class ClusterView:
+    def __init__(self) -> None:
+        self.jobs: dict[Key, Job] = {}
+        self.pods = PodCache()
+        self.tracker = HeartbeatTracker()
+        self.heartbeats: dict[Key, api.Heartbeat] = {}
+        self.strangers: dict[Key, Pod] = {}
+        self.looked_at: set[str] = set()  # UIDs of pods whose watched versions reached a reconcile
+        self._uids: dict[str, Key] = {}  # job UID -> key, of the jobs above
+
+    def job(self, key: Key) -> Job | None:
+        return self.jobs.get(key)
+
+    def knows_job_uid(self, uid: str) -> bool:
+        return uid in self._uids
+
+    def take(self, body: Job, *, read: bool = False) -> bool:
+        """Keeps `body` as the job's newest version; False when it is the version held, or an
+        older one (a late watch event never undoes a write of ours). `read`: a direct read, taken
+        even if its resourceVersion is lower (an etcd restored from a backup goes back in time)."""
+        key = key_of(body)
+        current = self.jobs.get(key)
+        if current is not None and body["metadata"].get("resourceVersion") == current["metadata"].get(
+            "resourceVersion"
+        ):
+            return False  # the watch echoing a write of ours, or a duplicate
+        if not read and current is not None and is_older(body, current):
+            return False
+        self.jobs[key] = body
+        self._uids[body["metadata"]["uid"]] = key
+        self.heartbeats[key] = parse_heartbeat(body)
+        return True
+
+    def drop(self, key: Key) -> Job | None:
+        """Forgets the job (not its pods: `pods.drop_job` does); returns what was held."""
+        job = self.jobs.pop(key, None)
+        if job is not None:
+            self._uids.pop(job["metadata"]["uid"], None)
+        self.heartbeats.pop(key, None)
+        self.strangers.pop(key, None)
+        return job
+
+    def pod_gone(self, job_uid: str, uid: str) -> None:
+        self.pods.gone(job_uid, uid)
+        self.tracker.forget(uid)
+        self.looked_at.discard(uid)

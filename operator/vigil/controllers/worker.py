@@ -1,0 +1,117 @@
+"""Workers that take keys from a work queue and reconcile them: the loop every controller of
+Vigil runs, with controller-runtime's metrics and client-go's retry with backoff.
+
+A key is reconciled by one worker at a time (the work queue's guarantee). What a failure means
+is the reconciler's to say (`Reconciler.failed`): forget the key, retry it after a conflict
+(soon), or retry it after an error (backing off further); the delays are `core.backoff`'s. The
+failures in a row per key are counted here and dropped on the first success, which the
+reconciler hears of (`recovered`) so it can take back what it said about the failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import random
+from collections.abc import Hashable
+from typing import Generic, Protocol, TypeVar
+
+from vigil.core.backoff import reconcile_retry_delay
+from vigil.metrics import Metrics
+from vigil.runtime.clock import Clock
+from vigil.runtime.workqueue import WorkQueue
+
+log = logging.getLogger(__name__)
+
+K = TypeVar("K", bound=Hashable)
+K_contra = TypeVar("K_contra", contravariant=True)
+
+
+class Outcome(enum.Enum):
+    FORGET = "forget"  # the object is gone: nothing to retry
+    CONFLICT = "requeue"  # routine: someone wrote first; look again soon
+    ERROR = "error"  # retried with a longer backoff
+
+
+class Reconciler(Protocol[K_contra]):
+    async def reconcile(self, key: K_contra) -> None: ...
+
+    async def failed(self, key: K_contra, err: Exception, in_a_row: int) -> Outcome:
+        """What reconciling `key` raising `err` (the `in_a_row`-th failure in a row) means."""
+        ...
+
+    async def recovered(self, key: K_contra) -> None:
+        """The first success after failures."""
+        ...
+
+
+class Worker(Generic[K]):
+    def __init__(
+        self,
+        name: str,
+        queue: WorkQueue[K],
+        reconciler: Reconciler[K],
+        *,
+        workers: int,
+        clock: Clock,
+        metrics: Metrics,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.name, self.queue, self.reconciler = name, queue, reconciler
+        self.workers, self.clock, self.metrics = workers, clock, metrics
+        self.rng = rng or random.Random()
+        self._failures: dict[K, int] = {}
+        self._tasks: list[asyncio.Task] = []
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._work(), name=f"{self.name}-worker-{i}") for i in range(self.workers)]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    def forget(self, key: K) -> None:
+        """The object is gone: drop its count of failures."""
+        self._failures.pop(key, None)
+
+    def failures(self, key: K) -> int:
+        return self._failures.get(key, 0)
+
+    async def process(self, key: K) -> None:
+        """One reconcile of `key`, taken from the queue by the caller, with its outcome handled."""
+        m, name = self.metrics, self.name
+        m.workqueue_depth.labels(name).set(len(self.queue))
+        began, result = self.clock.monotonic(), "success"
+        try:
+            await self.reconciler.reconcile(key)
+            if self._failures.pop(key, None):
+                await self.reconciler.recovered(key)
+        except Exception as err:
+            in_a_row = self._failures.get(key, 0) + 1
+            outcome = await self.reconciler.failed(key, err, in_a_row)
+            if outcome is Outcome.FORGET:
+                self.forget(key)
+            else:
+                result = outcome.value
+                if outcome is Outcome.ERROR:
+                    m.reconcile_errors.labels(name).inc()
+                m.workqueue_retries.labels(name).inc()
+                self._failures[key] = in_a_row
+                delay = reconcile_retry_delay(in_a_row, self.rng.random(), conflict=outcome is Outcome.CONFLICT)
+                self.queue.add_after(key, delay)
+        finally:
+            elapsed = self.clock.monotonic() - began
+            m.reconcile_total.labels(name, result).inc()
+            m.reconcile_time.labels(name).observe(elapsed)
+            m.workqueue_work_duration.labels(name).observe(elapsed)
+
+    async def _work(self) -> None:
+        while True:
+            key = await self.queue.get()
+            try:
+                await self.process(key)
+            finally:
+                self.queue.done(key)
