@@ -14,12 +14,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
-# Builds etcd, Kubernetes, kwok and helm from the Go module proxy into ~/.cache/vigil (once).
+# Builds the control plane (etcd, Kubernetes, kwok) and the tests' tools (helm, promtool, kstatus,
+# the prometheus-operator CRDs) from the Go module proxy into ~/.cache/vigil (once).
 testbed:
-	testbed/build.sh
+	testbed/build.sh all
 
-# The cluster, Vigil's CRDs and operator, and the example jobs run until each has finished.
-up: venv testbed
+# The cluster, Vigil's CRDs and operator, and the example jobs run until each has finished. It
+# builds only what the demo needs (etcd, Kubernetes, kwok). VIGIL_CLUSTER and VIGIL_PORT_BASE
+# (read by testbed.demo and testbed.cluster) run it as another cluster; `make down` stops that one.
+up: venv
+	testbed/build.sh demo
 	$(BIN)/python -m testbed.demo
 
 down:
