@@ -823,8 +823,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--port-base",
         type=int,
-        default=None,
-        help="apiserver port; the others follow it (default 16443, or the cluster's own)",
+        default=int(os.environ["VIGIL_PORT_BASE"]) if os.environ.get("VIGIL_PORT_BASE") else None,
+        help="apiserver port; the others follow it ($VIGIL_PORT_BASE; default 16443, or the cluster's own)",
     )
     parser.add_argument("--nodes", type=int, default=3, help="number of kwok nodes (default 3)")
     parser.add_argument("--durable", action="store_true", help="etcd fsyncs every write (off by default: faster tests)")
