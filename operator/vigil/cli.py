@@ -12,8 +12,8 @@ from vigil.core.election import (
     DEFAULT_LEASE_DURATION,
     DEFAULT_RENEW_DEADLINE,
     DEFAULT_RETRY_PERIOD,
-    ConfigError,
     ElectionConfig,
+    InvalidTimings,
 )
 from vigil.kube.informer import MAX_POD_WATCH_PACE_SECONDS, POD_WATCH_PACE_SECONDS
 
@@ -43,12 +43,12 @@ def add_election_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def election_config(args: argparse.Namespace) -> ElectionConfig:
-    """The timings given; ConfigError (naming the flag) when they cannot work together."""
+    """The timings given; InvalidTimings (naming the flag) when they cannot work together."""
     return ElectionConfig(args.lease_duration, args.renew_deadline, args.retry_period)
 
 
 def lease_namespace(args: argparse.Namespace, service_account_namespace: str = SERVICE_ACCOUNT_NAMESPACE) -> str:
-    """--lease-namespace, else $POD_NAMESPACE, else the pod's own namespace; ConfigError outside a pod."""
+    """--lease-namespace, else $POD_NAMESPACE, else the pod's own namespace; InvalidTimings outside a pod."""
     if args.lease_namespace:
         return args.lease_namespace
     if os.environ.get("POD_NAMESPACE"):
@@ -59,7 +59,7 @@ def lease_namespace(args: argparse.Namespace, service_account_namespace: str = S
     except OSError:
         namespace = ""
     if not namespace:
-        raise ConfigError("--lease-namespace is required outside a pod (or set POD_NAMESPACE)")
+        raise InvalidTimings("--lease-namespace is required outside a pod (or set POD_NAMESPACE)")
     return namespace
 
 
@@ -85,7 +85,7 @@ def _operator(args: argparse.Namespace) -> int:
     if args.leader_elect:
         try:
             lease = (election_config(args), lease_namespace(args), args.lease_name)
-        except ConfigError as err:
+        except InvalidTimings as err:
             print(f"vigil operator: {err}", file=sys.stderr)
             return 2
     try:
@@ -93,7 +93,7 @@ def _operator(args: argparse.Namespace) -> int:
     except config.NoCredentials as err:
         print(f"vigil operator: {err}", file=sys.stderr)
         return 2
-    settings = manager.Settings(
+    settings = manager.OperatorSettings(
         namespaces=tuple(args.namespace),
         workers=args.workers,
         health_address=args.health_address,
@@ -102,7 +102,7 @@ def _operator(args: argparse.Namespace) -> int:
         lease=lease,
         pod_watch_pace=args.pod_watch_pace,
     )
-    return manager.run(settings, credentials)
+    return manager.run_operator(settings, credentials)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -69,7 +69,7 @@ class LeadershipLost(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Settings:
+class OperatorSettings:
     """What `vigil operator`'s flags say (`vigil.cli`)."""
 
     namespaces: tuple[str, ...] = ()
@@ -171,7 +171,7 @@ class _Webhook:
 class Operator:
     """Every part of one operator, each given its collaborators as it is built."""
 
-    def __init__(self, settings: Settings, credentials: Credentials, clock: Clock = SYSTEM) -> None:
+    def __init__(self, settings: OperatorSettings, credentials: Credentials, clock: Clock = SYSTEM) -> None:
         self.settings, self.clock = settings, clock
         # The holder identity is chosen before any request, so that every write of this process
         # names it in its User-Agent: an audit log then tells the replicas apart.
@@ -334,7 +334,7 @@ class Manager:
                 await client.close()
 
 
-def run(settings: Settings, credentials: Credentials) -> int:
+def run(settings: OperatorSettings, credentials: Credentials) -> int:
     """Builds the operator and runs it until SIGTERM or SIGINT; 1 if it stopped with an error
     (a lost lease among them: its pod restarts it as a standby), else 0."""
 

@@ -226,8 +226,8 @@ def test_the_patched_pod_tells_whether_the_attempt_may_go_on(metadata, observed)
 
 def test_api_errors_are_logged_in_one_line_without_headers():
     body = '{"kind":"Status","message":"pods \\"x\\" is forbidden:\\n  User cannot patch"}'
-    assert runner.describe(from_status(403, body)) == '403 Forbidden: pods "x" is forbidden: User cannot patch'
-    assert runner.describe(from_status(503, "<html>")) == "503 ServiceUnavailable: <html>"
+    assert runner.describe_error(from_status(403, body)) == '403 Forbidden: pods "x" is forbidden: User cannot patch'
+    assert runner.describe_error(from_status(503, "<html>")) == "503 ServiceUnavailable: <html>"
 
 
 @pytest.mark.parametrize(

@@ -33,9 +33,9 @@ from vigil.cli import add_election_flags, election_config, lease_namespace
 from vigil.core.election import (
     JITTER_FACTOR,
     Candidate,
-    ConfigError,
     ElectionConfig,
     ElectionPhase,
+    InvalidTimings,
     LeaseRecord,
     LeaseVerdict,
     SeenRecord,
@@ -89,7 +89,7 @@ def test_the_defaults_are_client_gos():
     ],
 )
 def test_invalid_timings_are_refused_naming_the_flag_to_fix(lease, renew, retry, flag_first, words):
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(InvalidTimings) as err:
         ElectionConfig(lease, renew, retry)
     message = str(err.value)
     assert message.startswith(flag_first), message
@@ -105,7 +105,7 @@ def test_validation_accepts_exactly_what_client_go_accepts(lease, renew, retry):
     valid = lease > renew > JITTER_FACTOR * retry
     try:
         ElectionConfig(lease, renew, retry)
-    except ConfigError:
+    except InvalidTimings:
         assert not valid
     else:
         assert valid
@@ -131,7 +131,8 @@ def test_the_flags_default_to_client_gos_timings_and_no_election():
 
 
 def test_flags_that_cannot_work_together_are_refused_naming_the_flag():
-    with pytest.raises(ConfigError, match=r"^--lease-duration \(10s\) must be greater than --renew-deadline \(10s\)"):
+    refused = r"^--lease-duration \(10s\) must be greater than --renew-deadline \(10s\)"
+    with pytest.raises(InvalidTimings, match=refused):
         election_config(parse("--lease-duration", "10"))
 
 
@@ -139,7 +140,7 @@ def test_the_lease_namespace_comes_from_the_flag_the_environment_or_the_pod(monk
     monkeypatch.delenv("POD_NAMESPACE", raising=False)
     missing = str(tmp_path / "none")
     assert lease_namespace(parse("--lease-namespace", "ops"), missing) == "ops"
-    with pytest.raises(ConfigError, match="--lease-namespace is required"):
+    with pytest.raises(InvalidTimings, match="--lease-namespace is required"):
         lease_namespace(parse(), missing)
     mounted = tmp_path / "namespace"
     mounted.write_text("vigil-system\n")

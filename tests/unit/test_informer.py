@@ -164,6 +164,6 @@ def test_retry_delays_grow_and_are_capped(monkeypatch):
     monkeypatch.setattr(informer_module.asyncio, "sleep", fake_sleep)
     for failures in range(1, 12):
         asyncio.run(informer._pause(failures, "test"))
-    first, largest = informer_module.RETRY_SECONDS
+    first, largest = informer_module.RETRY_DELAYS
     assert first / 2 <= delays[0] <= first
     assert all(d <= largest for d in delays) and delays[-1] >= largest / 2

@@ -133,7 +133,7 @@ def _short(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def describe(err: ApiError) -> str:
+def describe_error(err: ApiError) -> str:
     """One line for the log: status, reason and the server's message; never headers (no tokens)."""
     return _short(str(err))
 
@@ -172,11 +172,11 @@ class PodHeartbeat:
             )
             return observe_pod(pod or {}), ""
         except NotFound as err:
-            return Observed.GONE, describe(err)
+            return Observed.GONE, describe_error(err)
         except Unauthorized as err:
-            return Observed.UNAUTHORIZED, describe(err)
+            return Observed.UNAUTHORIZED, describe_error(err)
         except ApiError as err:  # timeouts, refused connections, 5xx, 403, 429: never fatal
-            return Observed.API_ERROR, describe(err)
+            return Observed.API_ERROR, describe_error(err)
 
 
 # --- the heartbeat loop (a thread; the main thread owns the child) --------------------------------
@@ -292,7 +292,7 @@ def exit_status(returncode: int) -> int:
 # --- main -------------------------------------------------------------------------------------------
 
 
-def run(argv: list[str], env: dict[str, str]) -> int:
+def run_agent(argv: list[str], env: dict[str, str]) -> int:
     try:
         settings = Settings.from_env(env)
         pod = PodHeartbeat(settings, request_timeout(settings.timeout))
@@ -408,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args:
         print(USAGE, file=sys.stderr)
         return EXIT_USAGE
-    return run(args, dict(os.environ))
+    return run_agent(args, dict(os.environ))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ PLURAL = "vigiljobs"
 QUEUE_KIND = "VigilQueue"
 QUEUE_PLURAL = "vigilqueues"
 DEFAULT_QUEUE = "default"  # a job's queue when it names none; absent, such jobs run unlimited
-HEAD_OF_LINE = 10  # names of waiting jobs a queue's status shows, first in line first
+HEAD_OF_LINE_LIMIT = 10  # the most names of waiting jobs a queue's status may hold (the schema's maxItems)
 
 # Names Vigil puts on objects (see DESIGN.md, "Names on objects").
 LABEL_JOB_UID = "vigil.dev/job-uid"
@@ -488,7 +488,7 @@ class VigilQueueStatus(WireModel):
     dead_lettered: int = Field(0, description="Dead-lettered jobs of the queue.")
     oldest_queued_seconds: int | None = Field(None, description="How long the first job in line has waited.")
     head_of_line: list[str] = Field(
-        default_factory=list, max_length=HEAD_OF_LINE, description="The next jobs to start, in order."
+        default_factory=list, max_length=HEAD_OF_LINE_LIMIT, description="The next jobs to start, in order."
     )
     conditions: list[Condition] = Field(
         default_factory=list,

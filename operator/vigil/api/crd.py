@@ -260,7 +260,7 @@ _BUILDERS = {CRD_FILE_NAME: vigiljob_crd, QUEUE_CRD_FILE_NAME: vigilqueue_crd}
 
 
 @cache  # the same every time, and with the pod schema in it, costly to dump
-def render(file_name: str = CRD_FILE_NAME) -> str:
+def render_crd(file_name: str = CRD_FILE_NAME) -> str:
     """The text of the CRD file `file_name` (VigilJob's by default)."""
     return _HEADER + yaml.safe_dump(_BUILDERS[file_name](), sort_keys=False, width=100)
 
@@ -271,7 +271,7 @@ def write(root: Path) -> list[Path]:
     for relative in CRD_PATHS:
         path = root / relative
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(render(relative.name))
+        path.write_text(render_crd(relative.name))
         written.append(path)
     return written
 

@@ -15,7 +15,7 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from vigil.controllers.worker import Outcome, Worker
+from vigil.controllers.worker import AfterFailure, Worker
 from vigil.core.queueing.book import QueueBook, QueueKey, Standing
 from vigil.core.queueing.status import queue_status, same_status, status_patch
 from vigil.kube.operations import Kube
@@ -88,9 +88,9 @@ class QueueStatusController:
         if self.book.count(key, Standing.QUEUED):  # the oldest wait grows
             self.queue.add_after(key, STATUS_PERIOD_SECONDS)
 
-    async def failed(self, key: QueueKey, err: Exception, in_a_row: int) -> Outcome:
+    async def failed(self, key: QueueKey, err: Exception, in_a_row: int) -> AfterFailure:
         log.warning("could not write the status of VigilQueue %s/%s: %s", *key, err)
-        return Outcome.ERROR
+        return AfterFailure.ERROR
 
     async def recovered(self, key: QueueKey) -> None:
         pass

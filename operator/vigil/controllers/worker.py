@@ -28,7 +28,7 @@ K = TypeVar("K", bound=Hashable)
 K_contra = TypeVar("K_contra", contravariant=True)
 
 
-class Outcome(enum.Enum):
+class AfterFailure(enum.Enum):
     FORGET = "forget"  # the object is gone: nothing to retry
     CONFLICT = "requeue"  # routine: someone wrote first; look again soon
     ERROR = "error"  # retried with a longer backoff
@@ -37,7 +37,7 @@ class Outcome(enum.Enum):
 class Reconciler(Protocol[K_contra]):
     async def reconcile(self, key: K_contra) -> None: ...
 
-    async def failed(self, key: K_contra, err: Exception, in_a_row: int) -> Outcome:
+    async def failed(self, key: K_contra, err: Exception, in_a_row: int) -> AfterFailure:
         """What reconciling `key` raising `err` (the `in_a_row`-th failure in a row) means."""
         ...
 
@@ -92,15 +92,15 @@ class Worker(Generic[K]):
         except Exception as err:
             in_a_row = self._failures.get(key, 0) + 1
             outcome = await self.reconciler.failed(key, err, in_a_row)
-            if outcome is Outcome.FORGET:
+            if outcome is AfterFailure.FORGET:
                 self.forget(key)
             else:
                 result = outcome.value
-                if outcome is Outcome.ERROR:
+                if outcome is AfterFailure.ERROR:
                     m.reconcile_errors.labels(name).inc()
                 m.workqueue_retries.labels(name).inc()
                 self._failures[key] = in_a_row
-                delay = reconcile_retry_delay(in_a_row, self.rng.random(), conflict=outcome is Outcome.CONFLICT)
+                delay = reconcile_retry_delay(in_a_row, self.rng.random(), conflict=outcome is AfterFailure.CONFLICT)
                 self.queue.add_after(key, delay)
         finally:
             elapsed = self.clock.monotonic() - began

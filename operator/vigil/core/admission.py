@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from vigil import api
+from vigil.core.queueing.book import QueueKey
 
 ADMISSION_API_VERSION = "admission.k8s.io/v1"
 
@@ -48,9 +49,6 @@ PENDING_TTL_SECONDS = 90.0
 # what the queue had room for); this caps the sum so a watch that shows nothing for minutes
 # cannot grow memory without end (~200 bytes an entry: 100,000 is ~20 MB).
 MAX_PENDING = 100_000
-
-QueueKey = tuple[str, str]  # (namespace, VigilQueue name)
-
 
 class QueueLimits(Protocol):
     """What admission reads of a queue's spec: `api.VigilQueueSpec` and `queueing.QueueSpec` both fit."""

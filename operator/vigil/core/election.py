@@ -50,7 +50,7 @@ DEFAULT_RENEW_DEADLINE = 10.0
 DEFAULT_RETRY_PERIOD = 2.0
 
 
-class ConfigError(ValueError):
+class InvalidTimings(ValueError):
     """Timings that cannot work together; the message names the flag to fix."""
 
 
@@ -70,15 +70,15 @@ class ElectionConfig:
             ("--retry-period", self.retry_period),
         ):
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-                raise ConfigError(f"{flag} must be a number of seconds greater than zero (got {value!r})")
+                raise InvalidTimings(f"{flag} must be a number of seconds greater than zero (got {value!r})")
         if self.lease_duration <= self.renew_deadline:
-            raise ConfigError(
+            raise InvalidTimings(
                 f"--lease-duration ({self.lease_duration:g}s) must be greater than --renew-deadline "
                 f"({self.renew_deadline:g}s): a leader that cannot renew must stop acting before its lease "
                 "can expire at the standbys"
             )
         if self.renew_deadline <= JITTER_FACTOR * self.retry_period:
-            raise ConfigError(
+            raise InvalidTimings(
                 f"--renew-deadline ({self.renew_deadline:g}s) must be greater than {JITTER_FACTOR:g} x "
                 f"--retry-period ({self.retry_period:g}s x {JITTER_FACTOR:g} = "
                 f"{JITTER_FACTOR * self.retry_period:g}s): the leader needs room for more than one attempt "

@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 # request from the watch cache's resourceVersion, nothing.
 WATCH_SECONDS = 15  # the server ends each watch after 15-22.5 s, with a bookmark first
 PROGRESS_DEADLINE_SECONDS = 30.0  # > 22.5 s + slack: silence beyond this is a dead connection
-RETRY_SECONDS = (0.5, 30.0)  # first and largest delay between failed attempts to list or watch
+RETRY_DELAYS = (0.5, 30.0)  # first and largest delay between failed attempts to list or watch
 # The pod watches carry every heartbeat (a whole pod per beat). Resting their connections 0.1 s
 # after each read lets the beats of that time come in one read: reading costs half the CPU, a
 # beat 39% less (bench/README.md, "Reading watches in batches"), and a pod's change is seen at
@@ -137,7 +137,7 @@ class Informer:
                 await self._pause(failures, str(err))
 
     async def _pause(self, failures: int, why: str) -> None:
-        delay = backoff(failures, *RETRY_SECONDS, self.rng.random())
+        delay = backoff(failures, *RETRY_DELAYS, self.rng.random())
         log.warning("%s: %s; retrying in %.1fs", self.name, why, delay)
         await self.clock.sleep(delay)
 

@@ -26,7 +26,7 @@ from vigil.runtime.clock import SYSTEM, Clock
 log = logging.getLogger(__name__)
 
 LEADER_LABEL = "vigil.dev/leader"
-RETRY_SECONDS = 2.0  # until the mark is placed; meanwhile the webhook's failurePolicy applies
+MARK_RETRY_SECONDS = 2.0  # until the mark is placed; meanwhile the webhook's failurePolicy applies
 
 
 @dataclass(frozen=True)
@@ -75,8 +75,8 @@ class LeaderMark:
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # noqa: BLE001 - retried; the webhook's failurePolicy covers the gap
-                log.warning("could not mark this pod as the leader (retrying in %.0f s): %s", RETRY_SECONDS, err)
-                await self.clock.sleep(RETRY_SECONDS)
+                log.warning("could not mark this pod as the leader (retrying in %.0f s): %s", MARK_RETRY_SECONDS, err)
+                await self.clock.sleep(MARK_RETRY_SECONDS)
 
     async def drop(self) -> None:
         """Removes this pod's mark, once, before the Lease is released."""

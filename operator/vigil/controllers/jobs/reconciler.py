@@ -30,7 +30,7 @@ from vigil.controllers.jobs.executor import UNSEEN_CHECK_SECONDS, Executor, PodC
 from vigil.controllers.jobs.handlers import JobEvents
 from vigil.controllers.jobs.rechecks import StartingRechecks
 from vigil.controllers.jobs.view import ClusterView
-from vigil.controllers.worker import Outcome
+from vigil.controllers.worker import AfterFailure
 from vigil.core import actions, doubt, failures, lifecycle, podstate
 from vigil.core.liveness import actionable
 from vigil.core.objects import Key
@@ -63,7 +63,7 @@ class Decided(NamedTuple):
     states: dict[str, str]  # the detector's state of each pod, by UID (for the silence alarm)
 
 
-def describe(err: Exception) -> tuple[str, str]:
+def failure_condition(err: Exception) -> tuple[str, str]:
     """(reason, message) for the ReconcileError condition."""
     if isinstance(err, PodCreateRefused):
         return "PodCreateRefused", f"{err.message}; retrying with backoff"
@@ -138,20 +138,20 @@ class JobReconciler:
             job = await self.executor.execute(job, action)
         self._schedule(key, decided.states, held_back)
 
-    async def failed(self, key: Key, err: Exception, in_a_row: int) -> Outcome:
+    async def failed(self, key: Key, err: Exception, in_a_row: int) -> AfterFailure:
         if isinstance(err, NotFound):
             log.info("%s/%s is gone; forgetting it", *key)
             self.handlers.forget(key)
-            return Outcome.FORGET
+            return AfterFailure.FORGET
         if isinstance(err, Conflict):
             # One conflict is routine (the watch was a step behind); a run of them means the
             # view and the API server disagree for longer than a watch lags: say so.
             level = logging.WARNING if in_a_row >= CONFLICTS_WORTH_A_WARNING else logging.DEBUG
             log.log(level, "conflict on %s/%s (%d in a row), reading it again: %s", *key, in_a_row, err)
             await self._read_again(key)
-            return Outcome.CONFLICT
+            return AfterFailure.CONFLICT
         await self._report_failure(key, err)
-        return Outcome.ERROR
+        return AfterFailure.ERROR
 
     async def recovered(self, key: Key) -> None:
         job = self.view.job(key)
@@ -297,7 +297,7 @@ class JobReconciler:
     async def _report_failure(self, key: Key, err: Exception) -> None:
         """Shows the failure on the job (condition, and one event per distinct cause)."""
         job = self.view.job(key)
-        reason, message = describe(err)
+        reason, message = failure_condition(err)
         if job is None:
             return
         patch, new_cause = failures.report(job, reason, message, self.clock.wall())
