@@ -334,7 +334,7 @@ class Manager:
                 await client.close()
 
 
-def run(settings: OperatorSettings, credentials: Credentials) -> int:
+def run_operator(settings: OperatorSettings, credentials: Credentials) -> int:
     """Builds the operator and runs it until SIGTERM or SIGINT; 1 if it stopped with an error
     (a lost lease among them: its pod restarts it as a standby), else 0."""
 

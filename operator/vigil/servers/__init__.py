@@ -1,1 +1,2 @@
-"""TODO"""
+"""What the operator serves: one way to serve HTTP (`http`), the probes (`health`), Prometheus
+metrics (`metrics`) and the admission webhook (`webhook`)."""
