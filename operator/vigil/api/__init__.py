@@ -25,7 +25,7 @@ QUEUE_PLURAL = "vigilqueues"
 DEFAULT_QUEUE = "default"  # a job's queue when it names none; absent, such jobs run unlimited
 HEAD_OF_LINE_LIMIT = 10  # the most names of waiting jobs a queue's status may hold (the schema's maxItems)
 
-# Names Vigil puts on objects (see DESIGN.md, "Names on objects").
+# Names Vigil puts on objects (docs/design.md, "Names on objects").
 LABEL_JOB_UID = "vigil.dev/job-uid"
 LABEL_ATTEMPT = "vigil.dev/attempt"
 LABEL_QUEUE = "vigil.dev/queue"

@@ -1,5 +1,5 @@
 """Admission backpressure: refuse a new VigilJob while its queue already holds `maxQueued`
-waiting jobs (DESIGN.md, `VigilQueue`; issue 8). Overload shows at the door, as a 429 the client
+waiting jobs (docs/design.md, "VigilQueue"). Overload shows at the door, as a 429 the client
 can retry, instead of as a backlog nobody sees.
 
 A pure core, as `lifecycle` and `queueing` are: no I/O and no clock (the shell passes monotonic

@@ -4,7 +4,7 @@ No I/O and no clock of its own: every time is a value of a monotonic clock hande
 caller, so a wall clock that jumps (NTP, a VM restored from a snapshot) changes nothing, and
 tests drive time by hand.
 
-Self-fencing (DESIGN.md, Semantics): the agent always stops its child when its pod is marked
+Self-fencing (docs/design.md, "Semantics"): the agent always stops its child when its pod is marked
 superseded, is being deleted, or is gone. When it cannot renew its heartbeat for
 `timeoutSeconds`, the operator may have declared the attempt Lost and started another: under
 NoOverlap the agent stops its child; under AtLeastOnce it keeps the child and keeps trying.

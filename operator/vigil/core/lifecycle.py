@@ -1,79 +1,27 @@
 """The decision core: given a job, its pods and the time, what should happen next.
 
-`decide()` is pure: it reads a snapshot and returns actions, and the shell executes them. It is
-level-triggered and built for doubt: the operator may crash between any two actions, and the
-snapshot it gets may be stale, duplicated or out of order. What keeps it safe:
+`decide()` is pure: it reads a snapshot and returns actions (`vigil.core.actions`), and the
+shell executes them in order. It is level-triggered and built for doubt: the operator may crash
+between any two actions, and the snapshot may be stale, duplicated or out of order. The
+invariants it keeps (docs/design.md, "Semantics", says why each holds):
 
-- The pod first, then status. A decision that only starts attempt N+1 creates its pod and writes
-  no status: the next look finds the pod (the shell writes what it created through to its
-  cache, and the watch brings it anyway) and records the attempt, with the pod's UID and
-  whatever the pod did meanwhile, in the one write it makes anyway (_adopt_newer_attempt). That
-  saves the API server one custom-resource write per attempt, its dearest kind of request. The
-  pod is the attempt's record until then: it carries the job's UID and its number, and the
-  attempt-tracking finalizer keeps its object until status holds its outcome, so it cannot
-  vanish unrecorded. A start that comes with other changes of status still reserves the attempt
-  in that decision's status write, before the pod.
-- Fencing by resourceVersion. Every decision that mutates anything starts with a fence carrying
-  the resourceVersion it read: its PatchStatus, or, when it changes no status, a ConfirmVersion
-  (the shell reads the job and compares). On a stale snapshot the fence fails with a conflict
-  and the shell drops the rest of the decision: no pod is created for an attempt number a newer
-  status has used already, whose pod may be gone.
-- Deterministic pod names. Creating attempt N's pod twice fails with AlreadyExists; a pod of
-  that name that the job does not own is never adopted.
-- A pod, once seen, is remembered by UID (`currentAttempt.podUID`): if it vanishes, the attempt
-  is Lost and retried under a new number, never re-created under the same one.
-
-Heartbeats (see `vigil.core.liveness` for how silence is measured) come in as verdicts per pod UID:
-
-- Running + Uncertain -> phase Uncertain (a state, not a verdict: nothing is replaced);
-  Uncertain + Healthy -> Running again, with a HeartbeatResumed event. No verdict at all counts as
-  Healthy, and never as Lost: a shell that lost its memory must not replace anything.
-- Lost -> the attempt's outcome is Lost (a failure: backoff, maxAttempts, dead letter), its pod is
-  marked `vigil.dev/superseded` and deleted. The marking is redone with the deletion by
-  _stop_stray_pods, so a crash in between loses neither.
-- Condition HeartbeatHealthy (only when heartbeat.required): True while the running attempt is
-  Healthy, Unknown while Uncertain, False once an attempt was Lost; it keeps its value between
-  attempts, so it tells the last thing known.
-- status.currentAttempt.lastHeartbeatAt (the operator's wall clock at the last beat, for people
-  only) is written along with any other status write, and on its own only when the stored value
-  is `liveness.stamp_period` (max(5 min, timeout / 2)) off: never one API write per beat.
-
-NoOverlap: attempt N+1 is reserved only when no pod of an earlier attempt may still run: a
-terminating pod holds it back, a finished one (phase Succeeded or Failed, kept for its logs)
-does not, since every container of it has stopped. This relies on the pods given to decide()
-including every pod earlier decisions created: the shell writes the pods it creates through
-into its cache, as it does with the job's status.
-
-A late success wins: a pod of an attempt recorded as Lost (or Superseded) that reports Succeeded
-makes a job that is not yet terminal Succeeded (reason LateSuccess). Its history record becomes
-Succeeded; the current attempt, if any, is closed as Cancelled and its pod deleted. Other
-outcomes (Cancelled, DeadlineExceeded, Disrupted) are deliberate stops: a pod that exits 0 on
-the SIGTERM Vigil sent it has not necessarily done its work, so those do not count. Nor does a
-deleted pod that ended after its deletion was requested: `podstate.read_pod` reads it as Stopped,
-never Succeeded, so a Lost pod's success counts only if it finished before Vigil deleted it.
-
-A pod deleted by someone else ends its attempt as soon as the deletion is seen: outcome Lost,
-reason PodDeleted, a counted failure that is retried. If the pod had already ended it is read as
-usual, except that an end after the deletion request (Stopped, whatever the exit code) is that
-same Lost/PodDeleted: it was stopped, it did not finish.
-
-The attempt-tracking finalizer (`vigil.dev/attempt-tracking`, put on every attempt pod by
-`vigil.core.manifest`) keeps a deleted pod's object until Vigil has read how it ended: no final phase or
-exit code is lost, a late success included. The rule, in _record_final_states and _release_pods:
-a pod is released (ReleasePod, after the fence of the same decision) when
-- it is not the current attempt's pod: its attempt is closed, so its outcome is in the status
-  this decision writes (the pod that ends the current attempt is released by the decision that
-  closes it), with the pod's exit code in the record (added when the pod ends after its attempt
-  was closed: Lost, PodDeleted, Cancelled, DeadlineExceeded); and
-- it can say nothing more: it has finished (phase Succeeded or Failed, which is final), or it was
-  force-deleted before it finished (grace period 0: no kubelet will report on it; the pod
-  garbage collector marks the pods of a vanished node Failed first).
-Kubernetes removes a deleted pod only once its kubelet has reported it finished or once it is
-force-deleted, so Vigil never holds a pod longer than Kubernetes would have kept it anyway, only
-until its next look. The pods of a job being deleted are released at once: what they say can be
-written nowhere any more (and a foreground deletion of the job waits for them). ReleasePod is
-emitted only for pods that still carry the finalizer; it changes nothing in status, but like
-every mutation it comes after the decision's fence.
+- Every decision that mutates anything starts with a fence carrying the resourceVersion it read
+  (its PatchStatus, else a ConfirmVersion); the shell drops the rest when the fence fails.
+- A decision that only starts attempt N+1 creates its pod and writes no status (the pod first,
+  `_Draft._only_starts`); the look that finds the pod records the attempt (`_adopt_newer_attempt`).
+- Attempt numbers only grow; a pod once seen is remembered by UID, and a vanished one is never
+  re-created under the same number; a pod of an attempt's name that the job does not own is
+  never adopted.
+- Liveness comes in as verdicts per pod UID (`vigil.core.liveness`); no verdict is Healthy, never
+  Lost. Only Lost replaces an attempt (its pod marked superseded, then deleted, by
+  `_stop_stray_pods`, which redoes both after a crash).
+- Under NoOverlap no attempt is reserved while a pod of an earlier one may still run.
+- A late success of a Lost or Superseded attempt wins; a pod stopped by its deletion is no
+  success (`vigil.core.podstate`).
+- A pod keeps the attempt-tracking finalizer until status holds its outcome and it can say
+  nothing more (`_record_final_states`, `_release_pods`).
+- Decided again on what it wrote and the same pods, a decision changes nothing (a property test
+  holds it to that): the shell needs no look at its own write.
 """
 
 from __future__ import annotations

@@ -59,8 +59,8 @@ State = Literal["Healthy", "Uncertain", "Lost"]
 # the HeartbeatHealthy condition say within the timeout whether beats arrive. Written on its own,
 # it costs a status write, a reconcile and a watch event per job, so it is refreshed at most this
 # often, as the kubelet reports an unchanged Node status every 5 minutes while its Lease carries
-# the heartbeat (KEP-589). At 30 s, 10,000 beating jobs cost 333 status writes a second, and the
-# stamps were 40% of the operator's CPU under heartbeat load (bench/heartbeat_load.py).
+# the heartbeat (KEP-589): a stamp written every few beats would cost a status write per job
+# per period, the dearest request there is (bench/heartbeat_load.py measures it).
 MIN_STAMP_PERIOD_SECONDS = 300.0
 
 

@@ -64,9 +64,8 @@ def strip_pod(pod: dict[str, Any]) -> dict[str, Any]:
     what the readings of this module and the controller's change test read. Every pod of every
     job is kept (the watch, creations and direct reads all go through here), and the rest is most
     of a pod in memory: the spec (containers, volumes, tolerations) and of the status the kubelet's
-    bookkeeping (Ready and other conditions, IPs, images, container IDs, termination messages). A
-    failed pod of the bench takes 3.5 KiB as Python objects kept, 16.4 whole (bench/README.md,
-    "N = 10,000: fail-twice and queued"). A new reading of a pod must find here what it reads:
+    bookkeeping (Ready and other conditions, IPs, images, container IDs, termination messages)
+    (bench/README.md has what a kept pod weighs). A new reading of a pod must find here what it reads:
     the property test `test_a_kept_pod_reads_as_the_whole_pod` fails otherwise.
 
     Kept: metadata (less managedFields and kubectl's last-applied copy); spec.nodeName;

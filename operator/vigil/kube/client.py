@@ -1,9 +1,8 @@
 """The one HTTP client of Vigil for the API server: requests, paginated lists and watches, over
 aiohttp on the event loop, with the credentials of a kubeconfig (`vigil.kube.config`).
 
-A request is a JSON body out and a decoded answer back (orjson), without model classes: reads
-are the hot path (a watched pod per heartbeat), and the official client's validation, threads
-and models once cost most of the operator's CPU. What a caller relies on:
+A request is a JSON body out and a decoded answer back (orjson), without model classes or
+threads: reads are the hot path (a watched pod per heartbeat). What a caller relies on:
 
 - Errors: every failure is a `vigil.kube.errors.ApiError`; a broken connection or a timeout is
   `Unreachable` (status 0), a watch that delivers nothing within its progress deadline `Stalled`.

@@ -45,9 +45,9 @@ WATCH_SECONDS = 15  # the server ends each watch after 15-22.5 s, with a bookmar
 PROGRESS_DEADLINE_SECONDS = 30.0  # > 22.5 s + slack: silence beyond this is a dead connection
 RETRY_DELAYS = (0.5, 30.0)  # first and largest delay between failed attempts to list or watch
 # The pod watches carry every heartbeat (a whole pod per beat). Resting their connections 0.1 s
-# after each read lets the beats of that time come in one read: reading costs half the CPU, a
-# beat 39% less (bench/README.md, "Reading watches in batches"), and a pod's change is seen at
-# most 0.1 s later, nothing beside heartbeat timeouts of seconds. The job and queue watches are
+# after each read lets the beats of that time come in one read, one TLS pass and one parse
+# (bench/README.md, "Reading watches in batches"); a pod's change is seen at most 0.1 s later,
+# nothing beside heartbeat timeouts of seconds. The job and queue watches are
 # not paced: a new job is started as soon as it is seen. `vigil operator --pod-watch-pace` sets it.
 POD_WATCH_PACE_SECONDS = 0.1
 MAX_POD_WATCH_PACE_SECONDS = 1.0  # beyond this the delay would start to eat into short timeouts

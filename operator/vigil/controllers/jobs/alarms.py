@@ -5,8 +5,7 @@ attempts would turn Uncertain (or Lost) if no beat arrived. A beating attempt pu
 instant forward with every beat, so most alarms ring for nothing: when one rings it first asks
 whether any attempt's verdict differs from the ones the last decision was taken on
 (`core.liveness.ring_or_rearm`); only then does the job go to the work queue, else the alarm is
-set again for the new instant. (Waking every healthy job at each threshold cost a quarter of the
-operator's CPU under heartbeat load: bench/README.md.)
+set again for the new instant: a healthy job costs no reconcile at each threshold.
 
 Remembers, per job: its timer, and the verdict states (per pod UID) that its last decision saw.
 Both are dropped with the job (`cancel`).
