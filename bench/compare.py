@@ -394,7 +394,7 @@ class Timeline:
 
 
 def pod_spec() -> dict:
-    """A pod for a kwok node, as tests/conftest.py's simulated_pod_spec() makes it."""
+    """A pod for a kwok node, as tests/support/cluster.py's simulated_pod_spec() makes it."""
     return {
         "containers": [{"name": "main", "image": "registry.invalid/vigil/sim:none"}],
         "nodeSelector": {"type": "kwok"},

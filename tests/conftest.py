@@ -1,131 +1,35 @@
-"""Fixtures shared by the integration and end-to-end suites.
+"""Fixtures of the suites that run on a cluster (the helpers behind them are in tests/support/).
 
 `kube` is one real cluster for the whole session: the cluster $KUBECONFIG points at (a kind
 cluster, say) when that is set, or else the local test bed, started here when it is not
 running and stopped again at the end if this session started it. `namespace` is a fresh
-namespace per test, deleted after it.
+namespace per test, deleted after it, watched by the session's operator (`vigil`);
+`own_namespace` is one that operator leaves alone, for a test that runs operators of its own
+(`own_operator`).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from kubernetes import client, config
+from kubernetes import config
 
 from testbed import cluster as testbed
-
-# The test bed the suite starts for itself: a name and ports of its own, so that a cluster a
-# developer brought up with `python -m testbed.cluster up` is left alone.
-# VIGIL_TEST_CLUSTER_NAME and VIGIL_TEST_PORT_BASE let two runs of the suite share a machine.
-SUITE_CLUSTER = testbed.Cluster(
-    os.environ.get("VIGIL_TEST_CLUSTER_NAME", "pytest"),
-    testbed.Ports.from_base(int(os.environ.get("VIGIL_TEST_PORT_BASE", 17443))),
+from testbed.faults import FaultProxy, kubeconfig_via
+from tests.support.agents import Agents
+from tests.support.cluster import (
+    SUITE_CLUSTER,
+    Kube,
+    fresh_namespace,
+    install_crds,
+    proxy_to_api_server,
+    show_log,
 )
-
-
-@dataclass
-class Kube:
-    """One cluster under test: where it is, and clients for it."""
-
-    kubeconfig: Path
-    api: client.ApiClient
-    on_testbed: bool  # kwok nodes with the project's stages (false on a cluster given by $KUBECONFIG)
-
-    @property
-    def core(self) -> client.CoreV1Api:
-        return client.CoreV1Api(self.api)
-
-    @property
-    def custom(self) -> client.CustomObjectsApi:
-        return client.CustomObjectsApi(self.api)
-
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
-        """kubectl as a user runs it: the test bed's own build, else the one on PATH."""
-        built = testbed.BIN / "kubectl"
-        binary = str(built) if built.exists() else shutil.which("kubectl") or "kubectl"
-        result = subprocess.run(
-            [binary, "--kubeconfig", str(self.kubeconfig), *args], input=input, capture_output=True, text=True
-        )
-        if check and result.returncode:
-            raise AssertionError(f"kubectl {' '.join(args)} failed ({result.returncode}): {result.stderr}")
-        return result
-
-
-def wait_until(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.2):
-    """Polls condition() until it returns something truthy, which is returned; fails with `what`."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = condition()
-        if last:
-            return last
-        time.sleep(interval)
-    pytest.fail(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
-
-
-def holds(check: Callable[[], None], seconds: float, interval: float = 0.5) -> None:
-    """Runs check() (which asserts) over and over for `seconds`: for the claims that something
-    does not happen for a while, where waiting the whole while is the point, not a guess."""
-    deadline = time.monotonic() + seconds
-    while True:
-        check()
-        if time.monotonic() >= deadline:
-            return
-        time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
-
-
-def pod_phase(kube: Kube, namespace: str, name: str) -> str | None:
-    """The pod's phase, or None when there is no such pod."""
-    try:
-        return kube.core.read_namespaced_pod(name, namespace).status.phase
-    except client.ApiException as err:
-        if err.status == 404:
-            return None
-        raise
-
-
-def token_kubeconfig(kube: Kube, token: str, path: Path, server: str | None = None) -> Path:
-    """A kubeconfig for the cluster under test that authenticates with a bearer token."""
-    conf = kube.api.configuration
-    cluster = {"server": server or conf.host, "certificate-authority": conf.ssl_ca_cert}
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "c", "cluster": cluster}],
-                "users": [{"name": "u", "user": {"token": token}}],
-                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "c",
-            }
-        )
-    )
-    return path
-
-
-def simulated_pod_spec(exit_code: str | None = "0", run_for: str | None = None) -> tuple[dict, dict]:
-    """Annotations and pod spec for a pod that runs on a kwok node and finishes as told."""
-    annotations = {}
-    if exit_code is not None:
-        annotations["sim.vigil.dev/exit-code"] = exit_code
-    if run_for is not None:
-        annotations["sim.vigil.dev/run-for"] = run_for
-    spec = {
-        "containers": [{"name": "main", "image": "registry.invalid/vigil/sim:none"}],
-        "nodeSelector": {"type": "kwok"},
-        "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
-    }
-    return annotations, spec
+from tests.support.operators import OperatorProcess
 
 
 @pytest.fixture(scope="session")
@@ -148,82 +52,6 @@ def kube() -> Iterator[Kube]:
             testbed.down(SUITE_CLUSTER)
 
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def install_crds(kube: Kube) -> None:
-    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
-    extensions = client.ApiextensionsV1Api(kube.api)
-
-    def established(name: str) -> bool:
-        # Polled here: `kubectl wait` errors out on a CRD that has no status yet.
-        conditions = extensions.read_custom_resource_definition(name).status.conditions or []
-        return any(c.type == "Established" and c.status == "True" for c in conditions)
-
-    for name in ("vigiljobs.vigil.dev", "vigilqueues.vigil.dev"):
-        wait_until(lambda name=name: established(name), 60, f"CRD {name} to be established")
-
-
-def release_attempt_pods(kube: Kube, namespace: str) -> None:
-    """Removes Vigil's attempt-tracking finalizer from every pod of `namespace`, for a test whose
-    operator has stopped before its namespace is deleted (else the namespace stays Terminating)."""
-    for pod in kube.core.list_namespaced_pod(namespace).items:
-        if "vigil.dev/attempt-tracking" in (pod.metadata.finalizers or []):
-            patch = {"metadata": {"$deleteFromPrimitiveList/finalizers": ["vigil.dev/attempt-tracking"]}}
-            try:
-                kube.core.patch_namespaced_pod(pod.metadata.name, namespace, patch)
-            except client.ApiException as err:
-                if err.status != 404:
-                    raise
-
-
-class OperatorProcess:
-    """`vigil operator` as a separate process, as it runs for real; killable at any instant."""
-
-    def __init__(
-        self,
-        kube: Kube,
-        namespaces: list[str],
-        log_path: Path,
-        kubeconfig: Path | None = None,
-        extra_args: tuple[str, ...] = (),
-        env: dict[str, str] | None = None,
-    ):
-        self.kube, self.namespaces, self.log_path = kube, namespaces, log_path
-        self.extra_args = extra_args  # more flags of `vigil operator`
-        self.env = env or {}  # more environment, e.g. the POD_NAME the downward API gives in a pod
-        self.kubeconfig = kubeconfig or kube.kubeconfig  # whose identity the operator acts with
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        vigil = Path(sys.executable).with_name("vigil")
-        args = [str(vigil), "operator", "--log-level", os.environ.get("VIGIL_TEST_OPERATOR_LOG_LEVEL", "info")]
-        for pattern in self.namespaces:
-            args += ["--namespace", pattern]
-        args += self.extra_args
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                args,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, **self.env, "KUBECONFIG": str(self.kubeconfig)},
-            )
-
-    def kill(self) -> None:
-        """SIGKILL: no cleanup, no goodbye, as when a node dies under it."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
 @pytest.fixture(scope="session")
 def vigil(
     kube: Kube, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
@@ -237,19 +65,75 @@ def vigil(
     finally:
         operator.stop()
         if request.session.testsfailed:  # CI keeps no files: show what the operator said
-            tail = operator.log_path.read_text(errors="replace").splitlines()[-120:]
-            print(f"--- last lines of {operator.log_path}", *tail, sep="\n", file=sys.__stderr__)
+            show_log(operator.log_path, 120)
 
 
 @pytest.fixture
 def namespace(kube: Kube) -> Iterator[str]:
-    name = f"t-{uuid.uuid4().hex[:10]}"
-    kube.core.create_namespace(
-        client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels={"vigil.dev/test": "true"}))
-    )
-    # Pods are refused until the namespace's default ServiceAccount exists.
-    wait_until(lambda: kube.core.list_namespaced_service_account(name).items, 30, f"ServiceAccount in {name}")
-    try:
+    """A fresh namespace t-*, which the session's operator (`vigil`) watches."""
+    with fresh_namespace(kube, "t-", labels={"vigil.dev/test": "true"}, release=False) as name:
         yield name
+
+
+@pytest.fixture
+def own_namespace(kube: Kube) -> Iterator[str]:
+    """A fresh namespace outside the session operator's t-*, for a test whose own operators act
+    in it alone; its pods' attempt-tracking finalizers are released at the end (those operators
+    are stopped by then)."""
+    with fresh_namespace(kube, "o-") as name:
+        yield name
+
+
+@pytest.fixture
+def own_operator(
+    kube: Kube, own_namespace: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., tuple[OperatorProcess, FaultProxy | None]]]:
+    """`start(proxied=False)` -> (operator, proxy or None): `vigil operator` for `own_namespace`,
+    directly or through a fault proxy of its own; the CRDs installed first. Stopped at the end,
+    its proxy healed first and stopped after, and its log shown if the test failed."""
+    install_crds(kube)
+    started: list[tuple[OperatorProcess, FaultProxy | None]] = []
+
+    def start(proxied: bool = False) -> tuple[OperatorProcess, FaultProxy | None]:
+        proxy, kubeconfig = None, None
+        if proxied:
+            proxy = proxy_to_api_server(kube, f"operator-{own_namespace}")
+            kubeconfig = kubeconfig_via(proxy, kube.kubeconfig, tmp_path / "operator-via-proxy.kubeconfig")
+        operator = OperatorProcess(kube, [own_namespace], tmp_path / "operator.log", kubeconfig=kubeconfig)
+        operator.start()
+        started.append((operator, proxy))
+        return operator, proxy
+
+    failed_before = request.session.testsfailed
+    try:
+        yield start
     finally:
-        kube.core.delete_namespace(name, propagation_policy="Background")
+        for operator, proxy in started:
+            if proxy is not None:
+                proxy.heal()
+            operator.stop()
+            if proxy is not None:
+                proxy.stop()
+        if started and request.session.testsfailed > failed_before:  # CI keeps no files: show what it said
+            show_log(started[0][0].log_path)  # one log for all of them
+
+
+@pytest.fixture
+def agents(kube: Kube, tmp_path: Path) -> Iterator[Agents]:
+    """Starts agents (`agents.start(namespace, pod)`, `agents.add(agent)`); every one of them is
+    stopped after the test, whatever happened."""
+    started = Agents(kube, tmp_path)
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture
+def fault_proxy(kube: Kube, tmp_path: Path) -> Iterator[FaultProxy]:
+    """A fault proxy in front of the cluster's API server, stopped after the test."""
+    proxy = proxy_to_api_server(kube, f"p-{uuid.uuid4().hex[:8]}", home=tmp_path)
+    try:
+        yield proxy
+    finally:
+        proxy.stop()

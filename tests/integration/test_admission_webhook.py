@@ -22,17 +22,18 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import aiohttp
 import pytest
 import yaml
-from kubernetes import client, config
+from kubernetes import client
 
-from testbed import cluster as testbed
-from tests.conftest import ROOT, Kube, install_crds, wait_until
-from tests.support.webhooks import register, unregister
+from tests.support.charts import CHART, KUBE_VERSION, tool
+from tests.support.cluster import Kube, fresh_namespace, install_crds
+from tests.support.jobs import create_at_once
+from tests.support.waits import wait_until
+from tests.support.webhooks import dry_run_refused, register_and_wait, unregister
 from vigil import api
 from vigil.core.admission import Pending
 from vigil.kube.client import ApiClient, resource_path
@@ -146,9 +147,8 @@ class Loop:
 class Bed:
     """One namespace, the webhook serving it on loopback, and its registration."""
 
-    def __init__(self, kube: Kube, tmp_path: Path) -> None:
-        self.kube, self.run_id = kube, uuid.uuid4().hex[:10]
-        self.namespace = f"adm-{self.run_id}"
+    def __init__(self, kube: Kube, tmp_path: Path, namespace: str, run_id: str) -> None:
+        self.kube, self.namespace, self.run_id = kube, namespace, run_id
         self.config_name = f"vigil-test-{self.run_id}"
         self.certs = tmp_path / "certs"
         self.ca = make_self_signed(self.certs, ip_addresses=["127.0.0.1"])
@@ -163,28 +163,16 @@ class Bed:
         return ports[0]
 
     def register(self, port: int) -> None:
-        register(
-            self.kube.api,
-            webhook_configuration(
-                self.config_name,
-                self.ca,
-                url=f"https://127.0.0.1:{port}{PATH}",
-                namespace_selector={"matchLabels": {RUN_LABEL: self.run_id}},
-            ),
+        configuration = webhook_configuration(
+            self.config_name,
+            self.ca,
+            url=f"https://127.0.0.1:{port}{PATH}",
+            namespace_selector={"matchLabels": {RUN_LABEL: self.run_id}},
         )
-        # The API server picks up the configuration from its own watch: wait until a queue that
-        # takes nothing (maxQueued 0) refuses a dry run.
-        self.create_queue("probe", 0)
-        wait_until(lambda: self.dry_run_refused("probe"), 30, "the webhook configuration to take effect")
+        register_and_wait(self.kube, configuration, self.namespace, lambda name: self.create_queue(name, 0))
 
     def dry_run_refused(self, queue_name: str) -> bool:
-        try:
-            self.kube.custom.create_namespaced_custom_object(
-                api.GROUP, api.VERSION, self.namespace, api.PLURAL, job("probe", queue_name), dry_run="All"
-            )
-        except client.ApiException as err:
-            return err.status == 429
-        return False
+        return dry_run_refused(self.kube, self.namespace, queue_name)
 
     def create_queue(self, name: str, max_queued: int) -> None:
         self.kube.custom.create_namespaced_custom_object(
@@ -214,40 +202,18 @@ class Bed:
 @pytest.fixture
 def bed(kube: Kube, tmp_path: Path) -> Iterator[Bed]:
     install_crds(kube)
-    bed = Bed(kube, tmp_path)
-    kube.core.create_namespace(
-        client.V1Namespace(metadata=client.V1ObjectMeta(name=bed.namespace, labels={RUN_LABEL: bed.run_id}))
-    )
-    try:
-        yield bed
-    finally:
+    run_id = uuid.uuid4().hex[:10]
+    with fresh_namespace(kube, "adm-", labels={RUN_LABEL: run_id}) as namespace:
+        bed = Bed(kube, tmp_path, namespace, run_id)
         try:
-            bed.close()
+            yield bed
         finally:
-            kube.core.delete_namespace(bed.namespace, propagation_policy="Background")
+            bed.close()
 
 
 def burst(kube: Kube, namespace: str, names: list[str], queue_name: str) -> list[client.ApiException | None]:
     """Creates the jobs all at once (one thread and connection each, released together)."""
-    configuration = client.Configuration()
-    config.load_kube_config(config_file=str(kube.kubeconfig), client_configuration=configuration)
-    configuration.connection_pool_maxsize = len(names)
-    barrier = threading.Barrier(len(names))
-    with client.ApiClient(configuration) as api_client:
-        custom = client.CustomObjectsApi(api_client)
-
-        def create(name: str) -> client.ApiException | None:
-            barrier.wait(30)
-            try:
-                custom.create_namespaced_custom_object(
-                    api.GROUP, api.VERSION, namespace, api.PLURAL, job(name, queue_name)
-                )
-            except client.ApiException as err:
-                return err
-            return None
-
-        with ThreadPoolExecutor(len(names)) as pool:
-            return list(pool.map(create, names))
+    return create_at_once(kube, namespace, [job(name, queue_name) for name in names])
 
 
 def stored_jobs(kube: Kube, namespace: str, queue_name: str) -> int:
@@ -471,8 +437,8 @@ def render_webhook(kube: Kube, namespace: str, values: Path) -> dict[str, dict]:
     the cluster (as `helm upgrade` renders them), by kind."""
     result = subprocess.run(
         [
-            str(testbed.BIN / "helm"), "template", "vigil", str(ROOT / "charts" / "vigil"), "--namespace", namespace,
-            "--kube-version", "1.36.3", "--dry-run=server", "--kubeconfig", str(kube.kubeconfig),
+            str(tool("helm")), "template", "vigil", str(CHART), "--namespace", namespace,
+            "--kube-version", KUBE_VERSION, "--dry-run=server", "--kubeconfig", str(kube.kubeconfig),
             "-f", str(values), "--show-only", "templates/webhook.yaml",
         ],
         capture_output=True, text=True,

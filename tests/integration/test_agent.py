@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -17,72 +16,19 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from tests.conftest import Kube, simulated_pod_spec, token_kubeconfig, wait_until
+from tests.support.agents import (
+    AGENT,
+    CHECKPOINT_ANNOTATION,
+    HEARTBEAT_ANNOTATION,
+    create_job_pod,
+    grant_heartbeat_rbac,
+    pod_token,
+)
+from tests.support.cluster import Kube, free_port, token_kubeconfig
+from tests.support.waits import deadline, wait_until
 from vigil.core.fencing import EXIT_FENCED, UNAUTHORIZED_GRACE_SECONDS
 
 pytestmark = pytest.mark.integration
-
-AGENT = Path(sys.executable).with_name("vigil-agent")
-JOB_ACCOUNT = "vigil-job"
-HEARTBEAT = "vigil.dev/heartbeat"
-CHECKPOINT = "vigil.dev/checkpoint"
-
-
-# --- identities -------------------------------------------------------------------------------
-
-
-def grant_heartbeat_rbac(
-    kube: Kube,
-    namespace: str,
-    account: str = JOB_ACCOUNT,
-    verbs: tuple[str, ...] = ("get", "patch"),
-    resources: tuple[str, ...] = ("pods",),
-):
-    """The job ServiceAccount and the Role/RoleBinding of docs/heartbeat-rbac.md (by default)."""
-    kube.core.create_namespaced_service_account(namespace, {"metadata": {"name": account}})
-    rbac = client.RbacAuthorizationV1Api(kube.api)
-    rbac.create_namespaced_role(
-        namespace,
-        {
-            "metadata": {"name": f"{account}-heartbeat"},
-            "rules": [{"apiGroups": [""], "resources": list(resources), "verbs": list(verbs)}],
-        },
-    )
-    rbac.create_namespaced_role_binding(
-        namespace,
-        {
-            "metadata": {"name": f"{account}-heartbeat"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{account}-heartbeat"},
-            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
-        },
-    )
-
-
-def create_job_pod(kube: Kube, namespace: str, name: str, account: str = JOB_ACCOUNT, **annotations: str) -> dict:
-    """A pod that runs for ever on a kwok node, as the job account."""
-    sim_annotations, spec = simulated_pod_spec(exit_code=None)
-    pod = kube.core.create_namespaced_pod(
-        namespace,
-        {
-            "metadata": {"name": name, "annotations": {**sim_annotations, **annotations}},
-            "spec": {**spec, "serviceAccountName": account},
-        },
-    )
-    return {"name": pod.metadata.name, "uid": pod.metadata.uid}
-
-
-write_kubeconfig = token_kubeconfig  # the name the tests of this module use
-
-
-def pod_token(kube: Kube, namespace: str, pod: dict | None, account: str = JOB_ACCOUNT) -> str:
-    """A token of the account, bound to the pod (as the kubelet mounts it), or unbound when pod is None."""
-    bound = None
-    if pod:
-        bound = client.V1BoundObjectReference(kind="Pod", api_version="v1", name=pod["name"], uid=pod["uid"])
-    request = client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600, bound_object_ref=bound)
-    )
-    return kube.core.create_namespaced_service_account_token(account, namespace, request).status.token
 
 
 def annotations(kube: Kube, namespace: str, name: str) -> dict[str, str] | None:
@@ -112,9 +58,14 @@ class Agent:
 
     def wait(self, timeout: float) -> int:
         try:
-            return self.proc.wait(timeout)
+            return self.proc.wait(deadline(timeout))
         except subprocess.TimeoutExpired:
-            pytest.fail(f"the agent did not exit within {timeout}s; stderr:\n{self.stderr}")
+            pytest.fail(f"the agent did not exit within {deadline(timeout):g}s; stderr:\n{self.stderr}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def _read(path: Path) -> str:
@@ -181,22 +132,11 @@ def start_agent(tmp_path: Path, kubeconfig: Path, namespace: str, pod: str, **en
 
 
 @pytest.fixture
-def agents():
-    """Every agent a test starts is gone after it, whatever happened."""
-    started: list[Agent] = []
-    yield started
-    for agent in started:
-        if agent.proc.poll() is None:
-            agent.proc.kill()
-            agent.proc.wait()
-
-
-@pytest.fixture
 def job_pod(kube: Kube, namespace: str, tmp_path: Path) -> tuple[str, Path]:
     """A running kwok pod as the job account, and a kubeconfig with a token bound to it."""
     grant_heartbeat_rbac(kube, namespace)
     pod = create_job_pod(kube, namespace, "job-1", **{"sim.vigil.dev/delete-delay": "30s"})
-    return pod["name"], write_kubeconfig(kube, pod_token(kube, namespace, pod), tmp_path / "kubeconfig")
+    return pod["name"], token_kubeconfig(kube, pod_token(kube, namespace, pod), tmp_path / "kubeconfig")
 
 
 def test_beats_publish_the_checkpoint_and_pass_on_the_exit_code(
@@ -204,17 +144,19 @@ def test_beats_publish_the_checkpoint_and_pass_on_the_exit_code(
 ):
     name, kubeconfig = job_pod
     agent = start_agent(tmp_path, kubeconfig, namespace, name, CHILD_CHECKPOINT="3")
-    agents.append(agent)
+    agents.add(agent)
     seen: set[str] = set()
 
     def beats() -> bool:
-        beat = (annotations(kube, namespace, name) or {}).get(HEARTBEAT)
+        beat = (annotations(kube, namespace, name) or {}).get(HEARTBEAT_ANNOTATION)
         if beat:
             seen.add(beat)
         return len(seen) >= 3
 
     wait_until(beats, 30, "three different heartbeat values")
-    published = wait_until(lambda: (annotations(kube, namespace, name) or {}).get(CHECKPOINT), 30, "the checkpoint")
+    published = wait_until(
+        lambda: (annotations(kube, namespace, name) or {}).get(CHECKPOINT_ANNOTATION), 30, "the checkpoint"
+    )
     assert json.loads(published) == {"step": 3, "note": "déjà"}
     (agent.workdir / "go").write_text("7")
     assert agent.wait(30) == 7, agent.stderr
@@ -225,7 +167,7 @@ def test_a_child_killed_by_a_signal_exits_as_a_shell_reports_it(
 ):
     name, kubeconfig = job_pod
     agent = start_agent(tmp_path, kubeconfig, namespace, name)
-    agents.append(agent)
+    agents.add(agent)
     agent.child_pid()
     (agent.workdir / "go").write_text("SIGKILL")
     assert agent.wait(30) == 128 + signal.SIGKILL, agent.stderr
@@ -234,7 +176,7 @@ def test_a_child_killed_by_a_signal_exits_as_a_shell_reports_it(
 def test_sigterm_to_the_agent_reaches_the_child(kube: Kube, namespace: str, job_pod, tmp_path: Path, agents):
     name, kubeconfig = job_pod
     agent = start_agent(tmp_path, kubeconfig, namespace, name, CHILD_TERM_EXIT="42")
-    agents.append(agent)
+    agents.add(agent)
     agent.child_pid()
     agent.proc.send_signal(signal.SIGTERM)
     assert agent.wait(30) == 42, agent.stderr
@@ -246,9 +188,9 @@ def test_a_superseded_pod_stops_its_child_even_one_that_ignores_sigterm(
 ):
     name, kubeconfig = job_pod
     agent = start_agent(tmp_path, kubeconfig, namespace, name, CHILD_IGNORE_TERM="1")
-    agents.append(agent)
+    agents.add(agent)
     pid = agent.child_pid()
-    wait_until(lambda: HEARTBEAT in (annotations(kube, namespace, name) or {}), 30, "a first heartbeat")
+    wait_until(lambda: HEARTBEAT_ANNOTATION in (annotations(kube, namespace, name) or {}), 30, "a first heartbeat")
     kube.core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": {"vigil.dev/superseded": "2"}}})
     assert agent.wait(30) == EXIT_FENCED, agent.stderr
     assert not _alive(pid)
@@ -263,11 +205,13 @@ def test_deleting_the_pod_stops_the_child(kube: Kube, namespace: str, tmp_path: 
     grant_heartbeat_rbac(kube, namespace)
     extra = {"sim.vigil.dev/delete-delay": delete_delay} if delete_delay else {}
     pod = create_job_pod(kube, namespace, "job-1", **extra)
-    kubeconfig = write_kubeconfig(kube, pod_token(kube, namespace, pod), tmp_path / "kubeconfig")
+    kubeconfig = token_kubeconfig(kube, pod_token(kube, namespace, pod), tmp_path / "kubeconfig")
     agent = start_agent(tmp_path, kubeconfig, namespace, pod["name"], CHILD_TERM_EXIT="0")
-    agents.append(agent)
+    agents.add(agent)
     pid = agent.child_pid()
-    wait_until(lambda: HEARTBEAT in (annotations(kube, namespace, pod["name"]) or {}), 30, "a first heartbeat")
+    wait_until(
+        lambda: HEARTBEAT_ANNOTATION in (annotations(kube, namespace, pod["name"]) or {}), 30, "a first heartbeat"
+    )
     kube.core.delete_namespaced_pod(pod["name"], namespace)
     assert agent.wait(30 + (0 if delete_delay else UNAUTHORIZED_GRACE_SECONDS)) == EXIT_FENCED, agent.stderr
     assert not _alive(pid)
@@ -275,19 +219,12 @@ def test_deleting_the_pod_stops_the_child(kube: Kube, namespace: str, tmp_path: 
     assert ("deleted" if delete_delay else "gone") in agent.stderr, agent.stderr
 
 
-def _dead_port() -> int:
-    """A local port nothing listens on (bound, then closed)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_unreachable_api_under_no_overlap_stops_the_child_after_the_timeout(kube: Kube, tmp_path: Path, agents):
-    kubeconfig = write_kubeconfig(kube, "unused", tmp_path / "kubeconfig", server=f"https://127.0.0.1:{_dead_port()}")
+    kubeconfig = token_kubeconfig(kube, "unused", tmp_path / "kubeconfig", server=f"https://127.0.0.1:{free_port()}")
     agent = start_agent(
         tmp_path, kubeconfig, "nowhere", "job-1", VIGIL_GUARANTEE="NoOverlap", VIGIL_HEARTBEAT_TIMEOUT="3"
     )
-    agents.append(agent)
+    agents.add(agent)
     pid = agent.child_pid()
     assert _alive(pid)
     assert agent.wait(30) == EXIT_FENCED, agent.stderr
@@ -296,9 +233,9 @@ def test_unreachable_api_under_no_overlap_stops_the_child_after_the_timeout(kube
 
 
 def test_unreachable_api_under_at_least_once_keeps_the_child(kube: Kube, tmp_path: Path, agents):
-    kubeconfig = write_kubeconfig(kube, "unused", tmp_path / "kubeconfig", server=f"https://127.0.0.1:{_dead_port()}")
+    kubeconfig = token_kubeconfig(kube, "unused", tmp_path / "kubeconfig", server=f"https://127.0.0.1:{free_port()}")
     agent = start_agent(tmp_path, kubeconfig, "nowhere", "job-1", VIGIL_HEARTBEAT_TIMEOUT="3")
-    agents.append(agent)
+    agents.add(agent)
     pid = agent.child_pid()
     wait_until(lambda: "no heartbeat renewed" in agent.stderr, 30, "the agent to notice the timeout")
     # Past the timeout, and past more retries: the child still runs.

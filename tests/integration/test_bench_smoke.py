@@ -16,11 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Kube
+from tests.support.cluster import ROOT, Kube
 
 pytestmark = pytest.mark.e2e
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_bench(module: str, args: list[str], timeout: float) -> subprocess.CompletedProcess:

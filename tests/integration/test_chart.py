@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,8 +21,9 @@ import yaml
 from kubernetes import client
 
 from testbed import cluster as testbed
-from tests.conftest import ROOT, Kube, OperatorProcess, install_crds, token_kubeconfig, wait_until
-from tests.integration.test_lifecycle import (
+from tests.support.charts import CHART, KUBE_VERSION, helm, run_helm
+from tests.support.cluster import Kube, fresh_namespace, install_crds, token_kubeconfig
+from tests.support.jobs import (
     FAST_BACKOFF,
     GROUP,
     PLURAL,
@@ -33,28 +33,16 @@ from tests.integration.test_lifecycle import (
     wait_dead_letter_label,
     wait_phase,
 )
+from tests.support.operators import OperatorProcess
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.e2e  # the operator end to end, as a process, on a real cluster
 
-CHART = ROOT / "charts" / "vigil"
-
-
-KUBE_VERSION = "1.36.3"
 # prometheus-operator's CRDs, fetched by testbed/build.sh, for the ServiceMonitor and PrometheusRule.
 MONITORING_CRDS = [
     testbed.CACHE / "crds" / "prometheus-operator" / f"monitoring.coreos.com_{plural}.yaml"
     for plural in ("servicemonitors", "prometheusrules")
 ]
-
-
-def run_helm(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(testbed.BIN / "helm"), *args], capture_output=True, text=True)
-
-
-def helm(*args: str) -> str:
-    result = run_helm(*args)
-    assert result.returncode == 0, f"helm {' '.join(args)}: {result.stderr}"
-    return result.stdout
 
 
 def render(release_namespace: str, *args: str, release: str = "vigil") -> list[dict]:
@@ -191,10 +179,8 @@ def install_monitoring_crds(kube: Kube) -> None:
 
 @pytest.fixture
 def release_namespace(kube: Kube) -> Iterator[str]:
-    name = f"vigil-rel-{uuid.uuid4().hex[:8]}"
-    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    yield name
-    kube.core.delete_namespace(name, propagation_policy="Background")
+    with fresh_namespace(kube, "vigil-rel-", release=False) as name:
+        yield name
 
 
 def test_every_optional_part_is_accepted_by_the_api_server(kube: Kube, release_namespace: str, tmp_path: Path):

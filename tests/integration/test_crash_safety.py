@@ -9,87 +9,34 @@ from __future__ import annotations
 
 import os
 import random
-import threading
 import time
-import uuid
-from collections import defaultdict
 
 import pytest
-from kubernetes import client, watch
 
-from tests.conftest import Kube, OperatorProcess, install_crds, wait_until
-from tests.integration.test_lifecycle import FAST_BACKOFF, GROUP, PLURAL, VERSION, vigil_job
+from tests.support.cluster import Kube, install_crds
+from tests.support.jobs import FAST_BACKOFF, GROUP, PLURAL, SCENARIOS, VERSION, vigil_job
+from tests.support.operators import OperatorProcess
+from tests.support.waits import wait_until
+from tests.support.watchers import PodLog
 
 pytestmark = pytest.mark.e2e  # the operator end to end, as a process, on a real cluster
 
 JOBS = 50
 CHAOS_SECONDS = 40
-# exit codes per attempt -> (final phase, attempts it must take exactly)
-SCENARIOS = {
-    "0": ("Succeeded", 1),
-    "1,0": ("Succeeded", 2),
-    "1,1,0": ("Succeeded", 3),
-    "1": ("DeadLettered", 3),  # maxAttempts 3, all failing
-    "7": ("DeadLettered", 1),  # non-retryable
-}
 
 
-class PodRecorder:
-    """Every pod UID ever seen per (job uid, attempt), from a watch on the namespace."""
-
-    def __init__(self, kube: Kube, namespace: str):
-        self.kube, self.namespace = kube, namespace
-        self.seen: dict[tuple[str, str], set[str]] = defaultdict(set)
-        self.resource_version = 0  # of the newest pod event seen
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> PodRecorder:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(15)
-
-    def _run(self) -> None:
-        core = client.CoreV1Api(self.kube.api)
-        resource_version = None
-        while not self._stop.is_set():
-            stream = watch.Watch()
-            try:
-                for event in stream.stream(
-                    core.list_namespaced_pod, self.namespace, timeout_seconds=5, resource_version=resource_version
-                ):
-                    pod = event["object"]
-                    resource_version = pod.metadata.resource_version
-                    self.resource_version = max(self.resource_version, int(resource_version))
-                    labels = pod.metadata.labels or {}
-                    if "vigil.dev/job-uid" in labels:
-                        self.seen[labels["vigil.dev/job-uid"], labels["vigil.dev/attempt"]].add(pod.metadata.uid)
-                    if self._stop.is_set():
-                        break
-            except client.ApiException as err:
-                if err.status == 410:  # expired: relist from now; pods persist, so nothing is missed
-                    resource_version = None
-                else:
-                    raise
-
-
-def test_sigkilling_the_operator_loses_no_job_and_duplicates_no_attempt(kube: Kube, tmp_path):
+def test_sigkilling_the_operator_loses_no_job_and_duplicates_no_attempt(kube: Kube, own_namespace: str, tmp_path):
     seed = int(os.environ.get("VIGIL_CHAOS_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
     print(f"chaos seed: {seed} (VIGIL_CHAOS_SEED={seed} replays the job mix and kill times)")
-    namespace = f"crash-{uuid.uuid4().hex[:8]}"
-    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
-    wait_until(lambda: kube.core.list_namespaced_service_account(namespace).items, 30, "the default ServiceAccount")
+    namespace = own_namespace
     install_crds(kube)
     operator = OperatorProcess(kube, [namespace], tmp_path / "operator.log")
     custom = kube.custom
     scenarios = {f"job-{i:02d}": list(SCENARIOS)[i % len(SCENARIOS)] for i in range(JOBS)}
     kills = 0
     try:
-        with PodRecorder(kube, namespace) as recorder:
+        with PodLog(kube, namespace) as recorder:
             operator.start()
             for name, codes in scenarios.items():
                 run_for = f"{rng.choice([0.5, 1, 1.5, 2])}s"
@@ -113,15 +60,13 @@ def test_sigkilling_the_operator_loses_no_job_and_duplicates_no_attempt(kube: Ku
 
             wait_until(all_terminal, 180, "every job to finish after the chaos", interval=1)
             pods = kube.core.list_namespaced_pod(namespace).items
-            newest = max(int(p.metadata.resource_version) for p in pods)
-            wait_until(lambda: recorder.resource_version >= newest, 30, "the pod watch to catch up with the list")
+            recorder.caught_up()
         jobs = {
             j["metadata"]["name"]: j
             for j in custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
         }
     finally:
         operator.stop()
-        kube.core.delete_namespace(namespace)
 
     assert kills >= 10, f"only {kills} kills: the chaos did not happen"
     assert sorted(jobs) == sorted(scenarios), "no job is lost"

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 from kubernetes import client, config
 
-from testbed.faults import FaultProxy, kubeconfig_via
-from tests.conftest import Kube
+from testbed.faults import kubeconfig_via
+from tests.support import waits
+from tests.support.cluster import Kube
 from vigil.core.election import JITTER_FACTOR, ElectionConfig, StopReason
 from vigil.kube.client import ApiClient, user_agent
 from vigil.kube.config import Credentials
@@ -36,21 +36,13 @@ SLACK = 1.0
 
 async def until(condition: Callable[[], object], within: float, what: str) -> float:
     """Polls condition() every 20 ms; returns the (election) clock when it first held."""
-    deadline = monotonic() + within
-    while monotonic() < deadline:
-        if condition():
-            return monotonic()
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out after {within}s waiting for {what}")
+    return await waits.until(condition, within, what, clock=monotonic)
 
 
 async def holds(condition: Callable[[], object], during: float, what: str) -> None:
     """Checks condition() every 20 ms for a whole window: the test of something NOT happening
     (a standby taking over a live leader's lease) is a bounded observation, not a wait."""
-    end = monotonic() + during
-    while monotonic() < end:
-        assert condition(), what
-        await asyncio.sleep(0.02)
+    await waits.holds_async(condition, during, what, clock=monotonic)
 
 
 def configuration(kubeconfig: Path) -> client.Configuration:
@@ -120,16 +112,6 @@ def run(kube: Kube, namespace: str, scenario: Callable[[Candidates], Awaitable[N
 
 def read_lease(kube: Kube, namespace: str) -> client.V1Lease:
     return client.CoordinationV1Api(kube.api).read_namespaced_lease(LEASE, namespace, _request_timeout=10)
-
-
-@pytest.fixture
-def proxy(kube: Kube, tmp_path: Path) -> Iterator[FaultProxy]:
-    server = urlsplit(kube.api.configuration.host)
-    p = FaultProxy.start(f"el-{uuid.uuid4().hex[:8]}", 0, f"{server.hostname}:{server.port}", home=tmp_path)
-    try:
-        yield p
-    finally:
-        p.stop()
 
 
 def test_one_leads_the_other_waits_and_takes_over_about_a_lease_duration_after_a_kill(kube, namespace):
@@ -214,8 +196,8 @@ def test_the_released_lease_is_empty_for_one_second_and_keeps_its_metadata(kube,
     run(kube, namespace, scenario)
 
 
-def test_a_leader_cut_off_stops_before_its_lease_expires_at_the_standby(kube, namespace, proxy, tmp_path):
-    via = configuration(kubeconfig_via(proxy, kube.kubeconfig, tmp_path / "via-proxy"))
+def test_a_leader_cut_off_stops_before_its_lease_expires_at_the_standby(kube, namespace, fault_proxy, tmp_path):
+    via = configuration(kubeconfig_via(fault_proxy, kube.kubeconfig, tmp_path / "via-proxy"))
 
     async def scenario(candidates: Candidates) -> None:
         a = candidates.start("a", via)  # through the proxy
@@ -224,7 +206,7 @@ def test_a_leader_cut_off_stops_before_its_lease_expires_at_the_standby(kube, na
         await until(lambda: b.leader == a.identity, 10, "b to see a holding the lease")
         await holds(lambda: a.deadline_ok(), FAST.lease_duration, "a leads through the proxy")
 
-        await asyncio.to_thread(proxy.partition)  # a's connections stall, new ones hang
+        await asyncio.to_thread(fault_proxy.partition)  # a's connections stall, new ones hang
         cut_at = monotonic()
         fence_closed = await until(lambda: not a.deadline_ok(), FAST.renew_deadline + SLACK, "a's fence to close")
         fence_deadline = a.state.deadline(FAST)  # its last renewal sent + renew deadline
@@ -246,19 +228,19 @@ def test_a_leader_cut_off_stops_before_its_lease_expires_at_the_standby(kube, na
         assert last_renewal + FAST.renew_deadline <= b_sent  # a's right to act ended before b's began
         assert b_sent - last_renewal >= FAST.lease_duration
         assert not a.deadline_ok()
-        proxy.heal()
+        fault_proxy.heal()
 
     run(kube, namespace, scenario)
 
 
-def test_a_leader_whose_api_server_refuses_connections_stops_too(kube, namespace, proxy, tmp_path):
-    via = configuration(kubeconfig_via(proxy, kube.kubeconfig, tmp_path / "via-proxy"))
+def test_a_leader_whose_api_server_refuses_connections_stops_too(kube, namespace, fault_proxy, tmp_path):
+    via = configuration(kubeconfig_via(fault_proxy, kube.kubeconfig, tmp_path / "via-proxy"))
 
     async def scenario(candidates: Candidates) -> None:
         a = candidates.start("a", via)
         await until(a.deadline_ok, 10, "a to lead")
-        await asyncio.to_thread(proxy.partition, "refuse")
-        await asyncio.to_thread(proxy.reset)  # the kept-alive connection goes too: every call is refused
+        await asyncio.to_thread(fault_proxy.partition, "refuse")
+        await asyncio.to_thread(fault_proxy.reset)  # the kept-alive connection goes too: every call is refused
         cut_at = monotonic()
         await until(lambda: candidates.tasks["a"].done(), FAST.renew_deadline + SLACK, "a to stop")
         assert candidates.tasks["a"].result() is StopReason.DEADLINE

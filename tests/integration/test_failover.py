@@ -13,84 +13,36 @@ import os
 import signal
 import statistics
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kubernetes import client
 
-from tests.conftest import Kube, OperatorProcess, install_crds, release_attempt_pods, wait_until
-from tests.integration.test_lifecycle import FAST_BACKOFF, create, status, vigil_job
+from tests.support.cluster import Kube, install_crds
+from tests.support.jobs import FAST_BACKOFF, create, pods_per_attempt, status, vigil_job
+from tests.support.operators import electing, holder, identity
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.e2e
 
-LEASE = ["--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1"]
 JOBS = int(os.environ.get("VIGIL_FAILOVER_JOBS", 50))
 FAILOVERS = int(os.environ.get("VIGIL_FAILOVERS", 5))
 
 
-def electing(kube: Kube, namespace: str, log_path: Path) -> OperatorProcess:
-    """An operator process that campaigns for the namespace's Lease."""
-    return OperatorProcess(
-        kube, [namespace], log_path, extra_args=("--leader-elect", "--lease-namespace", namespace, *LEASE)
-    )
-
-
-def identity(operator: OperatorProcess) -> str | None:
-    """The identity the process campaigns under, from its first log line about the election."""
-    for line in operator.log_path.read_text(errors="replace").splitlines():
-        if "leader election on" in line and " as " in line:
-            return line.split(" as ", 1)[1].split(":", 1)[0]
-    return None
-
-
-@pytest.fixture
-def elect_namespace(kube: Kube) -> Iterator[str]:
-    name = f"e-{uuid.uuid4().hex[:10]}"  # outside the session operator's t-*
-    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    wait_until(lambda: kube.core.list_namespaced_service_account(name).items, 30, f"ServiceAccount in {name}")
-    try:
-        yield name
-    finally:
-        release_attempt_pods(kube, name)
-        kube.core.delete_namespace(name, propagation_policy="Background")
-
-
-def holder(kube: Kube, namespace: str) -> str | None:
-    try:
-        lease = client.CoordinationV1Api(kube.api).read_namespaced_lease("vigil-operator", namespace)
-    except client.ApiException as err:
-        if err.status == 404:
-            return None
-        raise
-    return lease.spec.holder_identity or None
-
-
-def pods_per_attempt(kube: Kube, namespace: str) -> dict[tuple[str, str], int]:
-    seen: dict[tuple[str, str], int] = {}
-    for pod in kube.core.list_namespaced_pod(namespace).items:
-        labels = pod.metadata.labels or {}
-        key = (labels.get("vigil.dev/job-uid", ""), labels.get("vigil.dev/attempt", ""))
-        seen[key] = seen.get(key, 0) + 1
-    return seen
-
-
 def test_a_killed_leader_is_replaced_and_a_stopped_one_hands_over_at_once(
-    kube: Kube, elect_namespace: str, tmp_path: Path
+    kube: Kube, own_namespace: str, tmp_path: Path
 ):
     install_crds(kube)
     logs = iter(tmp_path / f"operator-{i}.log" for i in range(100))
-    operators = [electing(kube, elect_namespace, next(logs)) for _ in range(2)]
+    operators = [electing(kube, own_namespace, next(logs)) for _ in range(2)]
     for operator in operators:
         operator.start()
     try:
-        first = wait_until(lambda: holder(kube, elect_namespace), 30, "a leader")
+        first = wait_until(lambda: holder(kube, own_namespace), 30, "a leader")
         for i in range(JOBS):
             job = vigil_job(f"j{i}", exit_code="1,0", run_for="25s", retry={"maxAttempts": 3, "backoff": FAST_BACKOFF})
-            create(kube, elect_namespace, job)
+            create(kube, own_namespace, job)
         wait_until(
-            lambda: sum(bool(status(kube, elect_namespace, f"j{i}").get("attempts")) for i in range(JOBS)) > 5,
+            lambda: sum(bool(status(kube, own_namespace, f"j{i}").get("attempts")) for i in range(JOBS)) > 5,
             60,
             "jobs running under the first leader",
         )
@@ -99,17 +51,17 @@ def test_a_killed_leader_is_replaced_and_a_stopped_one_hands_over_at_once(
         for _ in range(FAILOVERS):
             leader = next(op for op in operators if op.proc.poll() is None and identity(op) == current)
             unfinished_at_kill.append(
-                sum(status(kube, elect_namespace, f"j{i}").get("phase") != "Succeeded" for i in range(JOBS))
+                sum(status(kube, own_namespace, f"j{i}").get("phase") != "Succeeded" for i in range(JOBS))
             )
             killed_at = time.monotonic()
             leader.kill()
             previous = current
             current = wait_until(
-                lambda previous=previous: (h := holder(kube, elect_namespace)) != previous and h, 30, "a new leader"
+                lambda previous=previous: (h := holder(kube, own_namespace)) != previous and h, 30, "a new leader"
             )
             takeovers.append(time.monotonic() - killed_at)
             operators.remove(leader)
-            comeback = electing(kube, elect_namespace, next(logs))
+            comeback = electing(kube, own_namespace, next(logs))
             comeback.start()
             operators.append(comeback)
             wait_until(lambda comeback=comeback: identity(comeback), 30, "the restarted process to campaign")
@@ -121,23 +73,23 @@ def test_a_killed_leader_is_replaced_and_a_stopped_one_hands_over_at_once(
         print(summary)
         assert max(takeovers) < 4 + 4, summary
         wait_until(
-            lambda: all(status(kube, elect_namespace, f"j{i}").get("phase") == "Succeeded" for i in range(JOBS)),
+            lambda: all(status(kube, own_namespace, f"j{i}").get("phase") == "Succeeded" for i in range(JOBS)),
             180,
             "every job to finish under the last leader",
         )
-        assert all(count == 1 for count in pods_per_attempt(kube, elect_namespace).values())
-        assert all(status(kube, elect_namespace, f"j{i}")["attempts"] == 2 for i in range(JOBS))
+        assert all(count == 1 for count in pods_per_attempt(kube, own_namespace).values())
+        assert all(status(kube, own_namespace, f"j{i}")["attempts"] == 2 for i in range(JOBS))
         second = current
         standby = next(op for op in operators if identity(op) == current)
 
         # A graceful stop releases the Lease: a fresh standby takes over in about a retry period.
-        newcomer = electing(kube, elect_namespace, next(logs))
+        newcomer = electing(kube, own_namespace, next(logs))
         newcomer.start()
         operators.append(newcomer)
         wait_until(lambda: identity(newcomer), 30, "the newcomer to campaign")
         stopped_at = time.monotonic()
         standby.proc.send_signal(signal.SIGTERM)
-        wait_until(lambda: holder(kube, elect_namespace) not in (second, None), 15, "the newcomer to lead")
+        wait_until(lambda: holder(kube, own_namespace) not in (second, None), 15, "the newcomer to lead")
         handover = time.monotonic() - stopped_at
         assert handover < 4, f"a released lease took {handover:.1f}s to change hands"
         assert standby.proc.wait(30) == 0

@@ -8,12 +8,12 @@ recorded from a watch, so a pod made and deleted again is caught too), no attemp
 Lost while its pod was never taken away and its agent kept beating, and the operator keeps
 serving (the time from the end of each fault to its next write to a job is measured).
 
-Each test runs its own `vigil operator` in a namespace of its own (`fm-*`, which the session's
-operator, watching `t-*`, leaves alone). The full matrix (20 SIGKILL rounds) and its table:
+Each test runs its own `vigil operator` in a namespace of its own (`own_namespace`, which the
+session's operator, watching `t-*`, leaves alone). The full matrix (20 SIGKILL rounds) and its table:
 
     VIGIL_FAULT_ROUNDS=20 VIGIL_FAULT_REPORT=/tmp/faults.json .venv/bin/pytest -m e2e -s \\
         tests/integration/test_fault_matrix.py tests/integration/test_network_lies.py
-    .venv/bin/python -m tests.integration.fault_report /tmp/faults.json
+    .venv/bin/python -m tests.support.fault_report /tmp/faults.json
 
 VIGIL_FAULT_ROUNDS (default 3, what CI runs) is the number of SIGKILL rounds; VIGIL_CHAOS_SEED
 replays a run's job mix and kill times.
@@ -21,35 +21,28 @@ replays a run's job mix and kill times.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import re
 import sys
-import threading
 import time
-import uuid
-from collections import defaultdict
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
-from kubernetes import client, watch
+from kubernetes import client
 
 from testbed import cluster as testbed
-from testbed.faults import FaultProxy, kubeconfig_via
-from tests.conftest import SUITE_CLUSTER, Kube, OperatorProcess, holds, install_crds, wait_until
-from tests.integration import fault_report
-from tests.integration.test_agent import grant_heartbeat_rbac
-from tests.integration.test_crash_safety import SCENARIOS
-from tests.integration.test_heartbeats import HEARTBEAT, PodAgent, heartbeat_job
-from tests.integration.test_lifecycle import FAST_BACKOFF, GROUP, PLURAL, VERSION, vigil_job
-from vigil.api import FINALIZER_ATTEMPT_TRACKING
+from tests.support import fault_report
+from tests.support.agents import HEARTBEAT, Agents, PodAgent, grant_heartbeat_rbac, heartbeat_job
+from tests.support.cluster import SUITE_CLUSTER, Kube
+from tests.support.jobs import FAST_BACKOFF, GROUP, PLURAL, SCENARIOS, VERSION, vigil_job
+from tests.support.operators import OperatorProcess
+from tests.support.waits import holds, poll, wait_until
+from tests.support.watchers import JobLog, PodLog
 
 pytestmark = pytest.mark.e2e  # the operator end to end, as a process, on a real cluster
 
 ROUNDS = int(os.environ.get("VIGIL_FAULT_ROUNDS", "3"))
-TERMINAL = ("Succeeded", "DeadLettered")
 RETRY = {"maxAttempts": 3, "backoff": FAST_BACKOFF, "nonRetryableExitCodes": [7]}
 # Heartbeats of jobs that beat through a restart of the control plane: the API server is away
 # for ~7 s, so a timeout of 30 s (Uncertain after 15 s) leaves no verdict but Healthy.
@@ -72,125 +65,6 @@ def fault_table(request: pytest.FixtureRequest) -> Iterator[Callable[..., dict]]
             reporter.write_line(text)
         else:
             print(text, file=sys.__stderr__)
-
-
-# --- what the test sees, independently of the operator ----------------------------------------
-
-
-class _Watcher:
-    """A list+watch of one collection in one namespace from the test's own side, that outlives
-    a restarted API server: any failure is retried after 0.2 s, a 410 Gone lists again.
-
-    Objects created and deleted while this watch is down (at most the ~0.2 s after the API server
-    is back, as nothing can be written while it is away) would go unseen: the tests compare the
-    final list with what was recorded, and nothing in them deletes an attempt's pod quickly.
-    """
-
-    def __init__(self, kube: Kube, list_fn: Callable, *args: str):
-        self.kube, self.list_fn, self.args = kube, list_fn, args
-        self.newest = 0  # the newest resourceVersion delivered
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self.lock = threading.Lock()
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(15)
-
-    def on_object(self, obj: dict, now: float, deleted: bool) -> None:
-        raise NotImplementedError
-
-    def _normal(self, obj) -> dict:
-        return obj if isinstance(obj, dict) else self.kube.api.sanitize_for_serialization(obj)
-
-    def _deliver(self, obj: dict, deleted: bool = False) -> str:
-        version = obj["metadata"].get("resourceVersion") or "0"
-        with self.lock:
-            self.newest = max(self.newest, int(version))
-            self.on_object(obj, time.monotonic(), deleted)
-        return version
-
-    def _run(self) -> None:
-        version = None
-        while not self._stop.is_set():
-            try:
-                if version is None:
-                    listed = self._normal(self.list_fn(*self.args))
-                    for item in listed["items"]:
-                        self._deliver(item)
-                    version = listed["metadata"]["resourceVersion"]
-                for event in watch.Watch().stream(
-                    self.list_fn, *self.args, resource_version=version, timeout_seconds=5
-                ):
-                    version = self._deliver(self._normal(event["object"]), deleted=event["type"] == "DELETED")
-                    if self._stop.is_set():
-                        break
-            except client.ApiException as err:
-                if err.status == 410:
-                    version = None  # too old: list again
-                else:
-                    time.sleep(0.2)
-            except Exception:  # the API server is away (restarting): try again shortly
-                time.sleep(0.2)
-
-
-class PodLog(_Watcher):
-    """Every pod UID ever seen per (job uid, attempt)."""
-
-    def __init__(self, kube: Kube, namespace: str):
-        super().__init__(kube, client.CoreV1Api(kube.api).list_namespaced_pod, namespace)
-        self.seen: dict[tuple[str, str], set[str]] = defaultdict(set)
-
-    def on_object(self, obj: dict, now: float, deleted: bool) -> None:
-        labels = obj["metadata"].get("labels") or {}
-        if "vigil.dev/job-uid" in labels:
-            self.seen[labels["vigil.dev/job-uid"], labels["vigil.dev/attempt"]].add(obj["metadata"]["uid"])
-
-    def caught_up(self, kube: Kube, namespace: str) -> None:
-        """Waits until the watch has delivered the newest version of every pod that exists."""
-        listed = kube.core.list_namespaced_pod(namespace).items
-        newest = max((int(p.metadata.resource_version) for p in listed), default=0)
-        wait_until(lambda: self.newest >= newest, 30, "the test's pod watch to catch up with the API server")
-
-
-class JobLog(_Watcher):
-    """Each job's phase, and when each write to a job was seen (only the operator writes jobs
-    once the test has created them): the operator's progress, on the test's clock."""
-
-    def __init__(self, kube: Kube, namespace: str):
-        custom = client.CustomObjectsApi(kube.api)
-        super().__init__(kube, custom.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL)
-        self.phase: dict[str, str | None] = {}
-        self._versions: dict[str, int] = {}
-        self.writes: list[tuple[float, int]] = []  # (seen at, resourceVersion) of each change
-
-    def on_object(self, obj: dict, now: float, deleted: bool) -> None:
-        name, version = obj["metadata"]["name"], int(obj["metadata"].get("resourceVersion") or 0)
-        if deleted:
-            self.phase.pop(name, None)
-            self._versions.pop(name, None)
-            return
-        known = self._versions.get(name)
-        if known is not None and version > known:
-            self.writes.append((now, version))
-        if known is None or version > known:
-            self._versions[name] = version
-            self.phase[name] = (obj.get("status") or {}).get("phase")
-
-    def terminal(self, names) -> int:
-        with self.lock:
-            return sum(self.phase.get(name) in TERMINAL for name in names)
-
-    def recovered(self, since: float, after_version: int, until: float = float("inf")) -> float | None:
-        """Seconds from `since` to the first write to a job newer than `after_version` (made after
-        the fault ended) seen before `until`; None if there was none."""
-        with self.lock:
-            times = [t for t, version in self.writes if version > after_version and since <= t < until]
-        return min(times) - since if times else None
 
 
 def current_version(kube: Kube, namespace: str) -> int:
@@ -221,103 +95,20 @@ def wait_terminal(jobs: JobLog, names, timeout: float) -> bool:
     """Waits until every job named is Succeeded or DeadLettered; false if the time ran out (the
     tally then says which jobs were lost)."""
     names = list(names)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if jobs.terminal(names) == len(names):
-            return True
-        time.sleep(0.5)
-    return False
+    return bool(poll(lambda: jobs.terminal(names) == len(names), timeout, interval=0.5))
 
 
-@pytest.fixture
-def fm_namespace(kube: Kube) -> Iterator[str]:
-    """A namespace of its own, outside the session operator's t-* patterns, with the heartbeat
-    ServiceAccount and Role for agents."""
-    name = f"fm-{uuid.uuid4().hex[:10]}"
-    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    wait_until(lambda: kube.core.list_namespaced_service_account(name).items, 30, f"ServiceAccount in {name}")
-    grant_heartbeat_rbac(kube, name)
-    try:
-        yield name
-    finally:
-        # The test's operator is stopped by now: nobody would release its attempt-tracking
-        # finalizers, and the namespace would stay Terminating.
-        for pod in kube.core.list_namespaced_pod(name).items:
-            if FINALIZER_ATTEMPT_TRACKING in (pod.metadata.finalizers or []):
-                finalizers = [f for f in pod.metadata.finalizers if f != FINALIZER_ATTEMPT_TRACKING]
-                with contextlib.suppress(client.ApiException):
-                    kube.core.patch_namespaced_pod(pod.metadata.name, name, {"metadata": {"finalizers": finalizers}})
-        kube.core.delete_namespace(name, propagation_policy="Background")
-
-
-@pytest.fixture
-def own_operator(kube: Kube, fm_namespace: str, tmp_path: Path, request: pytest.FixtureRequest):
-    """`start(proxied=False)` -> (operator, proxy or None): `vigil operator` for the test's
-    namespace, directly or through a fault proxy; stopped (and its log shown if the test failed)
-    at the end."""
-    install_crds(kube)
-    started: list[tuple[OperatorProcess, FaultProxy | None]] = []
-
-    def start(proxied: bool = False) -> tuple[OperatorProcess, FaultProxy | None]:
-        proxy, kubeconfig = None, None
-        if proxied:
-            upstream = kube.api.configuration.host.removeprefix("https://")
-            proxy = FaultProxy.start(f"operator-{fm_namespace}", 0, upstream)
-            kubeconfig = kubeconfig_via(proxy, kube.kubeconfig, tmp_path / "operator-via-proxy.kubeconfig")
-        operator = OperatorProcess(kube, [fm_namespace], tmp_path / "operator.log", kubeconfig=kubeconfig)
-        operator.start()
-        started.append((operator, proxy))
-        return operator, proxy
-
-    failed_before = request.session.testsfailed
-    try:
-        yield start
-    finally:
-        for operator, proxy in started:
-            if proxy is not None:
-                proxy.heal()
-            operator.stop()
-            if proxy is not None:
-                proxy.stop()
-            if request.session.testsfailed > failed_before:  # CI keeps no files: show what it said
-                tail = operator.log_path.read_text(errors="replace").splitlines()[-150:]
-                print(f"--- last lines of {operator.log_path}", *tail, sep="\n", file=sys.__stderr__)
-
-
-@pytest.fixture
-def agents(kube: Kube, fm_namespace: str, tmp_path: Path):
-    started: list[PodAgent] = []
-
-    def start(pod_name: str) -> PodAgent:
-        wait_until(lambda: _phase(kube, fm_namespace, pod_name) == "Running", 60, f"{pod_name} to run")
-        agent = PodAgent(kube, fm_namespace, pod_name, tmp_path)
-        started.append(agent)
-        return agent
-
-    yield start
-    for agent in started:
-        agent.stop()
-
-
-def _phase(kube: Kube, namespace: str, name: str) -> str | None:
-    try:
-        return kube.core.read_namespaced_pod(name, namespace).status.phase
-    except client.ApiException as err:
-        if err.status == 404:
-            return None
-        raise
-
-
-def start_beating(kube: Kube, namespace: str, agents, heartbeat: dict) -> dict[str, PodAgent]:
+def start_beating(kube: Kube, namespace: str, agents: Agents, heartbeat: dict) -> dict[str, PodAgent]:
     """Two jobs whose pods run `vigil-agent` as real processes, beating for as long as the test
     runs: one AtLeastOnce, one NoOverlap."""
     beating = {}
+    grant_heartbeat_rbac(kube, namespace)
     for name, guarantee in (("hb-steady", "AtLeastOnce"), ("hb-careful", "NoOverlap")):
         job = heartbeat_job(name, guarantee=guarantee)
         job["spec"]["heartbeat"] = heartbeat
         kube.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, job)
     for name in ("hb-steady", "hb-careful"):
-        beating[name] = agents(f"{name}-1")
+        beating[name] = agents.start(namespace, f"{name}-1", timeout=60)
     for name in beating:
         wait_until(
             lambda name=name: _job_phase(kube, namespace, name) == "Running", 60, f"{name} to be Running with beats"
@@ -327,14 +118,12 @@ def start_beating(kube: Kube, namespace: str, agents, heartbeat: dict) -> dict[s
 
 def _ready_count(operator: OperatorProcess) -> int:
     """How many times the operator has listed and begun reconciling (its log says so each time)."""
-    return operator.log_path.read_text(errors="replace").count("; reconciling")
+    return operator.log().count("; reconciling")
 
 
 def settle(jobs: JobLog, beating: dict[str, PodAgent], timeout: float = 30) -> None:
     """Gives the beating jobs a while to be Running again after a fault (the tally says if not)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(jobs.phase.get(name) != "Running" for name in beating):
-        time.sleep(0.5)
+    poll(lambda: all(jobs.phase.get(name) == "Running" for name in beating), timeout, interval=0.5)
 
 
 def _job_phase(kube: Kube, namespace: str, name: str) -> str | None:
@@ -457,7 +246,7 @@ class Tally:
 
 @pytest.mark.parametrize("component", ["kube-apiserver", "etcd"])
 def test_a_restarted_control_plane_loses_no_job_and_duplicates_no_attempt(
-    kube: Kube, component: str, fm_namespace: str, own_operator, agents, fault_table, request: pytest.FixtureRequest
+    kube: Kube, component: str, own_namespace: str, own_operator, agents, fault_table, request: pytest.FixtureRequest
 ):
     """50 jobs with retries; `component` is restarted twice while they run: with SIGTERM once 5
     jobs have finished, and with SIGKILL (a crash) as soon as the operator wrote again.
@@ -475,7 +264,7 @@ def test_a_restarted_control_plane_loses_no_job_and_duplicates_no_attempt(
     seed = int(os.environ.get("VIGIL_CHAOS_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
     print(f"chaos seed: {seed}")
-    namespace = fm_namespace
+    namespace = own_namespace
     own_operator()
     restarts: list[tuple[float, int]] = []  # (when it returned, resourceVersion then)
     with PodLog(kube, namespace) as pods, JobLog(kube, namespace) as jobs:
@@ -506,7 +295,7 @@ def test_a_restarted_control_plane_loses_no_job_and_duplicates_no_attempt(
             # names the jobs left waiting, and where their pods are).
             print(f"pods whose stored version the API server does not list: {pods_the_api_server_lost(kube)}")
         settle(jobs, beating)
-        pods.caught_up(kube, namespace)
+        pods.caught_up()
         tally = Tally().check(kube, namespace, expected, pods, beating=beating)
     recover = [jobs.recovered(since, version) for since, version in restarts]
     fault_table(
@@ -530,7 +319,7 @@ GONE = re.compile(r"(jobs|pods) in .*: listed again at \d+: \d+ changes, (\d+) g
 
 
 def test_a_relist_after_410_leaves_no_phantom_and_no_loop(
-    kube: Kube, fm_namespace: str, own_operator, fault_table, request: pytest.FixtureRequest
+    kube: Kube, own_namespace: str, own_operator, fault_table, request: pytest.FixtureRequest
 ):
     """The operator is cut off (its proxy partitioned); meanwhile jobs are deleted, pods are
     force-deleted (grace 0), and the API server restarts, so that the resourceVersions the
@@ -541,7 +330,7 @@ def test_a_relist_after_410_leaves_no_phantom_and_no_loop(
     if not kube.on_testbed:
         pytest.skip("restarting the control plane needs the local test bed")
     began = time.monotonic()
-    namespace = fm_namespace
+    namespace = own_namespace
     operator, proxy = own_operator(proxied=True)
     assert proxy is not None
     run_for = "15s"  # long enough to be running when the fault strikes, and to finish after the heal
@@ -584,7 +373,7 @@ def test_a_relist_after_410_leaves_no_phantom_and_no_loop(
         kube.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, vigil_job("after", "0", "1s"))
         expected["after"] = ("Succeeded", 1)
         wait_terminal(jobs, expected, 120)
-        pods.caught_up(kube, namespace)
+        pods.caught_up()
         tally = Tally().check(kube, namespace, expected, pods, taken=frozenset(vanishing))
         # No phantom: the deleted jobs' pods go too (garbage collected, and released by Vigil if
         # it holds them with its finalizer).
@@ -644,7 +433,7 @@ def test_a_relist_after_410_leaves_no_phantom_and_no_loop(
 
 
 def test_sigkilling_the_operator_in_rounds_loses_no_job_and_duplicates_no_attempt(
-    kube: Kube, fm_namespace: str, own_operator, agents, fault_table, request: pytest.FixtureRequest
+    kube: Kube, own_namespace: str, own_operator, agents, fault_table, request: pytest.FixtureRequest
 ):
     """VIGIL_FAULT_ROUNDS rounds of 20 jobs with retries; in each the operator is SIGKILLed at
     random instants while they run and started again after a random pause. Two jobs whose agents
@@ -653,7 +442,7 @@ def test_sigkilling_the_operator_in_rounds_loses_no_job_and_duplicates_no_attemp
     seed = int(os.environ.get("VIGIL_CHAOS_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
     print(f"chaos seed: {seed} (VIGIL_CHAOS_SEED={seed} replays the job mix and kill times)")
-    namespace = fm_namespace
+    namespace = own_namespace
     ready_before = 0
     operator, _ = own_operator()
     expected: Expected = {}
@@ -691,7 +480,7 @@ def test_sigkilling_the_operator_in_rounds_loses_no_job_and_duplicates_no_attemp
             if not wait_terminal(jobs, batch, 120):
                 break  # the tally says which
         settle(jobs, beating)
-        pods.caught_up(kube, namespace)
+        pods.caught_up()
         tally = Tally().check(kube, namespace, expected, pods, beating=beating)
     # Recovery after a restart counts only if the operator was not killed again before it wrote.
     until = [*(when for when, _ in kills[1:]), float("inf")]

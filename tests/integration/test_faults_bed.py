@@ -6,17 +6,14 @@ from __future__ import annotations
 import queue
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 from kubernetes import client, config, watch
 
 from testbed import cluster as testbed
 from testbed.faults import FaultProxy, kubeconfig_via
-from tests.conftest import SUITE_CLUSTER, Kube
+from tests.support.cluster import SUITE_CLUSTER, Kube
 
 pytestmark = pytest.mark.integration
 
@@ -30,19 +27,9 @@ SELECTOR = "vigil.dev/test=faults"
 
 
 @pytest.fixture
-def proxy(kube: Kube, tmp_path: Path) -> Iterator[FaultProxy]:
-    server = urlsplit(kube.api.configuration.host)
-    p = FaultProxy.start(f"it-{uuid.uuid4().hex[:8]}", 0, f"{server.hostname}:{server.port}", home=tmp_path)
-    try:
-        yield p
-    finally:
-        p.stop()
-
-
-@pytest.fixture
-def via(kube: Kube, proxy: FaultProxy, tmp_path: Path) -> Path:
+def via(kube: Kube, fault_proxy: FaultProxy, tmp_path: Path) -> Path:
     """A kubeconfig with the suite's identity that reaches the API server through the proxy."""
-    return kubeconfig_via(proxy, kube.kubeconfig, tmp_path / "via-proxy")
+    return kubeconfig_via(fault_proxy, kube.kubeconfig, tmp_path / "via-proxy")
 
 
 @pytest.fixture
@@ -96,12 +83,12 @@ def make_config_map(kube: Kube, namespace: str, name: str) -> None:
     )
 
 
-def test_a_stalled_watch_hears_nothing_while_a_fresh_request_gets_through(kube, namespace, proxy, via):
+def test_a_stalled_watch_hears_nothing_while_a_fresh_request_gets_through(kube, namespace, fault_proxy, via):
     watcher = ConfigMapWatch(via, namespace)
     try:
         make_config_map(kube, namespace, "before")
         assert watcher.next() == "before"
-        assert proxy.stall()["connections"]["stalled"] >= 1
+        assert fault_proxy.stall()["connections"]["stalled"] >= 1
 
         make_config_map(kube, namespace, "during")
         fresh = config.new_client_from_config(config_file=str(via))
@@ -113,13 +100,13 @@ def test_a_stalled_watch_hears_nothing_while_a_fresh_request_gets_through(kube, 
         with pytest.raises(queue.Empty):
             watcher.next(timeout=SILENCE)
 
-        proxy.heal()
+        fault_proxy.heal()
         assert watcher.next() == "during", "the healed watch delivers what it held"
     finally:
-        watcher.close(proxy)
+        watcher.close(fault_proxy)
 
 
-def test_the_api_answers_again_after_kube_apiserver_restarts(kube, namespace, proxy, via, bed):
+def test_the_api_answers_again_after_kube_apiserver_restarts(kube, namespace, fault_proxy, via, bed):
     watcher = ConfigMapWatch(via, namespace)
     try:
         make_config_map(kube, namespace, "before")
@@ -129,7 +116,7 @@ def test_the_api_answers_again_after_kube_apiserver_restarts(kube, namespace, pr
         ended = watcher.next()
         assert isinstance(ended, Exception), ended
     finally:
-        watcher.close(proxy)
+        watcher.close(fault_proxy)
     make_config_map(kube, namespace, "after")
     fresh = config.new_client_from_config(config_file=str(via))
     try:

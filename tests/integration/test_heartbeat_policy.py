@@ -16,17 +16,17 @@ import pytest
 import yaml
 from kubernetes import client, config
 
-from tests.conftest import ROOT, Kube, simulated_pod_spec, wait_until
-from tests.integration.test_agent import (
-    CHECKPOINT,
-    HEARTBEAT,
+from tests.support.agents import (
+    CHECKPOINT_ANNOTATION,
+    HEARTBEAT_ANNOTATION,
     JOB_ACCOUNT,
     create_job_pod,
     grant_heartbeat_rbac,
     pod_token,
-    write_kubeconfig,
 )
-from tests.integration.test_chart import helm
+from tests.support.charts import CHART, KUBE_VERSION, helm
+from tests.support.cluster import Kube, simulated_pod_spec, token_kubeconfig
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -50,9 +50,9 @@ def render_policy(release: str, namespace: str, values: Path) -> list[dict]:
     out = helm(
         "template",
         release,
-        str(ROOT / "charts" / "vigil"),
+        str(CHART),
         "--kube-version",
-        "1.36.3",
+        KUBE_VERSION,
         "-f",
         str(values),
         "--show-only",
@@ -75,7 +75,7 @@ def policy(kube: Kube, namespace: str, tmp_path: Path) -> Iterator[list[dict]]:
 
 
 def as_token(kube: Kube, token: str, path: Path) -> client.CoreV1Api:
-    return client.CoreV1Api(config.new_client_from_config(config_file=str(write_kubeconfig(kube, token, path))))
+    return client.CoreV1Api(config.new_client_from_config(config_file=str(token_kubeconfig(kube, token, path))))
 
 
 def refusal(call, what: str = "the request") -> str:
@@ -109,21 +109,23 @@ def test_a_job_pod_may_change_only_its_own_heartbeat_and_checkpoint(kube: Kube, 
 
     # The policy's status propagates to the API server's admission in a moment: wait for it.
     wait_until(
-        lambda: _refused(annotate(a, namespace, "job-b", **{HEARTBEAT: "1:probe"})), 60, "the policy to take effect"
+        lambda: _refused(annotate(a, namespace, "job-b", **{HEARTBEAT_ANNOTATION: "1:probe"})),
+        60,
+        "the policy to take effect",
     )
 
     # Allowed: its own heartbeat and checkpoint (2048 characters exactly is the limit).
-    patch_own(**{HEARTBEAT: "2:abc"})()
+    patch_own(**{HEARTBEAT_ANNOTATION: "2:abc"})()
     big = json.dumps({"pad": "x" * (2048 - len('{"pad":""}'))}, separators=(",", ":"))
     assert len(big) == 2048
-    patch_own(**{HEARTBEAT: "3:abc", CHECKPOINT: big})()
+    patch_own(**{HEARTBEAT_ANNOTATION: "3:abc", CHECKPOINT_ANNOTATION: big})()
     got = kube.core.read_namespaced_pod("job-a", namespace).metadata.annotations
-    assert got[HEARTBEAT] == "3:abc" and got[CHECKPOINT] == big
+    assert got[HEARTBEAT_ANNOTATION] == "3:abc" and got[CHECKPOINT_ANNOTATION] == big
 
     refused = {
-        "pod B's heartbeat": annotate(a, namespace, "job-b", **{HEARTBEAT: "9:abc"}),
-        "pod B's checkpoint": annotate(a, namespace, "job-b", **{CHECKPOINT: "{}"}),
-        "another annotation": patch_own(**{HEARTBEAT: "4:abc", "vigil.dev/superseded": "x"}),
+        "pod B's heartbeat": annotate(a, namespace, "job-b", **{HEARTBEAT_ANNOTATION: "9:abc"}),
+        "pod B's checkpoint": annotate(a, namespace, "job-b", **{CHECKPOINT_ANNOTATION: "{}"}),
+        "another annotation": patch_own(**{HEARTBEAT_ANNOTATION: "4:abc", "vigil.dev/superseded": "x"}),
         "removing an annotation": patch_own(**{"example.com/owner": None}),
         "a label": lambda: a.patch_namespaced_pod(
             "job-a", namespace, {"metadata": {"labels": {"vigil.dev/attempt": "9"}}}
@@ -132,7 +134,7 @@ def test_a_job_pod_may_change_only_its_own_heartbeat_and_checkpoint(kube: Kube, 
         "the status": lambda: a.patch_namespaced_pod_status(
             "job-a", namespace, {"status": {"conditions": [{"type": "Ready", "status": "False"}]}}
         ),
-        "a checkpoint over 2 KiB": patch_own(**{CHECKPOINT: big[:-2] + 'xx"}'}),
+        "a checkpoint over 2 KiB": patch_own(**{CHECKPOINT_ANNOTATION: big[:-2] + 'xx"}'}),
         "deleting its pod": lambda: a.delete_namespaced_pod("job-a", namespace),
         "creating a pod": lambda: a.create_namespaced_pod(
             namespace, {"metadata": {"name": "job-c"}, "spec": simulated_pod_spec()[1]}
@@ -144,9 +146,9 @@ def test_a_job_pod_may_change_only_its_own_heartbeat_and_checkpoint(kube: Kube, 
 
     # A token of the same account that is not bound to a pod has no pod to speak for.
     unbound = as_token(kube, pod_token(kube, namespace, None), tmp_path / "unbound.kubeconfig")
-    message = refusal(annotate(unbound, namespace, "job-a", **{HEARTBEAT: "5:abc"}))
+    message = refusal(annotate(unbound, namespace, "job-a", **{HEARTBEAT_ANNOTATION: "5:abc"}))
     assert "not bound to a pod" in message and ALLOWED in message
-    assert kube.core.read_namespaced_pod("job-a", namespace).metadata.annotations[HEARTBEAT] == "3:abc"
+    assert kube.core.read_namespaced_pod("job-a", namespace).metadata.annotations[HEARTBEAT_ANNOTATION] == "3:abc"
 
 
 def test_other_accounts_are_not_affected(kube: Kube, namespace: str, tmp_path: Path, policy):
@@ -156,7 +158,9 @@ def test_other_accounts_are_not_affected(kube: Kube, namespace: str, tmp_path: P
     create_job_pod(kube, namespace, "other-a", account="other")
     a = as_token(kube, pod_token(kube, namespace, job), tmp_path / "a.kubeconfig")
     wait_until(
-        lambda: _refused(annotate(a, namespace, "other-a", **{HEARTBEAT: "1:probe"})), 60, "the policy to take effect"
+        lambda: _refused(annotate(a, namespace, "other-a", **{HEARTBEAT_ANNOTATION: "1:probe"})),
+        60,
+        "the policy to take effect",
     )
     other = as_token(kube, pod_token(kube, namespace, None, account="other"), tmp_path / "other.kubeconfig")
     other.patch_namespaced_pod("job-a", namespace, {"metadata": {"labels": {"team": "x"}, "annotations": {"a": "b"}}})

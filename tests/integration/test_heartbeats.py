@@ -7,76 +7,20 @@ Timings: interval 1 s, timeout 6 s, so Uncertain after 3 s of silence and Lost a
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from kubernetes import client, config
-from kubernetes.client.rest import ApiException
 
-from tests.conftest import Kube, OperatorProcess, holds, pod_phase, wait_until
-from tests.integration.test_agent import JOB_ACCOUNT, grant_heartbeat_rbac, pod_token, write_kubeconfig
-from tests.integration.test_lifecycle import FAST_BACKOFF, condition, create, get, status, vigil_job, wait_phase
+from tests.support.agents import HEARTBEAT, JOB_ACCOUNT, grant_heartbeat_rbac, heartbeat_job, pod_token
+from tests.support.cluster import Kube, event_reasons, pod_phase, read_pod, token_kubeconfig
+from tests.support.jobs import condition, create, get, status, wait_phase
+from tests.support.operators import OperatorProcess
+from tests.support.waits import holds, wait_until
 
 pytestmark = pytest.mark.e2e  # the operator end to end, as a process, on a real cluster
-
-AGENT = Path(sys.executable).with_name("vigil-agent")
-HEARTBEAT = {"intervalSeconds": 1, "timeoutSeconds": 6, "startupGraceSeconds": 10, "required": True}
-
-
-def heartbeat_job(
-    name: str, guarantee: str = "AtLeastOnce", heartbeat: dict = HEARTBEAT, **pod_annotations: str
-) -> dict:
-    job = vigil_job(
-        name,
-        exit_code=None,
-        run_for=None,
-        heartbeat=heartbeat,
-        guarantee=guarantee,
-        retry={"maxAttempts": 3, "backoff": FAST_BACKOFF},
-    )
-    job["spec"]["template"]["spec"]["serviceAccountName"] = JOB_ACCOUNT
-    job["spec"]["template"]["metadata"]["annotations"].update(pod_annotations)
-    return job
-
-
-class PodAgent:
-    """`vigil-agent -- <a long sleep>` with the environment Vigil gave the pod, as the pod."""
-
-    def __init__(self, kube: Kube, namespace: str, pod_name: str, tmp_path: Path, server: str | None = None):
-        pod = kube.core.read_namespaced_pod(pod_name, namespace)
-        token = pod_token(kube, namespace, {"name": pod_name, "uid": pod.metadata.uid})
-        kubeconfig = write_kubeconfig(kube, token, tmp_path / f"{pod_name}.kubeconfig", server=server)
-        env = {e.name: e.value for e in pod.spec.containers[0].env if e.value is not None}
-        env.update(POD_NAME=pod_name, POD_NAMESPACE=namespace, KUBECONFIG=str(kubeconfig), VIGIL_STOP_GRACE_SECONDS="2")
-        self.log = tmp_path / f"{pod_name}.agent.log"
-        self.child_marker = tmp_path / f"{pod_name}.child-stopped"
-        child = (
-            "import signal, sys, time, pathlib\n"
-            f"marker = pathlib.Path({str(self.child_marker)!r})\n"
-            "signal.signal(signal.SIGTERM, lambda *a: (marker.write_text('stopped'), sys.exit(0)))\n"
-            "time.sleep(600)"
-        )
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(
-                [str(AGENT), "--", sys.executable, "-c", child],
-                env={**os.environ, **env},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-
-    def signal(self, sig: int) -> None:
-        self.proc.send_signal(sig)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait()
 
 
 @pytest.fixture
@@ -85,38 +29,14 @@ def job_account(kube: Kube, namespace: str) -> str:
     return JOB_ACCOUNT
 
 
-@pytest.fixture
-def agents(kube: Kube, namespace: str, tmp_path: Path):
-    started: list[PodAgent] = []
-
-    def start(pod_name: str) -> PodAgent:
-        wait_until(lambda: pod_phase(kube, namespace, pod_name) == "Running", 30, f"{pod_name} to run")
-        agent = PodAgent(kube, namespace, pod_name, tmp_path)
-        started.append(agent)
-        return agent
-
-    yield start
-    for agent in started:
-        agent.stop()
-
-
-def _pod(kube: Kube, namespace: str, name: str):
-    try:
-        return kube.core.read_namespaced_pod(name, namespace)
-    except ApiException as err:
-        if err.status == 404:
-            return None
-        raise
-
-
 def _terminating_or_gone(kube: Kube, namespace: str, name: str) -> bool:
-    pod = _pod(kube, namespace, name)
+    pod = read_pod(kube, namespace, name)
     return pod is None or pod.metadata.deletion_timestamp is not None
 
 
 def test_beats_keep_a_long_attempt_running(kube: Kube, vigil: OperatorProcess, namespace: str, job_account, agents):
     create(kube, namespace, heartbeat_job("steady"))
-    agents("steady-1")
+    agents.start(namespace, "steady-1")
     wait_phase(kube, namespace, "steady", "Running")
 
     # Three timeouts long: never Uncertain, never a second attempt.
@@ -136,10 +56,12 @@ def test_a_killed_agent_makes_the_attempt_uncertain_then_lost_then_replaced(
 ):
     # The old pod lingers a while when deleted, so its superseded mark can be seen.
     create(kube, namespace, heartbeat_job("crashy", **{"sim.vigil.dev/delete-delay": "30s"}))
-    agent = agents("crashy-1")
+    agent = agents.start(namespace, "crashy-1")
     wait_phase(kube, namespace, "crashy", "Running")
     wait_until(
-        lambda: "vigil.dev/heartbeat" in (_pod(kube, namespace, "crashy-1").metadata.annotations or {}), 20, "a beat"
+        lambda: "vigil.dev/heartbeat" in (read_pod(kube, namespace, "crashy-1").metadata.annotations or {}),
+        20,
+        "a beat",
     )
     killed = time.monotonic()
     agent.signal(signal.SIGKILL)
@@ -149,7 +71,7 @@ def test_a_killed_agent_makes_the_attempt_uncertain_then_lost_then_replaced(
     assert condition(job, "HeartbeatHealthy")["status"] == "Unknown"
     wait_until(lambda: status(kube, namespace, "crashy").get("attempts") == 2, 30, "attempt 2 to start")
     lost_after = time.monotonic() - killed
-    old = _pod(kube, namespace, "crashy-1")
+    old = read_pod(kube, namespace, "crashy-1")
     assert old.metadata.annotations.get("vigil.dev/superseded"), "the lost attempt's pod is marked superseded"
     assert old.metadata.deletion_timestamp is not None, "and deleted"
     history = get(kube, namespace, "crashy")["status"]["history"]
@@ -166,7 +88,7 @@ def test_a_short_partition_heals_back_to_running_without_a_new_attempt(
     # Uncertain after 8 s of silence, Lost after 16: a window wide enough that a loaded machine
     # (the agent thawed late, the operator's look late) cannot turn the heal into a Lost.
     create(kube, namespace, heartbeat_job("healing", heartbeat={**HEARTBEAT, "timeoutSeconds": 16}))
-    agent = agents("healing-1")
+    agent = agents.start(namespace, "healing-1")
     wait_phase(kube, namespace, "healing", "Running")
     agent.signal(signal.SIGSTOP)
     wait_phase(kube, namespace, "healing", "Uncertain", 30)
@@ -175,11 +97,8 @@ def test_a_short_partition_heals_back_to_running_without_a_new_attempt(
     assert job["status"]["attempts"] == 1
     assert condition(job, "HeartbeatHealthy")["status"] == "True"
 
-    def reasons() -> set[str]:  # events are posted beside the work (vigil.kube.events): soon, not at once
-        selector = "involvedObject.name=healing"
-        return {e.reason for e in kube.core.list_namespaced_event(namespace, field_selector=selector).items}
-
-    wait_until(lambda: "HeartbeatResumed" in reasons(), 10, "a HeartbeatResumed event")
+    # Events are posted beside the work (vigil.kube.events): soon, not at once.
+    wait_until(lambda: "HeartbeatResumed" in event_reasons(kube, namespace, "healing"), 10, "a HeartbeatResumed event")
 
 
 def test_a_partition_past_the_timeout_under_no_overlap(
@@ -187,7 +106,7 @@ def test_a_partition_past_the_timeout_under_no_overlap(
 ):
     # The old pod takes 5 s to terminate: NoOverlap must not start attempt 2 while it may still run.
     create(kube, namespace, heartbeat_job("careful", guarantee="NoOverlap", **{"sim.vigil.dev/delete-delay": "5s"}))
-    agent = agents("careful-1")
+    agent = agents.start(namespace, "careful-1")
     wait_phase(kube, namespace, "careful", "Running")
     agent.signal(signal.SIGSTOP)
     wait_until(lambda: _terminating_or_gone(kube, namespace, "careful-1"), 30, "attempt 1 to be replaced")
@@ -198,8 +117,8 @@ def test_a_partition_past_the_timeout_under_no_overlap(
     reasons = set()
     deadline = time.monotonic() + 30
     while True:
-        second = _pod(kube, namespace, "careful-2")
-        first = _pod(kube, namespace, "careful-1")
+        second = read_pod(kube, namespace, "careful-2")
+        first = read_pod(kube, namespace, "careful-1")
         if first is None:
             break
         assert time.monotonic() < deadline, "attempt 1's pod was still there 30 s after its 5 s delete delay"
@@ -210,7 +129,7 @@ def test_a_partition_past_the_timeout_under_no_overlap(
         reasons.add(status(kube, namespace, "careful")["reason"])
         time.sleep(0.2)
     assert "WaitingForPreviousPod" in reasons, "once its backoff is over, the job says what it waits for"
-    wait_until(lambda: _pod(kube, namespace, "careful-2") is not None, 30, "attempt 2 once attempt 1's pod is gone")
+    wait_until(lambda: read_pod(kube, namespace, "careful-2") is not None, 30, "attempt 2 once attempt 1's pod is gone")
     # The old agent wakes up: it finds its pod superseded or gone, and stops its child.
     agent.signal(signal.SIGCONT)
     wait_until(lambda: agent.proc.poll() is not None, 30, "the old agent to fence itself")
@@ -222,28 +141,28 @@ def test_no_overlap_waits_for_a_pod_that_never_finishes_terminating(
     kube: Kube, vigil: OperatorProcess, namespace: str, job_account, agents
 ):
     create(kube, namespace, heartbeat_job("stuck", guarantee="NoOverlap", **{"sim.vigil.dev/never-terminate": "true"}))
-    agent = agents("stuck-1")
+    agent = agents.start(namespace, "stuck-1")
     wait_phase(kube, namespace, "stuck", "Running")
     agent.signal(signal.SIGKILL)
     wait_until(lambda: status(kube, namespace, "stuck").get("reason") == "WaitingForPreviousPod", 30, "the job to wait")
     assert "stuck-1" in status(kube, namespace, "stuck")["message"]
 
     def no_second_pod() -> None:
-        assert _pod(kube, namespace, "stuck-2") is None, "a second pod while the first still terminates"
+        assert read_pod(kube, namespace, "stuck-2") is None, "a second pod while the first still terminates"
 
     holds(no_second_pod, 8)
     kube.core.delete_namespaced_pod("stuck-1", namespace, grace_period_seconds=0)  # the node comes back
-    wait_until(lambda: _pod(kube, namespace, "stuck-2") is not None, 30, "attempt 2 once the first pod is gone")
+    wait_until(lambda: read_pod(kube, namespace, "stuck-2") is not None, 30, "attempt 2 once the first pod is gone")
 
 
 def test_a_late_success_wins(kube: Kube, vigil: OperatorProcess, namespace: str, job_account, agents):
     # Attempt 1 goes silent and is replaced, but its pod lingers and then reports success.
     create(kube, namespace, heartbeat_job("late", **{"sim.vigil.dev/never-terminate": "true"}))
-    agent = agents("late-1")
+    agent = agents.start(namespace, "late-1")
     wait_phase(kube, namespace, "late", "Running")
     agent.signal(signal.SIGSTOP)
-    wait_until(lambda: _pod(kube, namespace, "late-2") is not None, 30, "attempt 2")
-    old = _pod(kube, namespace, "late-1")
+    wait_until(lambda: read_pod(kube, namespace, "late-2") is not None, 30, "attempt 2")
+    old = read_pod(kube, namespace, "late-1")
     container = old.status.container_statuses[0]
     kube.core.patch_namespaced_pod_status(
         "late-1",
@@ -284,10 +203,10 @@ def test_a_checkpoint_reaches_status_and_the_next_attempt(
     create(kube, namespace, heartbeat_job("resumable"))
     wait_until(lambda: pod_phase(kube, namespace, "resumable-1") == "Running", 30, "attempt 1 to run")
     # As the agent publishes what its child checkpointed: with the pod's own identity.
-    pod = _pod(kube, namespace, "resumable-1")
+    pod = read_pod(kube, namespace, "resumable-1")
     token = pod_token(kube, namespace, {"name": "resumable-1", "uid": pod.metadata.uid})
     as_pod = client.CoreV1Api(
-        config.new_client_from_config(str(write_kubeconfig(kube, token, tmp_path / "pod.kubeconfig")))
+        config.new_client_from_config(str(token_kubeconfig(kube, token, tmp_path / "pod.kubeconfig")))
     )
     beat = {"vigil.dev/heartbeat": "1", "vigil.dev/checkpoint": '{"offset":42}'}
     as_pod.patch_namespaced_pod("resumable-1", namespace, {"metadata": {"annotations": beat}})
@@ -297,7 +216,7 @@ def test_a_checkpoint_reaches_status_and_the_next_attempt(
         "the checkpoint in status",
     )
     # Silence from now on: attempt 1 is lost, attempt 2 starts from the checkpoint.
-    wait_until(lambda: _pod(kube, namespace, "resumable-2") is not None, 40, "attempt 2")
-    env = {e.name: e.value for e in _pod(kube, namespace, "resumable-2").spec.containers[0].env}
+    wait_until(lambda: read_pod(kube, namespace, "resumable-2") is not None, 40, "attempt 2")
+    env = {e.name: e.value for e in read_pod(kube, namespace, "resumable-2").spec.containers[0].env}
     assert env["VIGIL_CHECKPOINT"] == '{"offset":42}'
     assert int(env["VIGIL_FENCING_TOKEN"]) > 1

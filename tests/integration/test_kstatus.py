@@ -8,7 +8,7 @@ job and a queue created meanwhile show what the tools read before Vigil has writ
 and a job and a queue edited meanwhile show a generation not yet observed; started again, it
 catches up.
 
-With VIGIL_RECORD_GITOPS_FIXTURES=1 the objects read here are written to
+With VIGIL_RECORD_GITOPS_RECORDINGS=1 the objects read here are written to
 tests/unit/fixtures/gitops/ (managedFields dropped), where tests/unit/test_gitops_health.py runs
 the Lua checks on them: its fixtures are recordings of real objects, not hand-made ones.
 """
@@ -25,21 +25,18 @@ from typing import Any
 import pytest
 
 from testbed import cluster as testbed
-from tests.conftest import Kube, OperatorProcess, install_crds, wait_until
-from tests.integration import test_failover
-from tests.integration.test_lifecycle import FAST_BACKOFF, vigil_job
-from tests.integration.test_queues import vigil_queue
-from tests.unit.test_gitops_health import EXPECTED, health
+from tests.support.cluster import Kube, install_crds
+from tests.support.gitops import EXPECTED, RECORDINGS, health
+from tests.support.jobs import FAST_BACKOFF, vigil_job, vigil_queue
+from tests.support.operators import OperatorProcess
+from tests.support.waits import wait_until
 from vigil import api
 from vigil.api import GROUP, PLURAL, VERSION
 
 pytestmark = pytest.mark.e2e
 
-elect_namespace = test_failover.elect_namespace  # the fixture: a namespace outside the session operator's t-*
-
 KSTATUS = testbed.BIN / "kstatus"
-FIXTURES = Path(__file__).resolve().parents[1] / "unit" / "fixtures" / "gitops"
-RECORD = os.environ.get("VIGIL_RECORD_GITOPS_FIXTURES") == "1"
+RECORD = os.environ.get("VIGIL_RECORD_GITOPS_RECORDINGS") == "1"
 
 
 def kstatus(*objects: dict) -> list[dict[str, Any]]:
@@ -90,9 +87,9 @@ class Objects:
 
 
 @pytest.fixture
-def operator(kube: Kube, elect_namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+def operator(kube: Kube, own_namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
     install_crds(kube)
-    process = OperatorProcess(kube, [elect_namespace], tmp_path / "operator.log")
+    process = OperatorProcess(kube, [own_namespace], tmp_path / "operator.log")
     process.start()
     try:
         yield process
@@ -106,16 +103,16 @@ def reading(name: str, obj: dict) -> dict[str, Any]:
     row = {"name": name, "kstatus": k["status"], "kstatus_message": k["message"], "argocd": argo}
     row["argocd_message"] = argo_message
     if RECORD:
-        FIXTURES.mkdir(parents=True, exist_ok=True)
+        RECORDINGS.mkdir(parents=True, exist_ok=True)
         recorded = dict(obj)
         recorded["metadata"] = {k: v for k, v in obj["metadata"].items() if k != "managedFields"}
         record = {"object": recorded, "kstatus": k["status"], "kstatus_message": k["message"], "argocd": argo}
-        (FIXTURES / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
+        (RECORDINGS / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
     return row
 
 
-def test_kstatus_argocd_and_kubectl_wait_read_each_phase(kube: Kube, elect_namespace: str, operator: OperatorProcess):
-    o = Objects(kube, elect_namespace)
+def test_kstatus_argocd_and_kubectl_wait_read_each_phase(kube: Kube, own_namespace: str, operator: OperatorProcess):
+    o = Objects(kube, own_namespace)
     o.create_queue(vigil_queue("busy", maxRunning=1))
     o.create_queue(vigil_queue("held", paused=True))
     o.create_job(vigil_job("running", "0", "120s", queue="busy"))
@@ -183,7 +180,7 @@ def test_kstatus_argocd_and_kubectl_wait_read_each_phase(kube: Kube, elect_names
     )
     print(f"\nreadings per phase:\n{table}")
     got = {r["name"]: (r["kstatus"], r["argocd"]) for r in rows}
-    # The same readings the recorded fixtures are held to (test_gitops_health.EXPECTED, there as
+    # The same readings the recorded fixtures are held to (tests.support.gitops.EXPECTED, there as
     # (Argo CD, kstatus)): one table, so the live objects and their recordings cannot disagree.
     assert got == {name: (kstatus, argocd) for name, (argocd, kstatus) in EXPECTED.items()}
     dead = next(r for r in rows if r["name"] == "job-dead-lettered")

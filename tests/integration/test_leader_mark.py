@@ -16,18 +16,16 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from tests.conftest import Kube, OperatorProcess, install_crds, simulated_pod_spec, wait_until
-from tests.integration import test_failover
-from tests.integration.test_failover import LEASE, holder
+from tests.support.cluster import Kube, install_crds, simulated_pod_spec
+from tests.support.operators import LEASE_NAME, OperatorProcess, electing, holder
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.e2e
 
 MARK = "vigil.dev/leader"
-LEASE_NAME = "vigil-operator"  # the default --lease-name
 # The EndpointSlice controller follows a label change within a second when idle; CI, at load 6,
 # once took more than 30 s.
 ENDPOINTS_SECONDS = 90
-elect_namespace = test_failover.elect_namespace  # a namespace outside the session operator's
 
 
 def replica_pod(kube: Kube, namespace: str, name: str) -> None:
@@ -39,13 +37,7 @@ def replica_pod(kube: Kube, namespace: str, name: str) -> None:
 
 
 def replica(kube: Kube, namespace: str, pod: str, log_dir: Path) -> OperatorProcess:
-    return OperatorProcess(
-        kube,
-        [namespace],
-        log_dir / f"{pod}.log",
-        extra_args=("--leader-elect", "--lease-namespace", namespace, *LEASE),
-        env={"POD_NAME": pod, "POD_NAMESPACE": namespace},
-    )
+    return electing(kube, namespace, log_dir / f"{pod}.log", env={"POD_NAME": pod, "POD_NAMESPACE": namespace})
 
 
 def marked(kube: Kube, namespace: str) -> set[str]:
@@ -81,13 +73,13 @@ def wait_served(kube: Kube, namespace: str, expected: set[str]) -> None:
 
 def standing_by(operator: OperatorProcess) -> int:
     """How many times the process (its log, across restarts) has begun to stand by."""
-    return operator.log_path.read_text(errors="replace").count("standing by")
+    return operator.log().count("standing by")
 
 
 def test_only_the_leaders_pod_serves_the_webhook_through_a_kill_and_a_graceful_stop(
-    kube: Kube, elect_namespace: str, tmp_path: Path
+    kube: Kube, own_namespace: str, tmp_path: Path
 ):
-    namespace = elect_namespace
+    namespace = own_namespace
     install_crds(kube)
     for pod in ("op-a", "op-b"):
         replica_pod(kube, namespace, pod)

@@ -5,78 +5,28 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import Any
 
 import pytest
-from kubernetes.client.rest import ApiException
 
-from tests.conftest import Kube, OperatorProcess, pod_phase, simulated_pod_spec, wait_until
+from tests.support.cluster import Kube, event_reasons, pod_phase, simulated_pod_spec
+from tests.support.jobs import (
+    FAST_BACKOFF,
+    GROUP,
+    PLURAL,
+    VERSION,
+    condition,
+    create,
+    get,
+    pods_of,
+    status,
+    vigil_job,
+    wait_dead_letter_label,
+    wait_phase,
+)
+from tests.support.operators import OperatorProcess
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.e2e  # the operator end to end, as a process, on a real cluster
-
-GROUP, VERSION, PLURAL = "vigil.dev", "v1alpha1", "vigiljobs"
-FAST_BACKOFF = {"initialSeconds": 1, "factor": 2.0, "maxSeconds": 30, "jitter": 0.0}
-
-
-def vigil_job(name: str, exit_code: str | None = "0", run_for: str | None = "1s", **spec: Any) -> dict:
-    annotations, pod_spec = simulated_pod_spec(exit_code, run_for)
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "VigilJob",
-        "metadata": {"name": name},
-        "spec": {
-            "template": {"metadata": {"annotations": annotations}, "spec": pod_spec},
-            "heartbeat": {"required": False},
-            **spec,
-        },
-    }
-
-
-def create(kube: Kube, namespace: str, job: dict) -> dict:
-    return kube.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, job)
-
-
-def get(kube: Kube, namespace: str, name: str) -> dict | None:
-    try:
-        return kube.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-    except ApiException as err:
-        if err.status == 404:
-            return None
-        raise
-
-
-def status(kube: Kube, namespace: str, name: str) -> dict:
-    return (get(kube, namespace, name) or {}).get("status") or {}
-
-
-def wait_phase(kube: Kube, namespace: str, name: str, phase: str, timeout: float = 60) -> dict:
-    wait_until(
-        lambda: status(kube, namespace, name).get("phase") == phase,
-        timeout,
-        f"{name} to reach {phase} (now {status(kube, namespace, name).get('phase')})",
-    )
-    return get(kube, namespace, name)
-
-
-def wait_dead_letter_label(kube: Kube, namespace: str, name: str) -> dict:
-    """The label follows the DeadLettered status in a write of its own: it may lag a moment."""
-    wait_until(
-        lambda: (
-            ((get(kube, namespace, name) or {})["metadata"].get("labels") or {}).get("vigil.dev/dead-letter") == "true"
-        ),
-        30,
-        f"{name} to carry the dead-letter label",
-    )
-    return get(kube, namespace, name)
-
-
-def condition(job: dict, type_: str) -> dict:
-    return next(c for c in job["status"]["conditions"] if c["type"] == type_)
-
-
-def pods_of(kube: Kube, namespace: str, job: dict) -> list:
-    selector = f"vigil.dev/job-uid={job['metadata']['uid']}"
-    return kube.core.list_namespaced_pod(namespace, label_selector=selector).items
 
 
 def ts(value: str) -> dt.datetime:
@@ -112,13 +62,10 @@ def test_a_job_succeeds_and_kubectl_wait_sees_it(kube: Kube, vigil: OperatorProc
         assert not [a for a in (meta.get("annotations") or {}) if "kopf" in a]
     assert job["metadata"]["generation"] == 1
 
-    def reasons() -> set[str]:  # events are posted beside the work (vigil.kube.events): soon, not at once
-        return {
-            e.reason
-            for e in kube.core.list_namespaced_event(namespace, field_selector="involvedObject.name=hello").items
-        }
-
-    wait_until(lambda: {"AttemptStarting", "AttemptSucceeded"} <= reasons(), 10, "the events")
+    # Events are posted beside the work (vigil.kube.events): soon, not at once.
+    wait_until(
+        lambda: {"AttemptStarting", "AttemptSucceeded"} <= event_reasons(kube, namespace, "hello"), 10, "the events"
+    )
 
 
 def test_a_flaky_job_is_retried_with_backoff_until_it_succeeds(kube: Kube, vigil: OperatorProcess, namespace: str):

@@ -17,13 +17,12 @@ against the cluster:
   after 25 jobs is the set after 5 (the second batch repeats the first one's kinds of jobs).
 
 The heartbeat-gap histogram stays empty here: kwok's simulated pods run no vigil-agent (heartbeat
-required: false), so there are no beats to measure; tests/integration/test_heartbeats.py has them.
+required: false), so there are no beats to measure; tests/e2e/test_heartbeats.py has them.
 A scrape taken during the run is saved to /tmp/metrics-sample.txt.
 """
 
 from __future__ import annotations
 
-import socket
 import time
 import urllib.request
 from collections import Counter
@@ -33,26 +32,17 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import Kube, install_crds, wait_until
-from tests.integration import test_failover
-from tests.integration.test_failover import electing, holder, identity
-from tests.integration.test_lifecycle import FAST_BACKOFF, create, vigil_job
-from tests.integration.test_queues import vigil_queue
+from tests.support.cluster import Kube, free_port, install_crds
+from tests.support.jobs import FAST_BACKOFF, create, vigil_job, vigil_queue
+from tests.support.operators import electing, holder, identity
+from tests.support.waits import wait_until
 from vigil import api
 from vigil.api import GROUP, PLURAL, VERSION
 
 pytestmark = pytest.mark.e2e
 
-elect_namespace = test_failover.elect_namespace  # the fixture: a namespace outside the session operator's t-*
-
 QUEUE = "batch"
 SAMPLE = Path("/tmp/metrics-sample.txt")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(port: int) -> str:
@@ -180,9 +170,9 @@ def check_names_are_no_labels(texts: list[str], cluster: Cluster) -> None:
 
 
 def test_metrics_during_a_run_agree_with_the_cluster_and_do_not_grow_with_jobs(
-    kube: Kube, elect_namespace: str, tmp_path: Path
+    kube: Kube, own_namespace: str, tmp_path: Path
 ):
-    namespace = elect_namespace
+    namespace = own_namespace
     install_crds(kube)
     cluster = Cluster(kube, namespace)
     ports = [free_port(), free_port()]

@@ -29,31 +29,34 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
-import sys
-import threading
 import time
 import uuid
-from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from kubernetes import client, config, watch
 
-from tests.conftest import Kube, OperatorProcess, holds, install_crds, release_attempt_pods, wait_until
-from tests.integration.test_lifecycle import FAST_BACKOFF, GROUP, PLURAL, VERSION, vigil_job
-from tests.support.webhooks import register, unregister
-from vigil import api
+from tests.support.cluster import Kube, free_port, fresh_namespace, install_crds, show_log
+from tests.support.jobs import (
+    FAST_BACKOFF,
+    GROUP,
+    PLURAL,
+    QUEUE_PLURAL,
+    VERSION,
+    create_at_once,
+    vigil_job,
+    vigil_queue,
+)
+from tests.support.operators import OperatorProcess
+from tests.support.waits import holds, wait_until
+from tests.support.watchers import TERMINAL_JOB_PHASES, PodWatch
+from tests.support.webhooks import register_and_wait, unregister
 from vigil.servers.webhook import PATH, WEBHOOK_NAME, make_self_signed, webhook_configuration
 
 pytestmark = pytest.mark.e2e  # the operator end to end, as a process, on a real cluster
 
-TERMINAL_PHASES = ("Succeeded", "Failed")  # a pod's
-FINAL_PHASES = ("Succeeded", "DeadLettered")  # a job's
 NAMESPACE_LABEL = "queues.vigil.dev/test-run"  # the webhook reviews only the namespace carrying it
 
 STORM_JOBS = int(os.environ.get("VIGIL_QUEUE_STORM_JOBS", "40"))
@@ -63,158 +66,7 @@ RATE_JOBS = int(os.environ.get("VIGIL_QUEUE_RATE_JOBS", "40"))
 NO_BUDGET = 1.0  # retryBudget 1: retries are not limited (the tests that are not about the budget)
 
 
-# ------------------------------------------------------------------------- what ran, seen from outside
-
-
-@dataclass
-class PodRecord:
-    name: str
-    job: str
-    attempt: int
-    uid: str
-    added: float  # monotonic, when the watch first showed it
-    seq: int  # its place in the order the watch showed pods
-    ended: float | None = None  # when it finished or began to be deleted
-
-
-@dataclass
-class PodWatch:
-    """The test's own list+watch of the namespace's pods. `active` is the set of pods that are
-    neither finished (Succeeded/Failed) nor being deleted: the attempts that count against
-    maxRunning, as the cluster shows them. `max_active` is the most it ever held, checked after
-    every event the API server delivered, in the order it delivered them (one watch delivers
-    events in resourceVersion order, so a pod created after another finished is always seen
-    after it)."""
-
-    kube: Kube
-    namespace: str
-    pods: dict[str, PodRecord] = field(default_factory=dict)  # uid -> record
-    active: set[str] = field(default_factory=set)
-    max_active: int = 0
-    events: list[tuple[float, str, str, int]] = field(default_factory=list)  # (t, start|end, pod, active after)
-    relists: int = 0  # lists after a 410 Gone: the order of pods created meanwhile is then unknown
-    errors: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.lock = threading.Lock()
-        self._stop = threading.Event()
-        self._listed = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"pods-{self.namespace}", daemon=True)
-
-    def __enter__(self) -> PodWatch:
-        self._thread.start()
-        if not self._listed.wait(30):
-            raise AssertionError(f"the pod watch of {self.namespace} did not list")
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()  # the thread ends at its next event or when the watch's timeout ends it
-
-    def _run(self) -> None:
-        core = client.CoreV1Api(self.kube.api)
-        version: str | None = None
-        while not self._stop.is_set():
-            try:
-                if version is None:
-                    listed = core.list_namespaced_pod(self.namespace)
-                    if self._listed.is_set():
-                        self.relists += 1
-                    for pod in listed.items:
-                        self._deliver(pod, deleted=False)
-                    version = listed.metadata.resource_version
-                    self._listed.set()
-                for event in watch.Watch().stream(
-                    core.list_namespaced_pod, self.namespace, resource_version=version, timeout_seconds=10
-                ):
-                    pod = event["object"]
-                    version = pod.metadata.resource_version
-                    self._deliver(pod, deleted=event["type"] == "DELETED")
-                    if self._stop.is_set():
-                        return
-            except client.ApiException as err:
-                if err.status == 410:
-                    version = None
-                else:
-                    self.errors.append(f"{err.status} {err.reason}")
-                    time.sleep(0.2)
-            except Exception as err:  # noqa: BLE001 - recorded and shown by the test
-                self.errors.append(repr(err))
-                time.sleep(0.2)
-
-    def _deliver(self, pod: client.V1Pod, deleted: bool) -> None:
-        now, meta = time.monotonic(), pod.metadata
-        labels = meta.labels or {}
-        if api.LABEL_JOB_UID not in labels:
-            return
-        with self.lock:
-            record = self.pods.get(meta.uid)
-            if record is None:
-                owner = (meta.owner_references or [None])[0]
-                record = PodRecord(
-                    name=meta.name,
-                    job=owner.name if owner is not None else "?",
-                    attempt=int(labels.get(api.LABEL_ATTEMPT, "0")),
-                    uid=meta.uid,
-                    added=now,
-                    seq=len(self.pods),
-                )
-                self.pods[meta.uid] = record
-                self.active.add(meta.uid)
-                self.max_active = max(self.max_active, len(self.active))
-                self.events.append((now, "start", meta.name, len(self.active)))
-            phase = pod.status.phase if pod.status is not None else None
-            ended = deleted or meta.deletion_timestamp is not None or phase in TERMINAL_PHASES
-            if ended and meta.uid in self.active:
-                self.active.discard(meta.uid)
-                record.ended = now
-                self.events.append((now, "end", meta.name, len(self.active)))
-
-    # --- what the tests read ------------------------------------------------------------------
-
-    def in_order(self) -> list[PodRecord]:
-        with self.lock:
-            return sorted(self.pods.values(), key=lambda r: r.seq)
-
-    def active_count(self) -> int:
-        with self.lock:
-            return len(self.active)
-
-    def started(self) -> int:
-        with self.lock:
-            return len(self.pods)
-
-    def caught_up(self) -> None:
-        """Waits until the watch has shown every pod that exists and its latest phase."""
-        listed = self.kube.core.list_namespaced_pod(self.namespace).items
-
-        def shown() -> bool:
-            with self.lock:
-                return all(
-                    p.metadata.uid in self.pods
-                    and (p.status.phase not in TERMINAL_PHASES or p.metadata.uid not in self.active)
-                    for p in listed
-                )
-
-        wait_until(shown, 30, "the test's pod watch to catch up with the API server")
-
-    def duplicates(self) -> list[str]:
-        """(job, attempt) pairs that had more than one pod: an attempt started twice."""
-        with self.lock:
-            counts = Counter((r.job, r.attempt) for r in self.pods.values())
-        return [f"{job} attempt {attempt}: {n} pods" for (job, attempt), n in counts.items() if n > 1]
-
-    def assert_healthy(self) -> None:
-        assert not self.relists, f"the pod watch had to list again {self.relists} times: the order is unknown"
-        # A dropped connection is resumed from the last version seen (nothing missed); many
-        # errors mean something else, a bug in `_deliver` say, which would repeat for ever.
-        assert len(self.errors) <= 3, f"the pod watch failed {len(self.errors)} times: {self.errors[:5]}"
-
-
 # ----------------------------------------------------------------------------- queues and jobs
-
-
-def vigil_queue(name: str, **spec: object) -> dict:
-    return {"apiVersion": api.API_VERSION, "kind": api.QUEUE_KIND, "metadata": {"name": name}, "spec": spec}
 
 
 def job_in(name: str, queue: str, exit_code: str = "0", run_for: str | None = "1s", **spec: object) -> dict:
@@ -229,10 +81,8 @@ def expected_attempts(exit_codes: str) -> int:
 class QueueBed:
     """One test's namespace (q-*), its operator(s), its queues and jobs."""
 
-    def __init__(self, kube: Kube, tmp_path: Path) -> None:
-        self.kube, self.tmp_path = kube, tmp_path
-        self.run_id = uuid.uuid4().hex[:10]
-        self.namespace = f"q-{self.run_id}"
+    def __init__(self, kube: Kube, tmp_path: Path, namespace: str, run_id: str) -> None:
+        self.kube, self.tmp_path, self.namespace, self.run_id = kube, tmp_path, namespace, run_id
         self.operators: list[QueueOperator] = []
         self.webhooks: list[str] = []
         self.watches: list[PodWatch] = []
@@ -240,12 +90,10 @@ class QueueBed:
     # --- the operator -------------------------------------------------------------------------
 
     def start_operator(self, *extra: str) -> QueueOperator:
-        """Starts the test's operator and waits until it reconciles; meanwhile (its start takes a
-        few seconds) the namespace's default ServiceAccount appears, without which pods are refused."""
+        """Starts the test's operator and waits until it reconciles."""
         operator = QueueOperator(self.kube, [self.namespace], self.tmp_path / "operator.log", extra)
         self.operators.append(operator)
         operator.start()
-        wait_until(lambda: self.kube.core.list_namespaced_service_account(self.namespace).items, 30, "ServiceAccount")
         operator.wait_ready(0)
         return operator
 
@@ -253,16 +101,16 @@ class QueueBed:
 
     def create_queue(self, name: str, **spec: object) -> dict:
         return self.kube.custom.create_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, api.QUEUE_PLURAL, vigil_queue(name, **spec)
+            GROUP, VERSION, self.namespace, QUEUE_PLURAL, vigil_queue(name, **spec)
         )
 
     def patch_queue(self, name: str, **spec: object) -> dict:
         return self.kube.custom.patch_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, api.QUEUE_PLURAL, name, {"spec": spec}
+            GROUP, VERSION, self.namespace, QUEUE_PLURAL, name, {"spec": spec}
         )
 
     def queue(self, name: str) -> dict:
-        return self.kube.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, api.QUEUE_PLURAL, name)
+        return self.kube.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, QUEUE_PLURAL, name)
 
     def wait_queue_seen(self, name: str) -> dict:
         """Waits until the operator has written the queue's status for its current spec."""
@@ -301,26 +149,20 @@ class QueueBed:
 
         def unfinished() -> list[str]:
             jobs = self.jobs()
-            return [n for n in names if (jobs.get(n, {}).get("status") or {}).get("phase") not in FINAL_PHASES]
+            return [n for n in names if (jobs.get(n, {}).get("status") or {}).get("phase") not in TERMINAL_JOB_PHASES]
 
         wait_until(lambda: not unfinished(), timeout, f"{len(names)} jobs to finish", interval=1.0)
         return self.jobs()
 
     def close(self, failed: bool) -> None:
-        try:
-            for operator in self.operators:
-                operator.stop()
-                if failed:  # CI keeps no files: show what the operator said
-                    tail = operator.log_path.read_text(errors="replace").splitlines()[-120:]
-                    print(f"--- last lines of {operator.log_path}", *tail, sep="\n", file=sys.__stderr__)
-            for pods in self.watches:
-                pods.__exit__()
-            for name in self.webhooks:
-                unregister(self.kube.api, name)
-        finally:
-            # The operator is gone: nobody else would release its attempt-tracking finalizers.
-            release_attempt_pods(self.kube, self.namespace)
-            self.kube.core.delete_namespace(self.namespace, propagation_policy="Background")
+        for operator in self.operators:
+            operator.stop()
+            if failed:  # CI keeps no files: show what the operator said
+                show_log(operator.log_path, 120)
+        for pods in self.watches:
+            pods.__exit__()
+        for name in self.webhooks:
+            unregister(self.kube.api, name)
 
     def watch_pods(self) -> PodWatch:
         pods = PodWatch(self.kube, self.namespace).__enter__()
@@ -347,29 +189,14 @@ def check_finished(jobs: dict[str, dict], expected: dict[str, int]) -> list[str]
 
 
 class QueueOperator(OperatorProcess):
-    """`vigil operator` for one namespace, with extra arguments (the webhook's)."""
+    """`vigil operator` for one namespace, with extra arguments (the webhook's), that says when
+    it has listed and reconciles."""
 
     def __init__(self, kube: Kube, namespaces: list[str], log_path: Path, extra: tuple[str, ...] = ()) -> None:
-        super().__init__(kube, namespaces, log_path)
-        self.extra = extra
-
-    def start(self) -> None:
-        vigil = Path(sys.executable).with_name("vigil")
-        args = [str(vigil), "operator", "--log-level", os.environ.get("VIGIL_TEST_OPERATOR_LOG_LEVEL", "info")]
-        for pattern in self.namespaces:
-            args += ["--namespace", pattern]
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [*args, *self.extra],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
-            )
+        super().__init__(kube, namespaces, log_path, extra_args=extra)
 
     def _ready_count(self) -> int:
-        if not self.log_path.exists():
-            return 0
-        lines = self.log_path.read_text(errors="replace").splitlines()
+        lines = self.log().splitlines()
         # "vigil.manager: reconciling" (older: "vigil.manager: listed N jobs and M pods; reconciling")
         return sum(" vigil.manager: " in line and line.endswith("reconciling") for line in lines)
 
@@ -396,15 +223,14 @@ def crds(kube: Kube) -> None:
 
 @pytest.fixture
 def bed(kube: Kube, crds: None, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[QueueBed]:
-    bed = QueueBed(kube, tmp_path)
-    kube.core.create_namespace(
-        client.V1Namespace(metadata=client.V1ObjectMeta(name=bed.namespace, labels={NAMESPACE_LABEL: bed.run_id}))
-    )
-    failed_before = request.session.testsfailed
-    try:
-        yield bed
-    finally:
-        bed.close(failed=request.session.testsfailed > failed_before)
+    run_id = uuid.uuid4().hex[:10]
+    with fresh_namespace(kube, "q-", labels={NAMESPACE_LABEL: run_id}) as namespace:
+        bed = QueueBed(kube, tmp_path, namespace, run_id)
+        failed_before = request.session.testsfailed
+        try:
+            yield bed
+        finally:
+            bed.close(failed=request.session.testsfailed > failed_before)
 
 
 # ---------------------------------------------------------------------------------------- tests
@@ -566,33 +392,6 @@ def test_max_running_holds_across_operator_sigkills_mid_run(bed: QueueBed):
     assert not check_finished(finished, expected)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _burst(kube: Kube, namespace: str, jobs: list[dict]) -> list[client.ApiException | None]:
-    """Creates the jobs all at once (one thread and connection each, released together)."""
-    configuration = client.Configuration()
-    config.load_kube_config(config_file=str(kube.kubeconfig), client_configuration=configuration)
-    configuration.connection_pool_maxsize = len(jobs)
-    barrier = threading.Barrier(len(jobs))
-    with client.ApiClient(configuration) as api_client:
-        custom = client.CustomObjectsApi(api_client)
-
-        def create(job: dict) -> client.ApiException | None:
-            barrier.wait(30)
-            try:
-                custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, job)
-            except client.ApiException as err:
-                return err
-            return None
-
-        with ThreadPoolExecutor(len(jobs)) as pool:
-            return list(pool.map(create, jobs))
-
-
 def test_admission_refuses_the_job_over_max_queued_until_the_queue_drains_and_a_burst_overshoots_by_0(
     bed: QueueBed,
 ):
@@ -602,7 +401,7 @@ def test_admission_refuses_the_job_over_max_queued_until_the_queue_drains_and_a_
     maxQueued 20 (paused): at most the documented overshoot (0 with one process) gets in."""
     certs = bed.tmp_path / "certs"
     ca = make_self_signed(certs, ip_addresses=["127.0.0.1"])
-    port = _free_port()
+    port = free_port()
     operator = bed.start_operator(
         "--webhook-address", f"127.0.0.1:{port}",
         "--webhook-cert-file", str(certs / "tls.crt"), "--webhook-key-file", str(certs / "tls.key"),
@@ -610,29 +409,13 @@ def test_admission_refuses_the_job_over_max_queued_until_the_queue_drains_and_a_
     assert "admission webhook serving https://127.0.0.1" in operator.log_path.read_text()
     config_name = f"vigil-queues-{bed.run_id}"
     bed.webhooks.append(config_name)
-    register(
-        bed.kube.api,
-        webhook_configuration(
-            config_name,
-            ca,
-            url=f"https://127.0.0.1:{port}{PATH}",
-            namespace_selector={"matchLabels": {NAMESPACE_LABEL: bed.run_id}},
-        ),
+    configuration = webhook_configuration(
+        config_name,
+        ca,
+        url=f"https://127.0.0.1:{port}{PATH}",
+        namespace_selector={"matchLabels": {NAMESPACE_LABEL: bed.run_id}},
     )
-    # The API server takes up the configuration from its own watch: wait until a queue that
-    # takes nothing refuses a dry run.
-    bed.create_queue("probe", maxQueued=0)
-
-    def probe_refused() -> bool:
-        try:
-            bed.kube.custom.create_namespaced_custom_object(
-                GROUP, VERSION, bed.namespace, PLURAL, job_in("probe", "probe"), dry_run="All"
-            )
-        except client.ApiException as err:
-            return err.status == 429
-        return False
-
-    wait_until(probe_refused, 30, "the webhook configuration to take effect")
+    register_and_wait(bed.kube, configuration, bed.namespace, lambda name: bed.create_queue(name, maxQueued=0))
 
     def apply(name: str, queue: str) -> subprocess.CompletedProcess:
         return bed.kube.kubectl(
@@ -667,7 +450,7 @@ def test_admission_refuses_the_job_over_max_queued_until_the_queue_drains_and_a_
     bed.create_queue("burst", maxQueued=20, paused=True)
     bed.wait_queue_seen("burst")
     started = time.monotonic()
-    results = _burst(bed.kube, bed.namespace, [job_in(f"b-{i:02d}", "burst", "0", None) for i in range(50)])
+    results = create_at_once(bed.kube, bed.namespace, [job_in(f"b-{i:02d}", "burst", "0", None) for i in range(50)])
     elapsed = time.monotonic() - started
     admitted = sum(r is None for r in results)
     refusals = [r for r in results if r is not None]

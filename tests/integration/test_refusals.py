@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from tests.conftest import Kube, OperatorProcess, holds, wait_until
-from tests.integration.test_lifecycle import create, get, pods_of, status, vigil_job, wait_phase
+from tests.support.cluster import Kube, event_reasons
+from tests.support.jobs import create, get, pods_of, status, vigil_job, wait_phase
+from tests.support.operators import OperatorProcess
+from tests.support.waits import holds, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -65,10 +67,7 @@ def test_the_longest_job_name_gets_valid_pod_and_event_names(kube: Kube, vigil: 
     pod_names = [pod.metadata.name for pod in pods_of(kube, namespace, job)]
     assert len(pod_names) == 1 and len(pod_names[0]) <= 63, pod_names
 
-    def reasons() -> set[str]:  # events are posted beside the work (vigil.kube.events): soon, not at once
-        return {
-            e.reason
-            for e in kube.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
-        }
-
-    wait_until(lambda: {"AttemptStarting", "AttemptSucceeded"} <= reasons(), 10, "the events")
+    # Events are posted beside the work (vigil.kube.events): soon, not at once.
+    wait_until(
+        lambda: {"AttemptStarting", "AttemptSucceeded"} <= event_reasons(kube, namespace, name), 10, "the events"
+    )

@@ -32,23 +32,21 @@ import pytest
 from kubernetes import client
 
 from testbed import cluster as testbed
-from tests.conftest import SUITE_CLUSTER, Kube, install_crds, wait_until
-from tests.integration import test_failover
-from tests.integration.test_failover import electing, holder, identity, pods_per_attempt
-from tests.integration.test_lifecycle import FAST_BACKOFF, create, status, vigil_job
+from tests.support.cluster import SUITE_CLUSTER, Kube, install_crds
+from tests.support.jobs import FAST_BACKOFF, create, pods_per_attempt, status, vigil_job
+from tests.support.operators import LEASE_NAME, electing, holder, identity
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.e2e
 
-LEASE_DURATION, RENEW_DEADLINE = 4.0, 3.0  # test_failover.LEASE
+LEASE_DURATION, RENEW_DEADLINE = 4.0, 3.0  # tests.support.operators.LEASE
 LOOPBACK_SLACK = 0.25  # a write sent just before the fence closed, on its way over loopback
 JOBS = 12
 WRITES = ("create", "update", "patch", "delete", "deletecollection")
 
-elect_namespace = test_failover.elect_namespace  # the fixture: a namespace outside the session operator's t-*
-
 
 def lease(kube: Kube, namespace: str) -> client.V1Lease:
-    return client.CoordinationV1Api(kube.api).read_namespaced_lease("vigil-operator", namespace)
+    return client.CoordinationV1Api(kube.api).read_namespaced_lease(LEASE_NAME, namespace)
 
 
 def at(stamp: str) -> dt.datetime:
@@ -95,7 +93,7 @@ def describe(event: dict) -> str:
 
 
 def test_a_frozen_leader_is_replaced_and_once_woken_writes_nothing_and_exits(
-    kube: Kube, elect_namespace: str, tmp_path: Path
+    kube: Kube, own_namespace: str, tmp_path: Path
 ):
     if not kube.on_testbed:
         pytest.skip("reads the test bed's kube-apiserver audit log")
@@ -105,7 +103,7 @@ def test_a_frozen_leader_is_replaced_and_once_woken_writes_nothing_and_exits(
             f"the test bed's kube-apiserver writes no audit log (started before it did): "
             f"python -m testbed.cluster down --name {SUITE_CLUSTER.name}, and run again"
         )
-    namespace = elect_namespace
+    namespace = own_namespace
     install_crds(kube)
     operators = [electing(kube, namespace, tmp_path / f"operator-{i}.log") for i in range(2)]
     for operator in operators:

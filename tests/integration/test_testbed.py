@@ -10,7 +10,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.conftest import Kube, pod_phase, simulated_pod_spec, wait_until
+from tests.support.cluster import Kube, pod_phase, simulated_pod_spec
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from kubernetes.client.rest import ApiException
 
-from tests.conftest import ROOT, Kube, install_crds
+from tests.support.cluster import ROOT, Kube, install_crds
 from vigil import api
 from vigil.api import crd, template_schema
 

@@ -1,4 +1,5 @@
-"""Builders of VigilJob and Pod objects as the API server returns them, for the unit tests."""
+"""Builders of VigilJob and Pod objects as the API server returns them, and of what the decision
+core makes of them, for the unit tests."""
 
 from __future__ import annotations
 

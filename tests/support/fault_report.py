@@ -4,8 +4,8 @@ Tests call `record(...)`; rows are kept in this process (the session fixture of
 `test_fault_matrix` prints them at the end) and, when $VIGIL_FAULT_REPORT names a file, appended
 to it as JSON lines, one row a line, so that several sessions can add to one file. To print it:
 
-    python -m tests.integration.fault_report /tmp/faults.json          # the newest session's rows
-    python -m tests.integration.fault_report /tmp/faults.json --all    # every session's rows
+    python -m tests.support.fault_report /tmp/faults.json          # the newest session's rows
+    python -m tests.support.fault_report /tmp/faults.json --all    # every session's rows
 
 Columns: the fault; rounds (how many times it struck); jobs; jobs lost (missing, or not in their
 expected terminal phase with the expected number of attempts); duplicate attempts (attempt
@@ -107,7 +107,7 @@ def load(path: Path, every_run: bool = False) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.integration.fault_report", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tests.support.fault_report", description=__doc__)
     parser.add_argument("file", type=Path, help="the file $VIGIL_FAULT_REPORT named")
     parser.add_argument("--all", action="store_true", help="every session's rows, not only the newest's")
     args = parser.parse_args(argv)

@@ -9,46 +9,25 @@ them these tests fail, they do not skip: the rules would go untested.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 from collections import defaultdict
-from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 import yaml
-from prometheus_client import CollectorRegistry
 
-from vigil.metrics import Metrics
-from vigil.metrics.collectors import StateCollector
+from tests.support.charts import CHART, ROOT, helm_template, run, tool
+from tests.support.metrics import STANDARD_METRICS, exported_metric_names, metric_names
 
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "vigil"
 RULES = CHART / "files" / "prometheus-rules.yaml"
 ALERT_TESTS = sorted((ROOT / "tests" / "alerts").glob("*.yaml"))
 RUNBOOK = ROOT / "docs" / "alerts.md"
-BIN = Path(os.environ.get("VIGIL_CACHE", Path.home() / ".cache" / "vigil")) / "bin"
-KUBE_VERSION = "1.36.3"  # the chart asks for >= 1.30; helm's own default is older
 
-# Metrics every Prometheus has for a target, besides what Vigil exports.
-STANDARD_METRICS = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
 # Labels a rule may aggregate by (and so alert on): none of unbounded cardinality, never a job's,
 # pod's or instance's. (Joins may match on instance: that names no alert.)
 BOUNDED_LABELS = {"job", "namespace", "queue", "reason", "outcome", "phase", "verb", "resource", "code", "name", "le"}
-
-
-def tool(name: str) -> Path:
-    path = BIN / name
-    if not os.access(path, os.X_OK):
-        pytest.fail(f"{name} not found at {path}: run testbed/build.sh (it builds {name} into {BIN})")
-    return path
-
-
-def run(*command: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(c) for c in command], capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
 def rule_groups() -> list[dict]:
@@ -57,54 +36,6 @@ def rule_groups() -> list[dict]:
 
 def alerts() -> dict[str, dict]:
     return {rule["alert"]: rule for group in rule_groups() for rule in group["rules"] if "alert" in rule}
-
-
-# --- PromQL, read just enough to name the metrics an expression uses -----------------------------
-
-PROMQL_KEYWORDS = {
-    "by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "offset", "bool",
-    "inf", "nan", "atan2",
-    # aggregation operators: followed by by/without rather than a parenthesis
-    "sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values", "bottomk", "topk",
-    "quantile", "limitk", "limit_ratio",
-}  # fmt: skip
-
-
-def metric_names(expr: str) -> set[str]:
-    """The metric names in a PromQL expression: identifiers that are not functions (followed by
-    a parenthesis), keywords, label names (inside {...} or after by/on/without/ignoring/group_*),
-    durations (inside [...]) or strings. Grafana's $variables are dropped first."""
-    text = re.sub(r"\$\{[^}]*\}|\$\w+", "", expr)
-    text = re.sub(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'', '""', text)
-    text = re.sub(r"\{[^}]*\}", " ", text)
-    text = re.sub(r"\[[^\]]*\]", " ", text)
-    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", r"\1 ", text)
-    names = set()
-    for match in re.finditer(r"(?<![\w.])([a-zA-Z_:][a-zA-Z0-9_:]*)\b(\s*\()?", text):
-        name, call = match.group(1), match.group(2)
-        if call or name.lower() in PROMQL_KEYWORDS:
-            continue
-        names.add(name)
-    return names
-
-
-def exported_metric_names() -> set[str]:
-    """Every series name the operator can export, from a fresh Metrics and its state collector
-    (given one job and one queue so that every family shows). Counters end in _total, histograms
-    give _bucket, _count and _sum."""
-    metrics = Metrics(CollectorRegistry())
-    numbers = {"queued": 1, "running": 1, "backingOff": 0, "oldestQueuedSeconds": 3, "maxRunning": 2}
-    metrics.collect_from(StateCollector(lambda: [{"status": {"phase": "Running"}}], lambda: [("ns", "q", numbers)]))
-    names = set()
-    for family in metrics.registry.collect():
-        if family.type == "counter":
-            names.add(f"{family.name}_total")
-        elif family.type == "histogram":
-            names.update(f"{family.name}{suffix}" for suffix in ("_bucket", "_count", "_sum"))
-        else:
-            names.add(family.name)
-        names.update(sample.name for sample in family.samples)
-    return names
 
 
 def test_metric_names_reads_promql_as_the_rules_and_the_dashboard_write_it():
@@ -185,17 +116,6 @@ def _anchor(heading: str) -> str:
 
 
 # --- the chart ------------------------------------------------------------------------------------
-
-
-def helm_template(*sets: str, strings: tuple[str, ...] = ()) -> list[dict]:
-    command = [tool("helm"), "template", "vigil", CHART, "--namespace", "vigil-system", "--kube-version", KUBE_VERSION]
-    for value in sets:
-        command += ["--set", value]
-    for value in strings:
-        command += ["--set-string", value]
-    result = run(*command)
-    assert result.returncode == 0, f"helm template failed:\n{result.stderr}"
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
 def test_the_chart_renders_no_prometheus_rule_unless_asked():

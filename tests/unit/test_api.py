@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from tests.unit.factories import T0, TEMPLATE, apply_to_job, make_job, make_pod
+from tests.support.builders import T0, TEMPLATE, apply_to_job, make_job, make_pod
 from vigil import api
 from vigil.api import MAX_ATTEMPTS, MAX_BACKOFF_FACTOR, MAX_SECONDS
 from vigil.core.actions import CreatePod, DeleteJob, DeletePod

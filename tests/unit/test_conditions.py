@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.factories import T0, at
+from tests.support.builders import T0, at
 from vigil.api import MAX_CONDITION_MESSAGE, Condition
 from vigil.core.conditions import set_condition, truncate_message
 

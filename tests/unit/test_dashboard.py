@@ -12,15 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.unit.test_alert_rules import (
-    CHART,
-    STANDARD_METRICS,
-    exported_metric_names,
-    helm_template,
-    metric_names,
-    run,
-    tool,
-)
+from tests.support.charts import CHART, helm_template, run, tool
+from tests.support.metrics import STANDARD_METRICS, exported_metric_names, metric_names
 
 pytestmark = pytest.mark.unit
 

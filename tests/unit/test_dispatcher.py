@@ -7,8 +7,8 @@ import random
 
 import pytest
 
+from tests.support.builders import T0, make_job, make_pod
 from tests.support.clock import FakeClock
-from tests.unit.factories import T0, make_job, make_pod
 from vigil.controllers.dispatcher import Dispatcher, _reserves_attempt
 from vigil.core.lifecycle import decide
 from vigil.core.queueing.book import QueueBook, QueueSpec, StartPermit, entry_of

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.unit.factories import T0, at, make_job, make_pod
+from tests.support.builders import T0, at, make_job, make_pod
 from vigil.controllers.jobs.podcache import PodCache
 from vigil.core import doubt, failures
 from vigil.core.lifecycle import decide

@@ -5,25 +5,15 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 from typing import Any
 
-import lupa  # in the test extra
 import pytest
 
-from tests.unit.factories import apply_to_job, at, make_job, make_pod
+from tests.support.builders import apply_to_job, at, make_job, make_pod
+from tests.support.gitops import EXPECTED, RECORDINGS, health
 from vigil.core.lifecycle import decide
 
 pytestmark = pytest.mark.unit
-
-ARGO = Path(__file__).resolve().parents[2] / "gitops" / "argocd" / "vigil.dev"
-
-
-def health(kind: str, obj: dict[str, Any]) -> tuple[str, str]:
-    lua = lupa.LuaRuntime(unpack_returned_tuples=True)
-    lua.globals().obj = lua.table_from(obj, recursive=True)
-    result = lua.execute((ARGO / kind / "health.lua").read_text())
-    return result["status"], result["message"]
 
 
 def after(job: dict[str, Any], pods: list, seconds: float, **kwargs: Any) -> dict[str, Any]:
@@ -75,37 +65,13 @@ def test_a_queue_in_each_state():
     assert health("VigilQueue", behind)[0] == "Progressing"
 
 
-# Objects read from a live API server in each phase by tests/integration/test_kstatus.py
-# (VIGIL_RECORD_GITOPS_FIXTURES=1 records them again), with what kstatus (cli-utils v0.37.2)
-# computed for each at the time. The Lua checks must read them as Argo CD users expect.
-RECORDED = Path(__file__).resolve().parent / "fixtures" / "gitops"
-EXPECTED = {  # recording: (Argo CD health, kstatus status)
-    "job-running": ("Progressing", "InProgress"),
-    "job-queued": ("Progressing", "InProgress"),
-    "job-queued-paused": ("Progressing", "InProgress"),
-    "job-backing-off": ("Progressing", "InProgress"),
-    "job-succeeded": ("Healthy", "Current"),
-    "job-dead-lettered": ("Degraded", "Failed"),
-    "job-suspended": ("Suspended", "Current"),  # kstatus has no Suspended
-    "job-not-yet-seen": ("Progressing", "InProgress"),  # status defaults to observedGeneration 0 (crd.py)
-    "job-generation-not-observed": ("Progressing", "InProgress"),
-    "job-succeeded-edited-observed": ("Healthy", "Current"),
-    "job-unseen-then-succeeded": ("Healthy", "Current"),
-    "queue-ready": ("Healthy", "Current"),
-    "queue-saturated": ("Healthy", "Current"),
-    "queue-paused": ("Suspended", "Current"),
-    "queue-not-yet-seen": ("Progressing", "InProgress"),
-    "queue-generation-not-observed": ("Progressing", "InProgress"),
-}
-
-
 def test_the_recordings_cover_every_expected_phase():
-    assert {path.stem for path in RECORDED.glob("*.json")} == set(EXPECTED)
+    assert {path.stem for path in RECORDINGS.glob("*.json")} == set(EXPECTED)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_recorded_objects_read_as_expected(name: str):
-    recording = json.loads((RECORDED / f"{name}.json").read_text())
+    recording = json.loads((RECORDINGS / f"{name}.json").read_text())
     obj = recording["object"]
     argo, kstatus = EXPECTED[name]
     assert health(obj["kind"], obj)[0] == argo

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.factories import (
+from tests.support.builders import (
     JOB_UID,
     T0,
     apply_to_job,

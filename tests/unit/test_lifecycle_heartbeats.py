@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.factories import T0, apply_to_job, at, condition, make_job, make_pod, stamp
+from tests.support.builders import T0, apply_to_job, at, condition, make_job, make_pod, stamp
 from vigil import api
 from vigil.core.actions import AnnotatePod, CreatePod, Decision, DeletePod, EmitEvent, ReleasePod
 from vigil.core.lifecycle import decide

@@ -39,7 +39,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.unit.factories import T0, make_job, merge_patch, stamp
+from tests.support.builders import T0, make_job, merge_patch, stamp
 from vigil import api
 from vigil.core import podstate
 from vigil.core.actions import (

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.factories import T0, make_pod
+from tests.support.builders import T0, make_pod
 from vigil import api
 from vigil.core.liveness import HeartbeatTracker, beat_stamp_due, stamp_period, thresholds
 

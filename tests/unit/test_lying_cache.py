@@ -23,9 +23,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.builders import make_job, merge_patch
 from tests.support.clock import FakeClock
 from tests.support.controllers import job_controller
-from tests.unit.factories import make_job, merge_patch
 from vigil import api
 from vigil.kube.errors import Conflict
 

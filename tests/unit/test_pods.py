@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.unit.factories import JOB_UID, make_job
+from tests.support.builders import JOB_UID, make_job
 from vigil import api
 from vigil.core.manifest import MAX_POD_NAME, attempt_pod_manifest, attempt_pod_name
 

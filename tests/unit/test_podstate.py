@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.unit.factories import JOB_UID, T0, at, make_pod, stamp
+from tests.support.builders import JOB_UID, T0, at, make_pod, stamp
 from vigil import api
 from vigil.controllers.jobs.handlers import more_than_a_beat
 from vigil.core.liveness import _is_running

@@ -1,0 +1,95 @@
+"""`vigil operator` as the end-to-end tests run it: a separate process, as it runs for real, that
+a test can SIGKILL, freeze or stop at any instant; and the same with leader election on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from kubernetes import client
+
+from tests.support.cluster import Kube
+from tests.support.waits import deadline
+
+# Short election timings, so that a takeover takes seconds: lease 4 s, renew deadline 3 s, retry 1 s.
+LEASE = ["--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1"]
+LEASE_NAME = "vigil-operator"  # the default --lease-name
+
+
+class OperatorProcess:
+    """`vigil operator` as a separate process, as it runs for real; killable at any instant."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        namespaces: list[str],
+        log_path: Path,
+        kubeconfig: Path | None = None,
+        extra_args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ):
+        self.kube, self.namespaces, self.log_path = kube, namespaces, log_path
+        self.extra_args = extra_args  # more flags of `vigil operator`
+        self.env = env or {}  # more environment, e.g. the POD_NAME the downward API gives in a pod
+        self.kubeconfig = kubeconfig or kube.kubeconfig  # whose identity the operator acts with
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        vigil = Path(sys.executable).with_name("vigil")
+        args = [str(vigil), "operator", "--log-level", os.environ.get("VIGIL_TEST_OPERATOR_LOG_LEVEL", "info")]
+        for pattern in self.namespaces:
+            args += ["--namespace", pattern]
+        args += self.extra_args
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env, "KUBECONFIG": str(self.kubeconfig)},
+            )
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no goodbye, as when a node dies under it."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(deadline(30))
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def electing(kube: Kube, namespace: str, log_path: Path, **options) -> OperatorProcess:
+    """An operator process that campaigns for the namespace's Lease (`LEASE` timings); `options`
+    go to OperatorProcess (env, say)."""
+    return OperatorProcess(
+        kube, [namespace], log_path, extra_args=("--leader-elect", "--lease-namespace", namespace, *LEASE), **options
+    )
+
+
+def identity(operator: OperatorProcess) -> str | None:
+    """The identity the process campaigns under, from its first log line about the election."""
+    for line in operator.log().splitlines():
+        if "leader election on" in line and " as " in line:
+            return line.split(" as ", 1)[1].split(":", 1)[0]
+    return None
+
+
+def holder(kube: Kube, namespace: str, name: str = LEASE_NAME) -> str | None:
+    """Who holds the namespace's Lease, or None (no Lease, or released)."""
+    try:
+        lease = client.CoordinationV1Api(kube.api).read_namespaced_lease(name, namespace)
+    except client.ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+    return lease.spec.holder_identity or None
