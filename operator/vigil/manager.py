@@ -182,7 +182,7 @@ class Operator:
             watch := ApiClient(credentials, agent),
         ]
         self.metrics = metrics = Metrics()
-        self.kube = kube = Kube(work, metrics)
+        self.kube = kube = Kube(work, metrics, clock)
         self.jobs_watch, self.queues_watch, self.pods_watch = build_watches(
             watch, settings.namespaces, metrics, clock, settings.pod_watch_pace
         )

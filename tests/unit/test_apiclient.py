@@ -4,7 +4,6 @@ what goes on the wire, what comes back, and the fence."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import json
 import socket
@@ -59,7 +58,7 @@ def run(scenario: Callable[[Server, Kube], Awaitable[None]], metrics: Metrics | 
         server = Server()
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", server.handle)
-        runner = web.AppRunner(app, access_log=None)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)  # a handler never answering is cut
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
@@ -410,35 +409,39 @@ def test_the_pool_holds_a_connection_for_every_worker_and_event_sender_at_once(w
     assert size >= in_flight + apiclient.SPARE_CONNECTIONS
 
     async def main() -> tuple[int, int]:
-        arrived, everyone = 0, asyncio.Event()
-        most = 0
+        arrived, most = 0, 0
+        release, release_at = asyncio.Event(), in_flight
 
         async def handle(request: web.Request) -> web.Response:
             nonlocal arrived, most
             arrived += 1
             most = max(most, arrived)
-            if arrived >= in_flight:
-                everyone.set()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(everyone.wait(), 2)  # answers once all are here, or gives up
+            if arrived >= release_at:
+                release.set()
+            await release.wait()  # held until `release_at` requests are at the server together
             arrived -= 1
             return web.json_response({})
 
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", handle)
-        runner = web.AppRunner(app, access_log=None)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         configuration = client.Configuration()
         configuration.host = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
         results = []
-        for connections in (size, in_flight - 1):
-            most = 0
-            everyone.clear()
+        # The pool sized by pool_size: every request is at the server at once (were one waiting for
+        # a connection, none would be released and the safety deadline below would fail the test).
+        # One connection fewer: the server sees at most in_flight - 1 together, and the last
+        # request only once a connection is given back.
+        for connections, together in ((size, in_flight), (in_flight - 1, in_flight - 1)):
+            most, release_at = 0, together
+            release.clear()
             http = ApiClient(Credentials(configuration), connections=connections)
             try:
-                await asyncio.gather(*(http.request("GET", f"/api/v1/x{i}") for i in range(in_flight)))
+                calls = (http.request("GET", f"/api/v1/x{i}") for i in range(in_flight))
+                await asyncio.wait_for(asyncio.gather(*calls), 30)  # a safety deadline, not a measure
             finally:
                 await http.close()
             results.append(most)

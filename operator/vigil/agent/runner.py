@@ -36,7 +36,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +53,7 @@ from vigil.core.fencing import (
 )
 from vigil.kube.client import MERGE_PATCH, ApiClient, user_agent
 from vigil.kube.errors import ApiError, NotFound, Unauthorized
+from vigil.runtime.clock import SYSTEM
 
 if TYPE_CHECKING:
     from vigil.kube.config import Credentials
@@ -63,7 +63,7 @@ EXIT_CANNOT_RUN = 126
 EXIT_NOT_FOUND = 127
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-CLOCK: Callable[[], float] = time.monotonic  # never the wall clock: it jumps
+CLOCK: Callable[[], float] = SYSTEM.monotonic  # never the wall clock: it jumps
 USAGE = "usage: vigil-agent [--] CMD [ARGS...]  (see `pydoc vigil.agent.runner` for the environment)"
 
 

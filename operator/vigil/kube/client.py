@@ -264,7 +264,8 @@ class ApiClient:
 
 
 async def _rest(transport: asyncio.Transport | None, seconds: float) -> None:
-    """Leave a connection unread for `seconds`: what arrives meanwhile waits in the socket."""
+    """Leave a connection unread for `seconds` (of the event loop's own clock: this paces a
+    socket, nothing a test reasons about): what arrives meanwhile waits in the socket."""
     if transport is None or transport.is_closing():
         return
     transport.pause_reading()

@@ -8,7 +8,6 @@ sent.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import logging
 import uuid
 from collections.abc import Mapping
@@ -20,6 +19,7 @@ from vigil.core.podstate import strip_pod
 from vigil.kube.client import JSON, MERGE_PATCH, STRATEGIC_MERGE_PATCH, ApiClient
 from vigil.kube.errors import ApiError, Conflict, NotFound
 from vigil.metrics import Metrics
+from vigil.runtime.clock import SYSTEM, Clock
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +32,10 @@ PODS = "/api/v1/namespaces/{namespace}/pods"
 class Kube:
     """Vigil's writes. Each method returns once the write is done or found already done."""
 
-    def __init__(self, http: ApiClient, metrics: Metrics | None = None):
+    def __init__(self, http: ApiClient, metrics: Metrics | None = None, clock: Clock = SYSTEM):
         self.http = http
         self.metrics = metrics or Metrics()
+        self.clock = clock
         # Called before every write: raises while this process may not act (leader election's
         # fence: no write leaves a leader that could not renew within its renew deadline).
         self.fence: Any = lambda: None
@@ -191,7 +192,7 @@ class Kube:
     async def post_event(self, job: dict, type_: str, reason: str, message: str) -> None:
         """A Kubernetes Event on the job. Best effort: an event lost is never worth a retry loop."""
         meta = job["metadata"]
-        now = dt.datetime.now(dt.UTC).isoformat()  # as the official client sent it
+        now = self.clock.wall().isoformat()  # as the official client sent it
         involved = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "VigilJob",

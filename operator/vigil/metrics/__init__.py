@@ -168,7 +168,7 @@ class _Timed:
         self.metrics, self.verb, self.resource = metrics, verb, resource
 
     def __enter__(self) -> _Timed:
-        self.began = time.monotonic()
+        self.began = time.monotonic()  # a real request's latency: the machine's clock, not an injected one
         return self
 
     def __exit__(self, kind: Any, error: Any, _trace: Any) -> None:
