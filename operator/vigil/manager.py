@@ -182,7 +182,17 @@ class Operator:
             watch := ApiClient(credentials, agent),
         ]
         self.metrics = metrics = Metrics()
-        self.kube = kube = Kube(work, metrics, clock)
+        self.elector: LeaderElector | None = None
+        if settings.lease is not None:
+            timings, lease_namespace, lease_name = settings.lease
+            lease_client = ApiClient(credentials, user_agent(identity, "leader-election"))
+            self.clients.append(lease_client)
+            self.elector = LeaderElector.for_lease(
+                lease_client, lease_namespace, lease_name, timings, identity=identity, clock=clock
+            )
+        # No write leaves this process unless it leads, renewed in time (the elector's fence).
+        fence = self.elector.check if self.elector is not None else (lambda: None)
+        self.kube = kube = Kube(work, metrics, clock, fence)
         self.jobs_watch, self.queues_watch, self.pods_watch = build_watches(
             watch, settings.namespaces, metrics, clock, settings.pod_watch_pace
         )
@@ -232,16 +242,9 @@ class Operator:
             )
             self.always.append(_Webhook(self.webhook, settings.webhook))
 
-        self.elector: LeaderElector | None = None
         mark: list[Runnable] = []
-        if settings.lease is not None:
-            timings, lease_namespace, lease_name = settings.lease
-            lease_client = ApiClient(credentials, user_agent(identity, "leader-election"))
-            self.clients.append(lease_client)
-            self.elector = elector = LeaderElector.for_lease(
-                lease_client, lease_namespace, lease_name, timings, identity=identity, clock=clock
-            )
-            kube.fence = elector.check  # no write leaves this process unless it leads, renewed in time
+        if (elector := self.elector) is not None and settings.lease is not None:
+            lease_name = settings.lease[2]
             metrics.leader.labels(lease_name).set_function(lambda: 1.0 if elector.deadline_ok() else 0.0)
             own_pod = OwnPod.from_environment()
             if own_pod is not None:  # the webhook's Service selects the leader's pod alone

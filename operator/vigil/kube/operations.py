@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from vigil.api import FINALIZER_ATTEMPT_TRACKING, GROUP, LABEL_JOB_UID, PLURAL, QUEUE_PLURAL, VERSION
@@ -32,13 +32,19 @@ PODS = "/api/v1/namespaces/{namespace}/pods"
 class Kube:
     """Vigil's writes. Each method returns once the write is done or found already done."""
 
-    def __init__(self, http: ApiClient, metrics: Metrics | None = None, clock: Clock = SYSTEM):
+    def __init__(
+        self,
+        http: ApiClient,
+        metrics: Metrics | None = None,
+        clock: Clock = SYSTEM,
+        fence: Callable[[], None] = lambda: None,
+    ):
         self.http = http
         self.metrics = metrics or Metrics()
         self.clock = clock
         # Called before every write: raises while this process may not act (leader election's
         # fence: no write leaves a leader that could not renew within its renew deadline).
-        self.fence: Any = lambda: None
+        self.fence = fence
 
     async def _call(
         self,
