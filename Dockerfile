@@ -2,7 +2,7 @@
 #   docker build -t vigil:dev . && kind load docker-image vigil:dev --name vigil
 #   helm install vigil charts/vigil -n vigil-system --create-namespace \
 #     --set image.repository=vigil --set image.tag=dev
-# e2e/kind/setup.sh does the first line for the kind path (IMAGE=vigil:dev).
+# testbed/kind/setup.sh does the first line for the kind path (IMAGE=vigil:dev).
 #
 # The base is pinned by tag; for reproducible builds pin it by digest too, e.g.
 #   docker build --build-arg PYTHON_IMAGE=python:3.11.14-slim-bookworm@sha256:<digest> .

@@ -5,7 +5,7 @@
 //
 //	{"kind":"VigilJob","name":"hello","status":"Current","message":"Resource is current"}
 //
-// Built by testbed/build.sh (build_kstatus); tests/integration/test_kstatus.py pipes live objects to it.
+// Built by testbed/build.sh (build_kstatus); tests/e2e/test_kstatus.py pipes live objects to it.
 package main
 
 import (

@@ -4,7 +4,7 @@
 # image built from the Dockerfile and loaded into the kind cluster (to run the chart in it:
 # helm install vigil charts/vigil -n vigil-system --create-namespace --set image.repository=vigil
 # --set image.tag=dev). Then: KUBECONFIG=... make test
-#   NODES=3 KIND_CLUSTER=vigil IMAGE=vigil:dev e2e/kind/setup.sh    (IMAGE= skips the image)
+#   NODES=3 KIND_CLUSTER=vigil IMAGE=vigil:dev testbed/kind/setup.sh    (IMAGE= skips the image)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 NODES=${NODES:-3}
@@ -18,7 +18,7 @@ if [[ -n $IMAGE ]]; then
   kind load docker-image "$IMAGE" --name "$KIND_CLUSTER"
 fi
 
-kubectl apply -f e2e/kind/kwok.yaml
+kubectl apply -f testbed/kind/kwok.yaml
 kubectl -n vigil-kwok create configmap kwok-stages --from-file=stages.yaml=testbed/kwok-stages.yaml \
   --dry-run=client -o yaml | kubectl apply -f -
 kubectl -n vigil-kwok rollout restart deployment/kwok
