@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cluster import ROOT, Kube
+from tests.support.waits import deadline
 
 pytestmark = pytest.mark.e2e
 
@@ -42,7 +43,7 @@ def test_compare_runs_both_kinds_and_reports_every_figure(kube: Kube, tmp_path: 
         "bench.compare",
         ["--jobs", "50", "--rate", "25", "--workloads", "all-succeed"]
         + ["--kubeconfig", str(kube.kubeconfig), "--out", str(tmp_path)],
-        timeout=240,
+        timeout=deadline(240),
     )
     assert result.returncode == 0, result.stderr[-2000:]
     (report,) = tmp_path.glob("*.json")
@@ -72,7 +73,7 @@ def test_heartbeat_load_runs_and_finds_no_false_uncertain(kube: Kube, tmp_path: 
         "bench.heartbeat_load",
         ["--attempts", "50", "--seconds", "8", "--interval", "2", "--timeout", "30"]
         + ["--kubeconfig", str(kube.kubeconfig), "--out", str(tmp_path)],
-        timeout=180,
+        timeout=deadline(180),
     )
     assert result.returncode == 0, result.stderr[-2000:]
     (report,) = tmp_path.glob("heartbeat-*.json")
@@ -95,7 +96,7 @@ def test_write_cost_measures_every_kind_of_write(kube: Kube, tmp_path: Path) -> 
     result = run_bench(
         "bench.write_cost",
         ["--writes", "20", "--rounds", "1", "--kubeconfig", str(kube.kubeconfig), "--out", str(tmp_path)],
-        timeout=180,
+        timeout=deadline(180),
     )
     assert result.returncode == 0, result.stderr[-2000:]
     (report,) = tmp_path.glob("write-cost-*.json")

@@ -34,10 +34,11 @@ from tests.support.jobs import (
     wait_phase,
 )
 from tests.support.operators import OperatorProcess
-from tests.support.waits import wait_until
+from tests.support.waits import deadline, wait_until
 
 pytestmark = pytest.mark.e2e  # the operator end to end, as a process, on a real cluster
 
+HELM_WAIT = f"{deadline(120):.0f}s"  # how long `helm --wait` may wait for a rollout
 # prometheus-operator's CRDs, fetched by testbed/build.sh, for the ServiceMonitor and PrometheusRule.
 MONITORING_CRDS = [
     testbed.CACHE / "crds" / "prometheus-operator" / f"monitoring.coreos.com_{plural}.yaml"
@@ -174,7 +175,7 @@ def install_monitoring_crds(kube: Kube) -> None:
         kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
     for path in MONITORING_CRDS:
         name = yaml.safe_load(path.read_text())["metadata"]["name"]
-        kube.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
+        kube.kubectl("wait", "--for=condition=Established", f"--timeout={deadline(60):.0f}s", f"crd/{name}")
 
 
 @pytest.fixture
@@ -300,7 +301,7 @@ def test_install_upgrade_and_uninstall(kube: Kube, tmp_path: Path):
         # kwok makes the pods Ready, so helm can wait for the rollout as in a real cluster.
         notes = helm_on(
             kube, "install", release, str(CHART), "-n", namespace, "--create-namespace", "-f", str(values),
-            "--wait", "--timeout", "120s",
+            "--wait", "--timeout", HELM_WAIT,
         )  # fmt: skip
         assert "kubectl get vj,vq -A" in notes and f"lease {release}" in notes and f"{release}-metrics" in notes, notes
         deployment = apps.read_namespaced_deployment(release, namespace)
@@ -315,7 +316,8 @@ def test_install_upgrade_and_uninstall(kube: Kube, tmp_path: Path):
         # An upgrade that changes a value rolls the Deployment.
         helm_on(
             kube, "upgrade", release, str(CHART), "-n", namespace, "-f", str(values),
-            "--set", "operator.logLevel=debug", "--set", "resources.limits.memory=768Mi", "--wait", "--timeout", "120s",
+            "--set", "operator.logLevel=debug", "--set", "resources.limits.memory=768Mi",
+            "--wait", "--timeout", HELM_WAIT,
         )  # fmt: skip
         upgraded = apps.read_namespaced_deployment(release, namespace)
         container = upgraded.spec.template.spec.containers[0]
@@ -333,8 +335,9 @@ def test_install_upgrade_and_uninstall(kube: Kube, tmp_path: Path):
         assert len(manifest) >= 12
     finally:
         uninstalled = run_helm(
-            "uninstall", release, "-n", namespace, "--wait", "--timeout", "120s", "--kubeconfig", str(kube.kubeconfig)
-        )
+            "uninstall", release, "-n", namespace, "--wait", "--timeout", HELM_WAIT,
+            "--kubeconfig", str(kube.kubeconfig),
+        )  # fmt: skip
     assert uninstalled.returncode == 0, uninstalled.stderr
     try:
         # Everything the release made is gone, namespaced or not; the CRDs (and so the jobs) stay.

@@ -18,7 +18,7 @@ from kubernetes import client
 
 from tests.support.cluster import Kube, install_crds, simulated_pod_spec
 from tests.support.operators import LEASE_NAME, OperatorProcess, electing, holder
-from tests.support.waits import wait_until
+from tests.support.waits import deadline, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -113,7 +113,7 @@ def test_only_the_leaders_pod_serves_the_webhook_through_a_kill_and_a_graceful_s
         a.start()
         wait_until(lambda: standing_by(a) == 2, 30, "op-a to stand by again")
         b.proc.send_signal(signal.SIGTERM)
-        assert b.proc.wait(30) == 0
+        assert b.proc.wait(deadline(30)) == 0
         assert "op-b" not in marked(kube, namespace), "the stopped leader left its mark"
         wait_until(lambda: marked(kube, namespace) == {"op-a"}, 30, "op-a to lead and mark its pod")
         wait_served(kube, namespace, {"op-a"})

@@ -24,7 +24,7 @@ from tests.support.jobs import (
     wait_phase,
 )
 from tests.support.operators import OperatorProcess
-from tests.support.waits import wait_until
+from tests.support.waits import deadline, wait_until
 
 pytestmark = pytest.mark.e2e  # the operator end to end, as a process, on a real cluster
 
@@ -35,7 +35,9 @@ def ts(value: str) -> dt.datetime:
 
 def test_a_job_succeeds_and_kubectl_wait_sees_it(kube: Kube, vigil: OperatorProcess, namespace: str):
     create(kube, namespace, vigil_job("hello", "0", "2s"))
-    waited = kube.kubectl("wait", "-n", namespace, "--for=condition=Succeeded", "vj/hello", "--timeout=60s")
+    waited = kube.kubectl(
+        "wait", "-n", namespace, "--for=condition=Succeeded", "vj/hello", f"--timeout={deadline(60):.0f}s"
+    )
     assert "condition met" in waited.stdout
 
     job = get(kube, namespace, "hello")
@@ -83,8 +85,8 @@ def test_a_flaky_job_is_retried_with_backoff_until_it_succeeds(kube: Kube, vigil
     ]
     # Backoff: 2 s after the first failure, 4 s after the second (no jitter), within a second.
     gaps = [(ts(history[i + 1]["startedAt"]) - ts(history[i]["finishedAt"])).total_seconds() for i in range(2)]
-    assert 2 <= gaps[0] <= 3.5, gaps
-    assert 4 <= gaps[1] <= 5.5, gaps
+    assert 2 <= gaps[0] <= deadline(3.5), gaps
+    assert 4 <= gaps[1] <= deadline(5.5), gaps
     assert sorted(p.metadata.name for p in pods_of(kube, namespace, job)) == ["flaky-1", "flaky-2", "flaky-3"]
 
 
@@ -159,7 +161,7 @@ def test_the_active_deadline_dead_letters_the_whole_job(kube: Kube, vigil: Opera
     assert job["status"]["reason"] == "DeadlineExceeded"
     assert condition(job, "DeadLettered")["reason"] == "DeadlineExceeded"
     started, finished = ts(job["status"]["startedAt"]), ts(job["status"]["finishedAt"])
-    assert 3 <= (finished - started).total_seconds() <= 6
+    assert 3 <= (finished - started).total_seconds() <= deadline(6)
     wait_until(lambda: not pods_of(kube, namespace, job), 30, "the running attempt's pod to be deleted")
 
 

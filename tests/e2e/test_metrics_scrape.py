@@ -23,7 +23,6 @@ A scrape taken during the run is saved to /tmp/metrics-sample.txt.
 
 from __future__ import annotations
 
-import time
 import urllib.request
 from collections import Counter
 from collections.abc import Callable
@@ -35,7 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.cluster import Kube, free_port, install_crds
 from tests.support.jobs import FAST_BACKOFF, create, vigil_job, vigil_queue
 from tests.support.operators import electing, holder, identity
-from tests.support.waits import wait_until
+from tests.support.waits import deadline, poll, wait_until
 from vigil import api
 from vigil.api import GROUP, PLURAL, VERSION
 
@@ -46,7 +45,7 @@ SAMPLE = Path("/tmp/metrics-sample.txt")
 
 
 def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=deadline(5)) as response:
         return response.read().decode()
 
 
@@ -97,17 +96,21 @@ def settled(port: int, check: Callable[[str], None], within: float = 15) -> str:
     """A scrape on which `check` passes, within `within` seconds (else its assertion): the
     operator's caches follow the API server by a watch event, so a LIST may show a write a
     moment before /metrics does."""
-    deadline = time.monotonic() + within
-    while True:
+    failed: list[AssertionError] = []
+
+    def passing() -> str | None:
         text = scrape(port)
         try:
             check(text)
-        except AssertionError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
-            continue
+        except AssertionError as err:
+            failed.append(err)
+            return None
         return text
+
+    text = poll(passing, within, interval=0.5)
+    if text is None:
+        raise failed[-1]
+    return text
 
 
 class Cluster:

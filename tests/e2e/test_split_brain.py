@@ -35,7 +35,7 @@ from testbed import cluster as testbed
 from tests.support.cluster import SUITE_CLUSTER, Kube, install_crds
 from tests.support.jobs import FAST_BACKOFF, create, pods_per_attempt, status, vigil_job
 from tests.support.operators import LEASE_NAME, electing, holder, identity
-from tests.support.waits import wait_until
+from tests.support.waits import deadline, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -143,7 +143,7 @@ def test_a_frozen_leader_is_replaced_and_once_woken_writes_nothing_and_exits(
         )
         woken_at, t_cont = dt.datetime.now(dt.UTC), time.monotonic()
         old.proc.send_signal(signal.SIGCONT)
-        code = old.proc.wait(30)
+        code = old.proc.wait(deadline(30))
         exited = time.monotonic() - t_cont
         log = old.log_path.read_text(errors="replace")
         assert code == 1, f"the old leader exited with {code}, not 1 (LeadershipLost)\n{log[-3000:]}"

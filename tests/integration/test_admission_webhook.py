@@ -32,7 +32,7 @@ from kubernetes import client
 from tests.support.charts import CHART, KUBE_VERSION, tool
 from tests.support.cluster import Kube, fresh_namespace, install_crds
 from tests.support.jobs import create_at_once
-from tests.support.waits import wait_until
+from tests.support.waits import deadline, wait_until
 from tests.support.webhooks import dry_run_refused, register_and_wait, unregister
 from vigil import api
 from vigil.core.admission import Pending
@@ -117,7 +117,7 @@ class Replica:
 
     async def start(self, certs: Path, address: str = "127.0.0.1:0") -> int:
         self.tasks = [asyncio.create_task(informer.run()) for informer in self.informers]
-        await asyncio.wait_for(asyncio.gather(*(i.synced.wait() for i in self.informers)), 30)
+        await asyncio.wait_for(asyncio.gather(*(i.synced.wait() for i in self.informers)), deadline(30))
         await self.server.start(address, certs / "tls.crt", certs / "tls.key")
         return self.server.port
 
@@ -137,11 +137,11 @@ class Loop:
         self.thread.start()
 
     def run(self, coro, timeout: float = 60):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(deadline(timeout))
 
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        self.thread.join(deadline(10))
 
 
 class Bed:
@@ -359,8 +359,10 @@ def test_while_no_webhook_answers_jobs_are_admitted_as_failure_policy_ignore_say
         silent.close()
     assert ok, err
     print(f"\nfailurePolicy Ignore: admitted in {down:.2f}s with nothing listening, {hung:.2f}s while hung")
+    # Not widened by VIGIL_TEST_SLACK: the bound is the least the other path (a hung webhook,
+    # waited for until its timeout) takes, so a wider one could not tell the two apart.
     assert down < TIMEOUT_SECONDS
-    assert TIMEOUT_SECONDS - 0.5 <= hung < TIMEOUT_SECONDS + 10
+    assert TIMEOUT_SECONDS - 0.5 <= hung < deadline(TIMEOUT_SECONDS + 10)
 
 
 # --------------------------------------------------------------- the server itself (loopback)

@@ -98,7 +98,7 @@ CHILD = textwrap.dedent(
         checkpoint({"step": int(os.environ["CHILD_CHECKPOINT"]), "note": "d\\u00e9j\\u00e0"})
     (work / "pid").write_text(str(os.getpid()))
     while not (work / "go").exists():
-        time.sleep(0.05)
+        time.sleep(0.05)  # the job itself, polling for its go file (a child process, no test wait)
     code = (work / "go").read_text()
     if code == "SIGKILL":
         os.kill(os.getpid(), signal.SIGKILL)

@@ -96,7 +96,7 @@ class Watch:
                     time.sleep(0.2)  # the API server is away (restarting): try again shortly
             except Exception as err:  # noqa: BLE001 - recorded, and retried
                 self.errors.append(repr(err))
-                time.sleep(0.2)
+                time.sleep(0.2)  # likewise: the retry's pace
 
 
 class PodLog(Watch):
