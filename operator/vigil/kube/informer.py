@@ -125,7 +125,7 @@ class Informer:
                 self._repairing = False
             except Expired as err:
                 self.freshness.broken = True
-                log.info("%s: resourceVersion too old (%s); listing again", self.name, err)
+                log.info("%s: resourceVersion is too old (410 Gone: %s); listing again", self.name, err.message)
                 self._relist_wanted = True
             except Stalled as err:
                 self.freshness.broken = True
