@@ -858,9 +858,7 @@ SHELL = ElectionConfig(lease_duration=15, renew_deadline=10, retry_period=2)
 
 def elector(server: Server, identity: str, **kwargs) -> tuple[LeaderElector, Api]:
     api = Api(server)
-    made = LeaderElector(
-        api, identity, SHELL, clock=server.time, jitter=lambda: 0.5, **kwargs
-    )
+    made = LeaderElector(api, identity, SHELL, clock=server.time, jitter=lambda: 0.5, **kwargs)
     return made, api
 
 
@@ -890,7 +888,7 @@ def test_shell_one_leads_the_other_waits_and_takes_over_a_lease_duration_after_a
         assert b.counters.acquired == 1 and a.counters.renewals >= 14
         b_run = asyncio.ensure_future(b.release())
         assert await time.until(b_run.done, 1)
-        assert await asyncio.wait_for(task_b, 1) is StopReason.RELEASED
+        assert await time.until(task_b.done, 1) and task_b.result() is StopReason.RELEASED
 
     shell(scenario)
 
@@ -911,7 +909,7 @@ def test_shell_release_closes_the_fence_before_writing_and_hands_over_within_a_r
         released = asyncio.ensure_future(a.release())
         assert await time.until(released.done, 1) and released.result() is True
         assert fence_at_release == [False]  # closed before the release was written
-        assert await asyncio.wait_for(task_a, 1) is StopReason.RELEASED
+        assert await time.until(task_a.done, 1) and task_a.result() is StopReason.RELEASED
         assert stops == [StopReason.RELEASED] and a.counters.released == 1 and a.counters.lost == 0
         released_at = time.now
         assert await time.until(b.leading.is_set, 10)

@@ -20,13 +20,17 @@ from pathlib import Path
 import pytest
 
 from testbed.faults import FaultError, FaultProxy, frozen, kubeconfig_via, sigcont, sigkill, sigstop
+from tests.support.waits import deadline, wait_until
 
 pytestmark = pytest.mark.unit
 
 # How long a stalled connection must stay silent to count as stalled. A bounded fixed window
 # is the point of such a check (nothing must happen), so it is the one wait that is not a poll.
 SILENCE = 0.5
-DEADLINE = 5.0
+# Real sockets and a proxy process: no clock to fake. Every wait for something is bounded by
+# this, which only a hang reaches (everything here takes milliseconds); no assertion is an upper
+# bound on speed but the delay test's, which is the least a throughput limit would take.
+DEADLINE = deadline(30.0)
 
 
 class EchoServer:
@@ -137,13 +141,6 @@ def assert_silent(*socks: socket.socket, seconds: float = SILENCE) -> None:
     assert not readable and not errored, "a stalled connection was not silent"
 
 
-def wait_until(condition: Callable[[], object], what: str, timeout: float = DEADLINE) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-
-
 def test_forwards_both_ways_and_passes_half_close_on(proxy, connect, echo):
     sock = connect()
     assert roundtrip(sock, b"x" * 200_000) == b"x" * 200_000
@@ -153,7 +150,7 @@ def test_forwards_both_ways_and_passes_half_close_on(proxy, connect, echo):
     sock.settimeout(DEADLINE)
     assert sock.recv(10) == b""
     assert echo.eofs == 1
-    wait_until(lambda: proxy.status()["connections"]["open"] == 0, "the proxy to drop the closed link")
+    wait_until(lambda: proxy.status()["connections"]["open"] == 0, 30, "the proxy to drop the closed link", 0.01)
 
 
 def test_stall_freezes_existing_connections_while_new_ones_work(proxy, connect, echo):
@@ -229,31 +226,41 @@ def test_reset_breaks_both_sides_of_every_connection(proxy, connect, echo):
         sock.settimeout(DEADLINE)
         with pytest.raises(ConnectionResetError):
             sock.recv(10)
-    wait_until(lambda: echo.resets == 2, "the upstream to see both resets")
+    wait_until(lambda: echo.resets == 2, 30, "the upstream to see both resets", 0.01)
     assert roundtrip(connect()) == b"ping", "a reset is one-shot: new connections work"
 
 
 def test_delay_is_latency_on_each_chunk_not_a_throughput_limit(proxy, connect):
     sock = connect()
     assert roundtrip(sock) == b"ping"
+    delay = 0.2  # each way
     assert proxy.delay(200)["delay_ms"] == 200
 
     began = time.monotonic()
     assert roundtrip(sock) == b"ping"
-    assert time.monotonic() - began >= 0.4, "200 ms each way"
+    assert time.monotonic() - began >= 2 * delay, "200 ms each way"
 
-    # Five chunks 50 ms apart arrive 400 ms after each was sent, not 400 ms after each other.
+    # Ten chunks 20 ms apart arrive 400 ms after each was sent (about 0.6 s for the last), not
+    # 200 ms after each other. A proxy that delayed chunk after chunk would hold the last one at
+    # least (10 + 1) x 200 ms: ten delays in a row on the way in, one on the way back. That least
+    # is the bound, not a guess at this machine's speed: a loaded one has 1.6 s to spare.
+    chunks = 10
     began = time.monotonic()
-    for i in range(5):
+    for i in range(chunks):
         sock.sendall(b"%d" % i)
-        time.sleep(0.05)  # pacing, so the chunks stay separate; not a wait for anything
-    assert recv_exactly(sock, 5) == b"01234"
-    assert 0.4 <= time.monotonic() - began < 1.2
+        time.sleep(0.02)  # pacing, so the chunks stay separate; not a wait for anything
+    assert recv_exactly(sock, chunks) == b"0123456789"
+    assert 2 * delay <= time.monotonic() - began < (chunks + 1) * delay
 
+    # Healed: no delay. Every roundtrip through a delayed proxy takes 400 ms at least; the
+    # fastest of three here must take less (load could slow one, not all three by that much).
     assert proxy.heal()["delay_ms"] == 0
-    began = time.monotonic()
-    assert roundtrip(sock) == b"ping"
-    assert time.monotonic() - began < 0.4
+    fastest = float("inf")
+    for _ in range(3):
+        began = time.monotonic()
+        assert roundtrip(sock) == b"ping"
+        fastest = min(fastest, time.monotonic() - began)
+    assert fastest < 2 * delay, fastest
 
 
 def test_stop_closes_connections_and_the_port(tmp_path, echo):

@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from tests.support.clock import FakeClock
 from vigil.core.podstate import strip_pod
 from vigil.kube import informer as informer_module
 from vigil.kube.errors import Expired, Stalled
@@ -54,12 +55,15 @@ class ScriptedReader:
 
 
 def run(reader: ScriptedReader, deltas: list, check=None, **options) -> Informer:
+    """Runs an informer on a fake clock until the script is played out, then `check(informer, clock)`."""
+
     async def main():
-        informer = Informer(reader, "/p", deltas.append, name="test", rng=random.Random(1), **options)
+        clock = FakeClock()
+        informer = Informer(reader, "/p", deltas.append, name="test", rng=random.Random(1), clock=clock, **options)
         task = asyncio.create_task(informer.run())
-        await asyncio.wait_for(reader.done.wait(), 5)
+        assert await clock.until(reader.done.is_set, within=60), "the informer did not play the script out"
         if check:
-            await check(informer)
+            await check(informer, clock)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         return informer
@@ -128,15 +132,12 @@ def test_bookmarks_move_the_resume_point():
 def test_fresh_only_while_the_watch_is_trusted(monkeypatch):
     reader = ScriptedReader({}, [([], "hang")])
 
-    async def check(informer: Informer):
+    async def check(informer: Informer, clock: FakeClock):
         assert informer.fresh()
         informer.repair("a direct read showed a beat the watch missed")
         assert not informer.fresh(), "in doubt from the moment of repair()"
-        for _ in range(100):
-            if informer.fresh():
-                break
-            await asyncio.sleep(0.01)
-        assert informer.fresh() and reader.lists == 2, "fresh again after listing"
+        assert await clock.until(informer.fresh, within=0), "fresh again once it has listed, with no time passing"
+        assert reader.lists == 2, "fresh again after listing"
 
     reader.watches.append(([], "hang"))
     run(reader, [], check)
@@ -154,16 +155,19 @@ def test_freshness_rules():
     assert not freshness.fresh(66), "a failure ends freshness at once"
 
 
-def test_retry_delays_grow_and_are_capped(monkeypatch):
+def test_retry_delays_grow_and_are_capped():
+    clock = FakeClock()
+    informer = Informer(None, "/p", lambda d: None, name="t", rng=random.Random(3), clock=clock)  # type: ignore[arg-type]
     delays = []
 
-    async def fake_sleep(seconds):
-        delays.append(seconds)
+    async def pause(failures: int) -> float:
+        began = clock.now
+        pausing = asyncio.ensure_future(informer._pause(failures, "test"))
+        assert await clock.until(pausing.done, within=3600)
+        return clock.now - began
 
-    informer = Informer(None, "/p", lambda d: None, name="t", rng=random.Random(3))  # type: ignore[arg-type]
-    monkeypatch.setattr(informer_module.asyncio, "sleep", fake_sleep)
     for failures in range(1, 12):
-        asyncio.run(informer._pause(failures, "test"))
+        delays.append(asyncio.run(pause(failures)))
     first, largest = informer_module.RETRY_DELAYS
     assert first / 2 <= delays[0] <= first
     assert all(d <= largest for d in delays) and delays[-1] >= largest / 2

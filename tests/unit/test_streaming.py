@@ -97,6 +97,8 @@ def watched(pace: float) -> tuple[list[str], int]:
         reads += 1
 
     async def scenario(reader: ApiClient) -> None:
+        # Real sockets, and the pacing and the stall deadline run on the event loop's own clock (the
+        # client's, not an injected one): 20 s is a net against a hang, not a measure of speed.
         got.extend(await asyncio.wait_for(read_all(reader.watch("/api/v1/pods", {}, 10, on_bytes, pace)), 20))
 
     asyncio.run(serving(scenario))
@@ -116,7 +118,7 @@ def test_a_paced_watch_delivers_every_event_in_order_in_a_few_reads():
 def test_a_paced_watch_still_notices_a_stall():
     async def scenario(reader: ApiClient) -> None:
         events = reader.watch("/api/v1/pods", {"hang": "1"}, 0.5, lambda: None, 0.1)
-        with pytest.raises(Stalled):
+        with pytest.raises(Stalled):  # after 0.5 s of silence; 10 s is a net against a hang, as above
             await asyncio.wait_for(read_all(events), 10)
 
     asyncio.run(serving(scenario))
