@@ -34,6 +34,7 @@ status:
 
 lint: venv
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 unit: venv
 	$(BIN)/pytest -m unit

@@ -26,7 +26,7 @@ import logging
 import signal
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from vigil import api
 from vigil.controllers.dispatcher import Dispatcher
@@ -214,7 +214,7 @@ class Operator:
             workers=settings.workers,
             pods_fresh=self.pods_watch.fresh,
             repair=self.pods_watch.repair,
-            on_job=lambda namespace, name, uid: self.pending.seen(namespace, name, uid or ""),
+            on_job=self._job_seen,
         )
         self.jobs_watch.add_handler(self.jobs.handlers.job_delta)
         self.queues_watch.add_handler(self.dispatcher.queue_delta)
@@ -255,6 +255,11 @@ class Operator:
         # then their last events are posted, then the mark goes, then the Lease.
         self.leader_only: list[Runnable] = [*mark, self.dispatcher, self.events, self.queues, self.jobs]
 
+    def _job_seen(self, namespace: str, name: str, uid: str | None) -> None:
+        """The job watch took a version of this job (or its deletion, uid None): the webhook no
+        longer counts it as admitted but unseen."""
+        self.pending.seen(namespace, name, uid or "")
+
     def manager(self) -> Manager:
         return Manager(
             informers=self.informers,
@@ -290,19 +295,21 @@ class Manager:
         started: list[Runnable] = []
         leading: list[Runnable] = []
         campaign = asyncio.ensure_future(elector.run()) if elector is not None else None
-        ends = [*watches, *([campaign] if campaign is not None else [])]
-        stop = asyncio.ensure_future(stopping.wait())
+        ends: list[asyncio.Future[Any]] = [*watches, *([campaign] if campaign is not None else [])]
+        stop: asyncio.Future[Any] = asyncio.ensure_future(stopping.wait())
         try:
             for runnable in self.always:
                 await runnable.start()
                 started.append(runnable)
-            synced = asyncio.ensure_future(asyncio.gather(*(informer.synced.wait() for informer in self.informers)))
+            synced: asyncio.Future[Any] = asyncio.ensure_future(
+                asyncio.gather(*(informer.synced.wait() for informer in self.informers))
+            )
             await asyncio.wait([synced, stop, *ends], return_when=asyncio.FIRST_COMPLETED)
             if synced.done():
                 self.ready.set()
                 if elector is not None:  # a standby keeps its caches warm and writes nothing
                     log.info("%s; standing by until this process leads", self.listed())
-                    led = asyncio.ensure_future(elector.leading.wait())
+                    led: asyncio.Future[Any] = asyncio.ensure_future(elector.leading.wait())
                     await asyncio.wait([led, stop, *ends], return_when=asyncio.FIRST_COMPLETED)
                     led.cancel()
                 if elector is None or elector.leading.is_set():

@@ -110,7 +110,7 @@ class Settings:
             namespace=env["POD_NAMESPACE"],
             interval=seconds("VIGIL_HEARTBEAT_INTERVAL", 10.0),
             timeout=seconds("VIGIL_HEARTBEAT_TIMEOUT", 60.0),
-            guarantee=guarantee,
+            guarantee=guarantee,  # type: ignore[arg-type]  # checked against both values above
             grace=seconds("VIGIL_STOP_GRACE_SECONDS", 10.0),
         )
 
@@ -324,8 +324,8 @@ def run_agent(argv: list[str], env: dict[str, str]) -> int:
         except PermissionError:
             log(f"error: cannot run {argv[0]}: permission denied")
             return EXIT_CANNOT_RUN
-        for signum in pending:
-            child.signal(signum)
+        for early in pending:
+            child.signal(early)
         return supervise(settings, child, Heart(settings, pod, checkpoint_file, events), events)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -104,10 +104,8 @@ def parse(body: Any) -> Submission:
     request = body.get("request")
     if not isinstance(request, Mapping) or not isinstance(request.get("uid"), str) or not request["uid"]:
         raise BadReview("expected request.uid in the AdmissionReview")
-    obj = request.get("object")
-    obj = obj if isinstance(obj, Mapping) else {}
-    metadata = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
-    spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
+    obj = _mapping(request.get("object"))
+    metadata, spec = _mapping(obj.get("metadata")), _mapping(obj.get("spec"))
     queue = spec.get("queue")
     return Submission(
         review_uid=request["uid"],
@@ -119,6 +117,10 @@ def parse(body: Any) -> Submission:
         operation=str(request.get("operation") or ""),
         dry_run=bool(request.get("dryRun")),
     )
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
 
 
 def is_job_create(body: Mapping, submission: Submission) -> bool:

@@ -34,7 +34,7 @@ def set_condition(
         status=status,
         reason=reason,
         message=truncate_message(message),
-        last_transition_time=now if transitioned else previous.last_transition_time,
+        last_transition_time=now if previous is None or transitioned else previous.last_transition_time,
         observed_generation=generation,
     )
     if previous is None:

@@ -459,7 +459,7 @@ def _accept_late_success(draft: _Draft, observed: _ObservedPods) -> None:
     current = status.current_attempt
     records = {record.number: record for record in status.history}
     for pod in observed.ours:  # by attempt number: the earliest late success is the one recorded
-        number = podstate.attempt_of(pod)
+        number = podstate.attempt_of(pod) or 0  # every pod of `ours` has a number
         record = records.get(number) if current is None or number != current.number else None
         if record is None or record.outcome not in LATE_SUCCESS_OUTCOMES:
             continue
@@ -834,7 +834,7 @@ def _stop_stray_pods(draft: _Draft, observed: _ObservedPods) -> None:
     for pod in observed.ours:
         if pod is live or podstate.is_finished(pod) or podstate.is_deleting(pod):
             continue
-        record = records.get(podstate.attempt_of(pod))
+        record = records.get(podstate.attempt_of(pod) or 0)
         if (
             record is not None
             and record.outcome == "Lost"
@@ -851,7 +851,7 @@ def _record_final_states(draft: _Draft, observed: _ObservedPods) -> None:
     history = list(draft.status.history)
     index = {record.number: i for i, record in enumerate(history)}
     for pod in observed.ours:
-        i = index.get(podstate.attempt_of(pod))
+        i = index.get(podstate.attempt_of(pod) or 0)
         if i is None or history[i].exit_code is not None or not podstate.is_finished(pod):
             continue
         report = podstate.read_pod(pod)

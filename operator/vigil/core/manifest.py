@@ -67,7 +67,7 @@ def attempt_pod_manifest(
     pod_meta["finalizers"] = [*theirs, api.FINALIZER_ATTEMPT_TRACKING]
     pod_spec["restartPolicy"] = "Never"
 
-    vigil_env = [
+    vigil_env: list[dict[str, Any]] = [
         {"name": "VIGIL_JOB", "value": meta.name},
         {"name": "VIGIL_JOB_UID", "value": meta.uid},
         {"name": "VIGIL_ATTEMPT", "value": str(attempt)},

@@ -281,9 +281,9 @@ def _exit(status: Mapping[str, Any]) -> tuple[int | None, str | None]:
     containers first) that exited non-zero, else the first that exited at all."""
     terminated = _terminated(status)
     failed = [t for t in terminated if t.get("exitCode") != 0]
-    decisive = (failed or terminated or [None])[0]
-    if decisive is None:
+    if not terminated:
         return None, None
+    decisive = (failed or terminated)[0]
     return decisive.get("exitCode"), decisive.get("reason")
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -210,7 +210,7 @@ class ApiClient:
         progress_deadline: float,
         on_bytes: Callable[[], None],
         pace: float = 0.0,
-    ) -> AsyncIterator[dict]:
+    ) -> AsyncGenerator[dict, None]:
         """The events of one watch request, decoded, until the server ends it. Raises Stalled when
         no bytes at all arrive for `progress_deadline` seconds (a half-open connection), an
         ApiError when the server answers with an error or sends an ERROR event (Expired when the

@@ -33,7 +33,7 @@ class Credentials:
         in-cluster token is re-read by the Configuration's refresh hook."""
         bearer = self.configuration.auth_settings().get("BearerToken")
         if bearer and bearer.get("value"):
-            return {"Authorization": bearer["value"]}
+            return {"Authorization": str(bearer["value"])}
         return {}
 
     def ssl_context(self) -> ssl.SSLContext | bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from vigil.runtime.clock import SYSTEM, Clock
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 CAPACITY = 1000  # client-go's maxQueuedEvents
 CONCURRENCY = 4  # posts in flight: enough to keep up with starts at the API server's latency
 
-Post = Callable[[dict, str, str, str], Awaitable[None]]  # (job, type, reason, message)
+Post = Callable[[Mapping[str, Any], str, str, str], Awaitable[None]]  # (job, type, reason, message)
 
 
 class EventRecorder:
@@ -39,12 +39,12 @@ class EventRecorder:
     ) -> None:
         self.post, self.on_drop, self.clock = post, on_drop, clock
         self._capacity, self._concurrency = capacity, concurrency
-        self._pending: asyncio.Queue[tuple[dict, str, str, str]] = asyncio.Queue(capacity)
+        self._pending: asyncio.Queue[tuple[Mapping[str, Any], str, str, str]] = asyncio.Queue(capacity)
         self._senders: list[asyncio.Task] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self.dropped = 0
 
-    def record(self, job: dict[str, Any], type_: str, reason: str, message: str) -> None:
+    def record(self, job: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         """Queues the event and returns at once; drops it if `capacity` events wait already."""
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # the first event (or, in tests, a new event loop)

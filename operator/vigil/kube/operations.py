@@ -72,7 +72,7 @@ class Kube:
 
     # --- pods ---------------------------------------------------------------------------
 
-    async def create_pod(self, namespace: str, manifest: dict) -> dict | None:
+    async def create_pod(self, namespace: str, manifest: Mapping[str, Any]) -> dict | None:
         """Creates the pod; None when a pod of that name exists already (deterministic names
         make that the same attempt, or a stranger the core will refuse to adopt)."""
         try:
@@ -195,7 +195,7 @@ class Kube:
 
     # --- events -------------------------------------------------------------------------
 
-    async def post_event(self, job: dict, type_: str, reason: str, message: str) -> None:
+    async def post_event(self, job: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         """A Kubernetes Event on the job. Best effort: an event lost is never worth a retry loop."""
         meta = job["metadata"]
         now = self.clock.wall().isoformat()  # as the official client sent it

@@ -212,7 +212,8 @@ class LeaderElector:
                     return False
                 try:
                     got = await self._bounded(self.api.get(), remaining)
-                    self._set(self.state.observed(*(got or (None, "")), now=self.clock.monotonic()))
+                    record, version = got if got is not None else (None, "")
+                    self._set(self.state.observed(record, version, now=self.clock.monotonic()))
                     decision = self.state.release_decision(self.clock.wall())
                     if decision.verdict is LeaseVerdict.WAIT:
                         return True

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, get_args
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -30,7 +30,7 @@ class StateCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         phases = Tally(((job.get("status") or {}).get("phase") or "New") for job in self.jobs())
         by_phase = GaugeMetricFamily("vigil_jobs", "VigilJobs the operator holds, by phase.", labels=["phase"])
-        for phase in ("New", *api.Phase.__args__):  # every phase, zeros included: absent is not zero
+        for phase in ("New", *get_args(api.Phase)):  # every phase, zeros included: absent is not zero
             by_phase.add_metric([phase], phases.get(phase, 0))
         yield by_phase
         uncertain = GaugeMetricFamily("vigil_attempts_uncertain", "Attempts Uncertain now.")

@@ -220,7 +220,7 @@ def webhook_configuration(
     if (url is None) == (service is None):
         raise ValueError("give exactly one of url and service")
     client_config: dict[str, Any] = {"caBundle": base64.b64encode(ca_bundle).decode()}
-    if url is not None:
+    if service is None:
         client_config["url"] = url
     else:
         client_config["service"] = {**service, "path": PATH}

@@ -165,7 +165,7 @@ class JobReconciler:
         """The core's decision on these pods, and what it was taken on."""
         view = self.view
         heartbeat, now, fresh = view.heartbeats[key], self.clock.monotonic(), self.pods_fresh()
-        liveness, states, held_back = {}, {}, False
+        liveness, states, held_back = {}, dict[str, str](), False
         for pod in pods:
             uid = pod["metadata"]["uid"]
             heard = view.tracker.liveness(uid, heartbeat, now)
@@ -201,7 +201,8 @@ class JobReconciler:
         job, heartbeat, now = view.job(key), view.heartbeats.get(key), self.clock.monotonic()
         if job is None or heartbeat is None:
             return {}, None
-        states, deadlines = {}, []
+        states: dict[str, str] = {}
+        deadlines: list[float] = []
         for pod in view.pods.of_job(job["metadata"]["uid"]):
             uid = pod["metadata"]["uid"]
             states[uid] = view.tracker.liveness(uid, heartbeat, now).state
@@ -217,7 +218,7 @@ class JobReconciler:
         event (kubernetes#123072); so the current attempt's pod, if the list lacks it, is read
         by name, which the API server answers from etcd."""
         namespace, job_uid = job["metadata"]["namespace"], job["metadata"]["uid"]
-        pods = await self.kube.list_job_pods(namespace, job_uid)
+        pods: list[Pod] = list(await self.kube.list_job_pods(namespace, job_uid))
         current = (job.get("status") or {}).get("currentAttempt") or {}
         name = current.get("podName")
         if name and all(pod["metadata"]["name"] != name for pod in pods):

@@ -272,9 +272,10 @@ class QueueBook:
             # The first status that shows a start can also show its end (its pod came first and
             # finished before the look that records it): the start was made, its count stays.
             qkey = self._where.get(entry.key)
-            job = self._queues[qkey].jobs[entry.name] if qkey is not None else None
-            if job is not None and job.hold is not None and entry.attempts >= job.hold.attempt:
-                self._end_hold(self._queues[qkey], job, started=True)
+            if qkey is not None:
+                job = self._queues[qkey].jobs[entry.name]
+                if job.hold is not None and entry.attempts >= job.hold.attempt:
+                    self._end_hold(self._queues[qkey], job, started=True)
             self.forget(entry.namespace, entry.name)
             return
         previous = self._where.get(entry.key)
@@ -282,11 +283,11 @@ class QueueBook:
             self.forget(entry.namespace, entry.name)  # it moved to another queue
         queue = self._queue(entry.queue_key)
         self._where[entry.key] = entry.queue_key
-        job = queue.jobs.get(entry.name)
-        if job is None:
+        held = queue.jobs.get(entry.name)
+        if held is None:
             job = queue.jobs[entry.name] = _Job(entry)
         else:
-            job.entry = entry
+            job, job.entry = held, entry
         if job.hold is not None:
             if entry.attempts >= job.hold.attempt:
                 self._end_hold(queue, job, started=True)

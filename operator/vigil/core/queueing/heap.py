@@ -55,7 +55,7 @@ class LazyHeap:
         """The k smallest live entries, in order, without changing the heap: a walk down the
         heap's tree that opens a node's children only once the node is taken, O(k log k) plus
         the dead entries met on the way."""
-        heap, out = self._heap, []
+        heap, out = self._heap, list[tuple[Any, str]]()
         frontier = [(heap[0], 0)] if heap else []
         while frontier and len(out) < k:
             entry, i = heapq.heappop(frontier)
