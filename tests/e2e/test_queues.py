@@ -1,4 +1,4 @@
-"""VigilQueue end to end (issue 8): order, the maxRunning limit (also across an operator SIGKILL),
+"""VigilQueue end to end: order, the maxRunning limit (also across an operator SIGKILL),
 admission backpressure, the retry budget in a storm, pause and resume, a queue created late,
 maxRunning changed mid-run, the start rate, and `kubectl get vq`.
 

@@ -1,4 +1,4 @@
-"""The API models: DESIGN.md's defaults, camelCase on the wire, and the validation rules."""
+"""The API models: docs/design.md's defaults, camelCase on the wire, and the validation rules."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Table tests of decide() for issue 4: heartbeat verdicts (Uncertain, resumed, Lost), NoOverlap,
+"""Table tests of decide() for liveness: heartbeat verdicts (Uncertain, resumed, Lost), NoOverlap,
 a late success, checkpoints, lastHeartbeatAt."""
 
 from __future__ import annotations
