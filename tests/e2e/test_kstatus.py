@@ -9,7 +9,7 @@ and a job and a queue edited meanwhile show a generation not yet observed; start
 catches up.
 
 With VIGIL_RECORD_GITOPS_RECORDINGS=1 the objects read here are written to
-tests/unit/fixtures/gitops/ (managedFields dropped), where tests/unit/test_gitops_health.py runs
+tests/unit/deploy/fixtures/gitops/ (managedFields dropped), where tests/unit/deploy/test_gitops_health.py runs
 the Lua checks on them: its fixtures are recordings of real objects, not hand-made ones.
 """
 

@@ -15,7 +15,7 @@ ARGO = ROOT / "gitops" / "argocd" / "vigil.dev"
 # (VIGIL_RECORD_GITOPS_FIXTURES=1 records them again), with what kstatus (cli-utils v0.37.2)
 # computed for each at the time. The Lua checks must read them as Argo CD users expect, and the
 # live objects must read so too: one table for both.
-RECORDINGS = ROOT / "tests" / "unit" / "fixtures" / "gitops"
+RECORDINGS = ROOT / "tests" / "unit" / "deploy" / "fixtures" / "gitops"
 EXPECTED = {  # recording: (Argo CD health, kstatus status)
     "job-running": ("Progressing", "InProgress"),
     "job-queued": ("Progressing", "InProgress"),

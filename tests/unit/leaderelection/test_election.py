@@ -1035,7 +1035,7 @@ def test_shell_runs_once():
     shell(scenario)
 
 
-# --- the fence in the operator's own client: tests/unit/test_apiclient.py -------------------------
+# --- the fence in the operator's own client: tests/unit/kube/test_client.py -------------------------
 
 
 def test_each_process_names_its_identity_in_its_user_agent():

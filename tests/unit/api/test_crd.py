@@ -21,7 +21,7 @@ from vigil.api import crd, template_schema
 
 pytestmark = pytest.mark.unit
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize("relative", crd.CRD_PATHS, ids=str)
