@@ -195,6 +195,7 @@ class Agents:
         self.halt.set()
         self.wake.set()
         self.pool.shutdown(wait=True, cancel_futures=True)
+        self.base.close()  # every worker thread's client: no beat is in flight any more
 
 
 class LoopProbe(threading.Thread):

@@ -153,6 +153,7 @@ class PodHeartbeat:
                 raise ConfigError(str(err)) from None
         self.settings, self.timeout, self.credentials = settings, timeout, credentials
         self._local = threading.local()  # per thread: (event loop, client)
+        self._held: list[tuple[asyncio.AbstractEventLoop, ApiClient]] = []  # every thread's, to close
 
     def _client(self) -> tuple[asyncio.AbstractEventLoop, ApiClient]:
         held = getattr(self._local, "held", None)
@@ -160,7 +161,15 @@ class PodHeartbeat:
             agent = user_agent(self.settings.pod_name, "agent")
             client = ApiClient(self.credentials, agent, connections=1, connect_timeout=self.timeout)
             held = self._local.held = (asyncio.new_event_loop(), client)
+            self._held.append(held)
         return held
+
+    def close(self) -> None:
+        """Closes every thread's client and loop: call once no beat is in flight."""
+        while self._held:
+            loop, client = self._held.pop()
+            loop.run_until_complete(client.close())
+            loop.close()
 
     def patch(self, annotations: dict[str, str]) -> tuple[Observed, str]:
         loop, client = self._client()
@@ -326,7 +335,14 @@ def run_agent(argv: list[str], env: dict[str, str]) -> int:
             return EXIT_CANNOT_RUN
         for early in pending:
             child.signal(early)
-        return supervise(settings, child, Heart(settings, pod, checkpoint_file, events), events)
+        heart = Heart(settings, pod, checkpoint_file, events)
+        try:
+            return supervise(settings, child, heart, events)
+        finally:
+            if heart.ident is not None:  # started: stopped already, back from its wait at once
+                heart.join(timeout=1.0)
+            if not heart.is_alive():
+                pod.close()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
