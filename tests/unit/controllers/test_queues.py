@@ -39,15 +39,21 @@ def job(name: str, phase: str | None = None) -> dict[str, Any]:
     }
 
 
+async def started() -> tuple[FakeClock, Api, QueueBook, QueueStatusController]:
+    """A status controller started on one VigilQueue (maxRunning 2), its API server recording."""
+    clock, api = FakeClock(), Api()
+    api.clock = clock
+    book = QueueBook()
+    book.set_queue("ns", "batch", QueueSpec(max_running=2), clock.wall().timestamp())
+    queues = QueueStatusController(api, book, clock=clock, metrics=Metrics())  # type: ignore[arg-type]
+    queues.queue_delta(Delta("upsert", QUEUE))
+    await queues.start()
+    return clock, api, book, queues
+
+
 def test_a_burst_of_changes_costs_one_write_per_period_and_a_waiting_queue_is_written_again():
     async def scenario() -> list[tuple[float, dict[str, Any]]]:
-        clock, api = FakeClock(), Api()
-        api.clock = clock
-        book = QueueBook()
-        book.set_queue("ns", "batch", QueueSpec(max_running=2), clock.wall().timestamp())
-        queues = QueueStatusController(api, book, clock=clock, metrics=Metrics())  # type: ignore[arg-type]
-        queues.queue_delta(Delta("upsert", QUEUE))
-        await queues.start()
+        clock, api, book, queues = await started()
         await clock.advance(0.1)
         assert len(api.written) == 1, "the queue's first status"
         for n in range(20):  # a burst of job events, each changing the book
@@ -70,13 +76,7 @@ def test_a_burst_of_changes_costs_one_write_per_period_and_a_waiting_queue_is_wr
 
 def test_an_unchanged_status_is_not_written_again():
     async def scenario() -> int:
-        clock, api = FakeClock(), Api()
-        api.clock = clock
-        book = QueueBook()
-        book.set_queue("ns", "batch", QueueSpec(max_running=2), clock.wall().timestamp())
-        queues = QueueStatusController(api, book, clock=clock, metrics=Metrics())  # type: ignore[arg-type]
-        queues.queue_delta(Delta("upsert", QUEUE))
-        await queues.start()
+        clock, api, book, queues = await started()
         await clock.advance(1)
         for _ in range(5):
             queues.changed(("ns", "batch"))  # nothing changed in the book
