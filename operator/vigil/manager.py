@@ -215,6 +215,9 @@ class Operator:
             pods_fresh=self.pods_watch.fresh,
             repair=self.pods_watch.repair,
             on_job=self._job_seen,
+            # The orphan sweep lists pods where the watches do, and keeps what they keep.
+            sweep_scopes=watch_scopes(settings.namespaces)[0],
+            accept=watch_scopes(settings.namespaces)[1],
         )
         self.jobs_watch.add_handler(self.jobs.handlers.job_delta)
         self.queues_watch.add_handler(self.dispatcher.queue_delta)

@@ -10,13 +10,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from vigil.api import FINALIZER_ATTEMPT_TRACKING, GROUP, LABEL_JOB_UID, PLURAL, QUEUE_PLURAL, VERSION
 from vigil.core.objects import strip
 from vigil.core.podstate import strip_pod
-from vigil.kube.client import JSON, MERGE_PATCH, STRATEGIC_MERGE_PATCH, ApiClient
+from vigil.kube.client import JSON, MERGE_PATCH, STRATEGIC_MERGE_PATCH, ApiClient, resource_path
 from vigil.kube.errors import ApiError, Conflict, NotFound
 from vigil.metrics import Metrics
 from vigil.runtime.clock import SYSTEM, Clock
@@ -100,6 +100,19 @@ class Kube:
             params={"labelSelector": f"{LABEL_JOB_UID}={job_uid}"},
         )
         return [strip_pod(pod) for pod in pods.get("items") or []]
+
+    async def list_vigil_pods(self, namespace: str | None, limit: int = 100) -> AsyncIterator[list[dict]]:
+        """Every pod labelled with a job's UID, in one namespace or all (None), a page at a time
+        (small pages, each stripped before the next is asked for: a tenant's pods may be large)."""
+        path = resource_path("", "v1", "pods", namespace)
+        params = {"labelSelector": LABEL_JOB_UID, "limit": str(limit)}
+        while True:
+            page = await self._call("list", "pods", "GET", path, params=params)
+            yield [strip_pod(pod) for pod in page.get("items") or []]
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return
+            params = {**params, "continue": token}
 
     async def list_pod_names(self, namespace: str, label_selector: str) -> list[str]:
         pods = await self._call(

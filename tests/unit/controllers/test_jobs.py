@@ -434,3 +434,119 @@ def test_a_pod_of_an_attempt_status_does_not_hold_yet_counts_as_a_start_whicheve
     c.handlers.job_seen(recorded)
     c.handlers.pod_changed(pod(11, phase="Succeeded"))
     assert starts == [("ns", "j", 1)], "once status holds the attempt, its pod is no news"
+
+
+def finished_deleting_pod(version: int) -> dict[str, Any]:
+    """A pod that ended and is being deleted: no further event will ever come for it."""
+    held = tracked_pod(version)
+    held["metadata"]["deletionTimestamp"] = "2026-11-29T10:00:01Z"
+    held["status"] = {"phase": "Succeeded"}
+    return held
+
+
+def test_a_job_whose_look_meets_its_404_has_its_pods_released_and_its_late_deleted_event_too():
+    """The Gone path: a look's write meets the job's 404 and the job is forgotten; the job's
+    DELETED then finds nothing in the view. The pod, finished and Terminating, changes no more:
+    without a release on both paths it would keep the finalizer and its namespace's deletion
+    would hang."""
+    from vigil.controllers.worker import AfterFailure
+    from vigil.kube.errors import NotFound
+
+    async def scenario(vanished_first: bool) -> list[str]:
+        kube = Releases(None)  # the API server no longer has the job
+        c = job_controller(kube, FakeClock(wall=WALL), workers=0)
+        c.handlers.job_seen(job())
+        c.handlers.pod_changed(finished_deleting_pod(10))
+        await c.start()
+        if vanished_first:
+            after = await c.reconciler.failed(("ns", "j"), NotFound("vigiljobs \"j\" not found"), 1)
+            assert after is AfterFailure.FORGET and ("ns", "j") not in c.view.jobs
+        c.handlers.job_gone(job())  # its DELETED, after the look forgot it (or on its own)
+        await settle()
+        await c.stop()
+        return kube.released
+
+    assert "j-1" in asyncio.run(scenario(vanished_first=True))
+    assert asyncio.run(scenario(vanished_first=False)) == ["j-1"]
+
+
+def test_a_404_that_is_not_the_jobs_releases_nothing():
+    """A look's 404 may be another object's (a namespace going away): the pods are released only
+    once the API server says the job is gone."""
+    from vigil.kube.errors import NotFound
+
+    async def scenario() -> list[str]:
+        kube = Releases(job())  # the API server still has the job
+        c = job_controller(kube, FakeClock(wall=WALL), workers=0)
+        c.handlers.job_seen(job())
+        c.handlers.pod_changed(finished_deleting_pod(10))
+        await c.start()
+        await c.reconciler.failed(("ns", "j"), NotFound("namespaces \"ns\" not found"), 1)
+        await settle()
+        await c.stop()
+        return kube.released
+
+    assert asyncio.run(scenario()) == []
+
+
+class Sweepable(Releases):
+    """The API server's pods, listed a page at a time, and its jobs by name."""
+
+    def __init__(self, pods: list[dict[str, Any]], jobs: dict[str, dict[str, Any]]):
+        super().__init__(None)
+        self.pods, self.jobs, self.lists, self.reads = pods, jobs, [], []
+
+    async def list_vigil_pods(self, namespace, limit=100):
+        self.lists.append(namespace)
+        for start in range(0, len(self.pods), 2):
+            yield self.pods[start : start + 2]
+
+    async def read_job(self, namespace, name):
+        self.reads.append(name)
+        return self.jobs.get(name)
+
+
+def owned_pod(name: str, job_name: str, job_uid: str, namespace: str = "ns") -> dict[str, Any]:
+    held = finished_deleting_pod(1)
+    held["metadata"].update(name=name, namespace=namespace, uid=f"uid-{name}")
+    held["metadata"]["labels"] = {"vigil.dev/job-uid": job_uid}
+    held["metadata"]["ownerReferences"] = [{"kind": "VigilJob", "name": job_name, "uid": job_uid, "controller": True}]
+    return held
+
+
+def test_the_periodic_sweep_releases_orphans_no_event_shows_asking_the_api_server_first():
+    """An orphan the watches never show (its job deleted while no operator ran, its last event
+    long past) is found by listing the API server's pods every SWEEP_SECONDS; it is released only
+    once a read of its job says the job is gone. A known job's pods are not even asked about, and
+    pods outside the watched namespaces are not touched."""
+    from vigil.core.orphans import SWEEP_JITTER, SWEEP_SECONDS
+
+    api = Sweepable(
+        [
+            owned_pod("of-a-known-job", "j", "job-uid"),
+            owned_pod("of-a-deleted-job", "gone", "gone-uid"),
+            owned_pod("of-a-job-that-exists", "exists", "exists-uid"),
+            owned_pod("of-a-replaced-job", "replaced", "old-uid"),
+            owned_pod("elsewhere", "gone", "gone-uid", namespace="not-watched"),
+        ],
+        {"exists": {**job(), "metadata": {**job()["metadata"], "name": "exists", "uid": "exists-uid"}},
+         "replaced": {**job(), "metadata": {**job()["metadata"], "name": "replaced", "uid": "new-uid"}}},
+    )  # fmt: skip
+    clock = FakeClock(wall=WALL)
+
+    async def scenario() -> None:
+        watched = lambda pod: pod["metadata"]["namespace"] != "not-watched"  # noqa: E731
+        c = job_controller(api, clock, workers=0, sweep_scopes=["ns", "other"], accept=watched)
+        c.handlers.job_seen(job())
+        await c.start()
+        await clock.advance(SWEEP_SECONDS * 0.99)
+        assert api.lists == [], "no sweep before its period"
+        await clock.advance(SWEEP_SECONDS * (SWEEP_JITTER + 0.02))
+        assert api.lists == ["ns", "other"]
+        await clock.advance(SWEEP_SECONDS * (1 + SWEEP_JITTER))
+        assert api.lists == ["ns", "other"] * 2, "and again, every period"
+        await c.stop()
+
+    asyncio.run(scenario())
+    assert sorted(set(api.released)) == ["of-a-deleted-job", "of-a-replaced-job"]
+    assert "j" not in api.reads, "a known job's pods are its looks' business"

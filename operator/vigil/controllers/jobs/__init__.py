@@ -17,7 +17,8 @@ Its parts, each in a module of its own:
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from vigil.controllers.dispatcher import Dispatcher
 from vigil.controllers.jobs.executor import Executor
@@ -27,6 +28,7 @@ from vigil.controllers.jobs.reconciler import JobReconciler
 from vigil.controllers.jobs.view import ClusterView
 from vigil.controllers.worker import Worker
 from vigil.core.objects import Key
+from vigil.core.orphans import SWEEP_SECONDS
 from vigil.kube.events import EventRecorder
 from vigil.kube.operations import Kube
 from vigil.metrics import CONTROLLER, Metrics
@@ -46,7 +48,8 @@ def job_queue(clock: Clock, metrics: Metrics) -> WorkQueue[Key]:
 class JobController:
     """`on_job(namespace, name, uid)` hears of every job version the view takes, and of each
     deletion (uid None); `pods_fresh()` and `repair(reason)` are the pod watches' (see
-    `JobReconciler`)."""
+    `JobReconciler`); `sweep_scopes` and `accept`, the watches' scopes and filter, say where
+    the orphan sweep lists pods (`Releaser`)."""
 
     def __init__(
         self,
@@ -63,13 +66,25 @@ class JobController:
         repair: Callable[[str], None] = lambda reason: None,
         on_job: Callable[[str, str, str | None], None] = lambda namespace, name, uid: None,
         pod_batch_seconds: float = POD_BATCH_SECONDS,
+        sweep_scopes: Iterable[str | None] = (None,),
+        accept: Callable[[Mapping[str, Any]], bool] = lambda obj: True,
+        sweep_seconds: float = SWEEP_SECONDS,
     ) -> None:
         self.kube, self.dispatcher, self.events, self.metrics = kube, dispatcher, events, metrics
         self.on_job = on_job
         rng = rng or random.Random()
         self.view = ClusterView()
         self.queue = queue
-        self.releaser = Releaser(kube, self.view.pods, clock, rng)
+        self.releaser = Releaser(
+            kube,
+            self.view.pods,
+            clock,
+            rng,
+            knows_job=self.view.knows_job_uid,
+            scopes=sweep_scopes,
+            accept=accept,
+            sweep_seconds=sweep_seconds,
+        )
         self.handlers = JobEvents(
             self.view,
             self.queue,
@@ -121,6 +136,7 @@ class JobController:
         pods = self.view.pods
         orphans = [pod for uid in pods.job_uids() if not self.view.knows_job_uid(uid) for pod in pods.of_job(uid)]
         self.releaser.release_orphans(orphans)
+        self.releaser.start_sweeping()
 
     async def stop(self) -> None:
         await self.worker.stop()

@@ -101,14 +101,26 @@ class JobEvents:
             self.queue.add(key)
 
     def job_gone(self, body: Mapping[str, Any]) -> None:
-        key = key_of(body)
+        """The job was deleted (the watch's DELETED, a relist, or a direct read). Its pods are
+        released even if the job was forgotten already (a look that met its 404 first), or
+        replaced by a new job of the same name: they are filed by the deleted job's UID."""
+        key, uid = key_of(body), body["metadata"]["uid"]
         current = self.view.job(key)
-        if current is None or current["metadata"]["uid"] != body["metadata"]["uid"]:
-            return
-        self.forget(key)
+        if current is not None and current["metadata"]["uid"] == uid:
+            self.forget(key)
         # Its pods can tell nobody anything any more: let them go.
-        pods = self.view.pods.drop_job(body["metadata"]["uid"])
+        pods = self.view.pods.drop_job(uid)
         self.releaser.release(pods, f"the pods of deleted job {key[0]}/{key[1]}")
+
+    def job_vanished(self, key: Key) -> None:
+        """A look met the job's 404: it is forgotten, and its pods are released once the API
+        server confirms the job is gone (a 404 may be a namespace's, not the job's). Without
+        this, a pod that changes no more (finished, Terminating) would keep the finalizer, since
+        the job's DELETED then finds nothing to release."""
+        job = self.view.job(key)
+        self.forget(key)
+        if job is not None:
+            self.releaser.release_orphans(self.view.pods.of_job(job["metadata"]["uid"]))
 
     def pod_changed(self, pod: Mapping[str, Any], deleted: bool = False) -> None:
         """A pod of some job changed (the hot path: see the module docstring)."""

@@ -1,11 +1,14 @@
 """Releases of Vigil's attempt-tracking finalizer that no reconcile of a job makes: the pods of
 a job deleted (nothing they say can be written anywhere any more), and orphans, pods whose job
-this operator does not know (deleted while no operator ran, or while the job watch lagged),
-released once the API server confirms their job is gone.
+this operator does not know (deleted while no operator ran, while the job watch lagged, or while
+a look of it was cut short by its 404), released once the API server confirms their job is gone
+(`vigil.core.orphans`). A periodic sweep lists Vigil's pods from the API server, so that an
+orphan no event brings back (a finished pod, Terminating, that will never change again) is
+found too.
 
 Each runs apart from the work queue, retried with backoff until it succeeds (releasing a
-finalizer already gone is done). Remembers: the tasks running, and the pods whose job is being
-looked up (so a pod's every event does not start another lookup).
+finalizer already gone is done). Remembers: the tasks running, the pods whose job is being
+looked up (so a pod's every event does not start another lookup), and the sweep's timer.
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from vigil.controllers.jobs.podcache import PodCache, job_uid_of
-from vigil.core import podstate
+from vigil.core import orphans, podstate
 from vigil.core.backoff import reconcile_retry_delay
 from vigil.kube.operations import Kube
 from vigil.runtime.clock import Clock
+from vigil.runtime.timers import Timers
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +32,30 @@ Pod = Mapping[str, Any]
 
 
 class Releaser:
-    def __init__(self, kube: Kube, pods: PodCache, clock: Clock, rng: random.Random | None = None) -> None:
+    """`knows_job(uid)`: whether the operator holds that job (its pods are then its looks').
+    `scopes` and `accept`: where the sweep lists pods and which it keeps, as the watches do
+    (`vigil.manager.watch_scopes`)."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        pods: PodCache,
+        clock: Clock,
+        rng: random.Random | None = None,
+        *,
+        knows_job: Callable[[str], bool] = lambda uid: False,
+        scopes: Iterable[str | None] = (None,),
+        accept: Callable[[Pod], bool] = lambda pod: True,
+        sweep_seconds: float = orphans.SWEEP_SECONDS,
+    ) -> None:
         self.kube, self.pods, self.clock = kube, pods, clock
         self.rng = rng or random.Random()
+        self.knows_job, self.scopes, self.accept = knows_job, list(scopes), accept
+        self.sweep_seconds = sweep_seconds
         self._tasks: set[asyncio.Task] = set()
         self._looking_up: set[str] = set()  # pod UIDs whose job is being looked up
+        self._sweeps: Timers[str] = Timers(clock, lambda _: self._sweep_now())
+        self._sweep_task: asyncio.Task | None = None
 
     def release(self, pods: Iterable[Pod], what: str) -> None:
         """Releases those of `pods` that carry the finalizer."""
@@ -60,10 +83,16 @@ class Releaser:
         if pods:
             self._in_background(lambda: self._release_orphans(pods), "releasing pods whose job is gone")
 
+    def start_sweeping(self) -> None:
+        """Sweeps for orphans every `sweep_seconds` (jittered), the first a period from now (the
+        first listing's orphans are released by `release_orphans` at once)."""
+        self._sweeps.set_after("sweep", orphans.next_sweep_in(self.sweep_seconds, self.rng.random()))
+
     def busy(self) -> bool:
         return bool(self._tasks)
 
     async def stop(self) -> None:
+        self._sweeps.shutdown()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -77,11 +106,26 @@ class Releaser:
         for pod in pods:
             key = podstate.owner_key(pod)
             job = await self.kube.read_job(*key) if key is not None else None
-            if job is None or job["metadata"]["uid"] != job_uid_of(pod):
+            if orphans.orphaned(pod, job):  # the API server's word, not the cache's
                 await self._release([pod] if podstate.is_tracked(pod) else [])
                 self.pods.gone(job_uid_of(pod), pod["metadata"]["uid"])
 
-    def _in_background(self, work: Callable[[], Awaitable[None]], what: str) -> None:
+    def _sweep_now(self) -> None:
+        if self._sweep_task is None or self._sweep_task.done():  # a slow sweep does not pile up
+            self._sweep_task = self._in_background(self._sweep, "sweeping for pods whose job is gone")
+        self.start_sweeping()
+
+    async def _sweep(self) -> None:
+        """Lists Vigil's pods from the API server, page by page; asks about every one that still
+        carries the finalizer and whose job the operator does not know."""
+        for scope in self.scopes:
+            async for page in self.kube.list_vigil_pods(scope):
+                found = orphans.candidates([pod for pod in page if self.accept(pod)], self.knows_job)
+                if found:
+                    log.info("the sweep found %d pods whose job is not known; asking about them", len(found))
+                    await self._release_orphans(found)
+
+    def _in_background(self, work: Callable[[], Awaitable[None]], what: str) -> asyncio.Task:
         async def attempts() -> None:
             failures = 0
             while True:
@@ -97,3 +141,4 @@ class Releaser:
         task = asyncio.ensure_future(attempts())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task

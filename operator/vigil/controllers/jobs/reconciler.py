@@ -141,7 +141,7 @@ class JobReconciler:
     async def failed(self, key: Key, err: Exception, in_a_row: int) -> AfterFailure:
         if isinstance(err, NotFound):
             log.info("%s/%s is gone; forgetting it", *key)
-            self.handlers.forget(key)
+            self.handlers.job_vanished(key)
             return AfterFailure.FORGET
         if isinstance(err, Conflict):
             # One conflict is routine (the watch was a step behind); a run of them means the
