@@ -1,4 +1,5 @@
-"""`vigil`: the command line. `vigil operator` runs the operator against the current kubeconfig."""
+"""`vigil`: the command line. `vigil operator` runs the operator against the current kubeconfig;
+`vigil release-finalizers` removes its finalizers once no operator will."""
 
 from __future__ import annotations
 
@@ -105,6 +106,38 @@ def _operator(args: argparse.Namespace) -> int:
     return manager.run_operator(settings, credentials)
 
 
+def _release_finalizers(args: argparse.Namespace) -> int:
+    from vigil import finalizers
+    from vigil.kube import config
+
+    stop = None
+    if args.stop_deployment:
+        namespace, slash, name = args.stop_deployment.partition("/")
+        if not (slash and namespace and name):
+            print(
+                f"vigil release-finalizers: --stop-deployment takes NAMESPACE/NAME, not {args.stop_deployment!r}",
+                file=sys.stderr,
+            )
+            return 2
+        stop = (namespace, name)
+    try:
+        credentials = config.load()
+    except config.NoCredentials as err:
+        print(f"vigil release-finalizers: {err}", file=sys.stderr)
+        return 2
+    try:
+        done = finalizers.run(
+            credentials, args.namespace, stop_deployment=stop, stop_timeout=args.stop_timeout, dry_run=args.dry_run
+        )
+    except finalizers.OperatorStillRunning as err:
+        print(f"vigil release-finalizers: {err}", file=sys.stderr)
+        return 1
+    verb = "would release" if args.dry_run else "released"
+    where = ", ".join(sorted(done.namespaces)) or "-"
+    print(f"{verb} {done.pods} pods ({where})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="vigil", description="Vigil: jobs as pods that stay correct when the network lies."
@@ -157,6 +190,40 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_election_flags(operator)
     operator.set_defaults(run=_operator)
+
+    release = commands.add_parser(
+        "release-finalizers",
+        help="remove Vigil's vigil.dev/attempt-tracking finalizer from pods, once no operator runs "
+        "(after uninstalling Vigil, or for namespaces no longer watched): nothing is then left Terminating",
+        description="Removes Vigil's finalizer from every pod of the namespaces given (default: all) that "
+        "carries it. Run it only where no Vigil operator runs any more: a running operator needs the "
+        "finalizer to read how a deleted pod ended. The chart runs it as a pre-delete hook.",
+    )
+    release.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        help="only this namespace (repeatable; glob patterns allowed, as for `vigil operator`); default: all",
+    )
+    release.add_argument(
+        "--stop-deployment",
+        metavar="NAMESPACE/NAME",
+        help="first scale the operator's Deployment to 0 and wait until its pods are gone, so that it "
+        "creates no pod after the release (a Deployment not found is nothing to stop)",
+    )
+    release.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="how long to wait for the operator's pods to go (default: 120); then exit 1, releasing nothing",
+    )
+    release.add_argument("--dry-run", action="store_true", help="list the pods, change nothing")
+    release.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default: info"
+    )
+    release.set_defaults(run=_release_finalizers)
 
     args = parser.parse_args(argv)
     level = getattr(logging, args.log_level.upper())

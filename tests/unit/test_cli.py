@@ -19,3 +19,8 @@ def test_a_pod_watch_pace_out_of_range_is_refused_with_its_bounds(pace: str, cap
 def test_a_webhook_address_without_its_certificate_is_refused(capsys: pytest.CaptureFixture[str]):
     assert cli.main(["operator", "--webhook-address", "0.0.0.0:9443"]) == 2
     assert "--webhook-address needs --webhook-cert-file and --webhook-key-file" in capsys.readouterr().err
+
+
+def test_release_finalizers_refuses_a_deployment_not_given_as_namespace_slash_name(capsys: pytest.CaptureFixture[str]):
+    assert cli.main(["release-finalizers", "--stop-deployment", "vigil"]) == 2
+    assert "--stop-deployment takes NAMESPACE/NAME, not 'vigil'" in capsys.readouterr().err

@@ -102,10 +102,19 @@ class Kube:
         return [strip_pod(pod) for pod in pods.get("items") or []]
 
     async def list_vigil_pods(self, namespace: str | None, limit: int = 100) -> AsyncIterator[list[dict]]:
-        """Every pod labelled with a job's UID, in one namespace or all (None), a page at a time
-        (small pages, each stripped before the next is asked for: a tenant's pods may be large)."""
+        """Every pod labelled with a job's UID, in one namespace or all (None), a page at a time."""
+        async for page in self.list_pods(namespace, LABEL_JOB_UID, limit):
+            yield page
+
+    async def list_pods(
+        self, namespace: str | None, label_selector: str | None = None, limit: int = 100
+    ) -> AsyncIterator[list[dict]]:
+        """The pods of one namespace or all (None), a page at a time (small pages, each stripped
+        before the next is asked for: a tenant's pods may be large)."""
         path = resource_path("", "v1", "pods", namespace)
-        params = {"labelSelector": LABEL_JOB_UID, "limit": str(limit)}
+        params = {"limit": str(limit)}
+        if label_selector:
+            params["labelSelector"] = label_selector
         while True:
             page = await self._call("list", "pods", "GET", path, params=params)
             yield [strip_pod(pod) for pod in page.get("items") or []]
@@ -205,6 +214,29 @@ class Kube:
             await self._call("delete", "vigiljobs", "DELETE", f"{JOBS.format(namespace=namespace)}/{name}", body=body)
         except (NotFound, Conflict):
             return
+
+    # --- the operator's own Deployment (`vigil release-finalizers --stop-deployment`) -------
+
+    async def scale_deployment(self, namespace: str, name: str, replicas: int) -> bool:
+        """Sets the Deployment's replicas through its scale subresource; False if it is gone."""
+        path = f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}/scale"
+        try:
+            body = {"spec": {"replicas": replicas}}
+            await self._call("patch", "deployments/scale", "PATCH", path, body=body, content_type=MERGE_PATCH)
+        except NotFound:
+            return False
+        return True
+
+    async def deployment_selector(self, namespace: str, name: str) -> str | None:
+        """The Deployment's pod selector as a label selector (its matchLabels); None if it is gone."""
+        try:
+            deployment = await self._call(
+                "get", "deployments", "GET", f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}"
+            )
+        except NotFound:
+            return None
+        labels = ((deployment.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+        return ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
 
     # --- events -------------------------------------------------------------------------
 
