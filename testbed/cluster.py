@@ -507,6 +507,10 @@ def start_apiserver(cluster: Cluster) -> None:
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--authorization-mode=Node,RBAC",
+            # Added to the default plugins, as some distributions (OpenShift among them) do: an
+            # owner reference with blockOwnerDeletion is then allowed only to who may update the
+            # owner's finalizers, so every test runs under the stricter rule.
+            "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
             "--endpoint-reconciler-type=none",  # no loopback Endpoints for the kubernetes Service
             # On SIGTERM, answer 429 + Retry-After until in-flight requests drain, then close
             # watches after 2 s; without it shutdown waits up to --request-timeout (60 s) for them.

@@ -25,8 +25,9 @@ from tests.support.agents import (
     pod_token,
 )
 from tests.support.charts import CHART, KUBE_VERSION, helm
-from tests.support.cluster import Kube, simulated_pod_spec, token_kubeconfig
+from tests.support.cluster import Kube, fresh_namespace, simulated_pod_spec, token_kubeconfig
 from tests.support.waits import wait_until
+from vigil import api
 
 pytestmark = pytest.mark.integration
 
@@ -35,17 +36,11 @@ ALL_VERBS = ("get", "patch", "create", "delete")
 ALL_POD_RESOURCES = ("pods", "pods/status")
 
 
-def render_policy(release: str, namespace: str, values: Path) -> list[dict]:
-    """The policy and binding, bound to the test's namespace only so parallel tests are untouched."""
+def render_policy(release: str, namespaces: list[str], values: Path) -> list[dict]:
+    """The policies and bindings, bound to the test's namespaces only so parallel tests are untouched."""
+    only = {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces}]}
     values.write_text(
-        json.dumps(
-            {
-                "heartbeat": {
-                    "serviceAccountNames": [JOB_ACCOUNT],
-                    "policy": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}},
-                }
-            }
-        )
+        json.dumps({"heartbeat": {"serviceAccountNames": [JOB_ACCOUNT], "policy": {"namespaceSelector": only}}})
     )
     out = helm(
         "template",
@@ -59,13 +54,21 @@ def render_policy(release: str, namespace: str, values: Path) -> list[dict]:
         "templates/heartbeat-policy.yaml",
     )
     docs = [doc for doc in yaml.safe_load_all(out) if doc]
-    assert [d["kind"] for d in docs] == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    assert [d["kind"] for d in docs] == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] * 2
     return docs
 
 
 @pytest.fixture
-def policy(kube: Kube, namespace: str, tmp_path: Path) -> Iterator[list[dict]]:
-    docs = render_policy(f"vigil-hb-{uuid.uuid4().hex[:6]}", namespace, tmp_path / "values.json")
+def other_namespace(kube: Kube) -> Iterator[str]:
+    """A second namespace, for a pod of the same name as the test's."""
+    with fresh_namespace(kube, "t-other-", release=False) as name:
+        yield name
+
+
+@pytest.fixture
+def policy(kube: Kube, namespace: str, other_namespace: str, tmp_path: Path) -> Iterator[list[dict]]:
+    release = f"vigil-hb-{uuid.uuid4().hex[:6]}"
+    docs = render_policy(release, [namespace, other_namespace], tmp_path / "values.json")
     manifest = json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
     kube.kubectl("apply", "-f", "-", input=manifest)
     try:
@@ -78,12 +81,12 @@ def as_token(kube: Kube, token: str, path: Path) -> client.CoreV1Api:
     return client.CoreV1Api(config.new_client_from_config(config_file=str(token_kubeconfig(kube, token, path))))
 
 
-def refusal(call, what: str = "the request") -> str:
-    """The API server's message when `call` is refused with 403; fails if it is allowed."""
+def refusal(call, what: str = "the request", status: int = 403) -> str:
+    """The API server's message when `call` is refused with `status`; fails if it is allowed."""
     try:
         call()
     except client.ApiException as err:
-        assert err.status == 403, f"{err.status}: {err.body}"
+        assert err.status == status, f"{what}: {err.status}: {err.body}"
         return json.loads(err.body)["message"]
     pytest.fail(f"{what} was allowed")
 
@@ -134,7 +137,6 @@ def test_a_job_pod_may_change_only_its_own_heartbeat_and_checkpoint(kube: Kube, 
         "the status": lambda: a.patch_namespaced_pod_status(
             "job-a", namespace, {"status": {"conditions": [{"type": "Ready", "status": "False"}]}}
         ),
-        "a checkpoint over 2 KiB": patch_own(**{CHECKPOINT_ANNOTATION: big[:-2] + 'xx"}'}),
         "deleting its pod": lambda: a.delete_namespaced_pod("job-a", namespace),
         "creating a pod": lambda: a.create_namespaced_pod(
             namespace, {"metadata": {"name": "job-c"}, "spec": simulated_pod_spec()[1]}
@@ -143,6 +145,14 @@ def test_a_job_pod_may_change_only_its_own_heartbeat_and_checkpoint(kube: Kube, 
     for what, call in refused.items():
         message = refusal(call, what)
         assert ALLOWED in message, f"{what}: {message}"
+    # Over the limits: refused as invalid, naming the limit.
+    for key, value in {
+        CHECKPOINT_ANNOTATION: big[:-2] + 'xx"}',
+        HEARTBEAT_ANNOTATION: "9" * (api.MAX_HEARTBEAT_CHARS + 1),
+    }.items():
+        message = refusal(patch_own(**{key: value}), f"{key} of {len(value)} characters", status=422)
+        assert f"{key} is over" in message, message
+    patch_own(**{HEARTBEAT_ANNOTATION: "9" * api.MAX_HEARTBEAT_CHARS})()  # the limit itself is allowed
 
     # A token of the same account that is not bound to a pod has no pod to speak for.
     unbound = as_token(kube, pod_token(kube, namespace, None), tmp_path / "unbound.kubeconfig")
@@ -165,3 +175,75 @@ def test_other_accounts_are_not_affected(kube: Kube, namespace: str, tmp_path: P
     other = as_token(kube, pod_token(kube, namespace, None, account="other"), tmp_path / "other.kubeconfig")
     other.patch_namespaced_pod("job-a", namespace, {"metadata": {"labels": {"team": "x"}, "annotations": {"a": "b"}}})
     kube.core.patch_namespaced_pod("job-a", namespace, {"metadata": {"annotations": {"vigil.dev/superseded": "2"}}})
+
+
+def test_the_token_speaks_only_for_its_own_pod_not_one_of_the_same_name_elsewhere_or_since(
+    kube: Kube, namespace: str, other_namespace: str, tmp_path: Path, policy
+):
+    """A pod is its namespace, name and UID: a same-named pod in another namespace (where some
+    RoleBinding lets the job account patch pods), or a new pod of the same name, is not the pod
+    the token was bound to."""
+    grant_heartbeat_rbac(kube, namespace)
+    victim_account = "victim"
+    grant_heartbeat_rbac(kube, other_namespace, account=victim_account)
+    rbac = client.RbacAuthorizationV1Api(kube.api)
+    # A binding in the victim's namespace that also names the attacker's account (a careless one).
+    rbac.patch_namespaced_role_binding(
+        f"{victim_account}-heartbeat",
+        other_namespace,
+        {"subjects": [{"kind": "ServiceAccount", "name": victim_account, "namespace": other_namespace},
+                      {"kind": "ServiceAccount", "name": JOB_ACCOUNT, "namespace": namespace}]},
+    )  # fmt: skip
+    own = create_job_pod(kube, namespace, "job-a")
+    create_job_pod(kube, other_namespace, "job-a", account=victim_account)
+    a = as_token(kube, pod_token(kube, namespace, own), tmp_path / "a.kubeconfig")
+    wait_until(
+        lambda: _refused(annotate(a, other_namespace, "job-a", **{HEARTBEAT_ANNOTATION: "1:probe"})),
+        60,
+        "the policy to take effect",
+    )
+    message = refusal(annotate(a, other_namespace, "job-a", **{CHECKPOINT_ANNOTATION: '{"step":9}'}))
+    assert "not in the service account's namespace" in message and ALLOWED in message
+    assert CHECKPOINT_ANNOTATION not in (kube.core.read_namespaced_pod("job-a", other_namespace).metadata.annotations)
+    annotate(a, namespace, "job-a", **{HEARTBEAT_ANNOTATION: "2:own"})()  # its own pod, still
+
+    # The pod deleted and made again under the same name: another pod, the old token speaks for none.
+    kube.core.delete_namespaced_pod("job-a", namespace, grace_period_seconds=0)
+    wait_until(lambda: not kube.core.list_namespaced_pod(namespace).items, 30, "the pod to go")
+    create_job_pod(kube, namespace, "job-a")
+    try:
+        annotate(a, namespace, "job-a", **{HEARTBEAT_ANNOTATION: "3:stale"})()
+    except client.ApiException as err:
+        assert err.status in (401, 403), f"{err.status}: {err.body}"  # the token refused, or the policy
+    else:
+        pytest.fail("a token bound to a deleted pod patched the new pod of its name")
+
+
+def test_the_grant_of_the_docs_goes_with_the_policy(kube: Kube, namespace: str, policy):
+    """docs/heartbeat-rbac.md: the RoleBinding is owned by the policy, so deleting the policy (as
+    helm uninstall does) deletes the grant; job tokens never keep unrestricted pod patch."""
+    [heartbeat_policy] = [doc for doc in policy if doc["kind"] == "ValidatingAdmissionPolicy"][:1]
+    name = heartbeat_policy["metadata"]["name"]
+    admission = client.AdmissionregistrationV1Api(kube.api)
+    uid = admission.read_validating_admission_policy(name).metadata.uid
+    grant_heartbeat_rbac(kube, namespace)
+    rbac = client.RbacAuthorizationV1Api(kube.api)
+    owner = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "name": name,
+        "uid": uid,
+    }
+    rbac.patch_namespaced_role_binding(
+        f"{JOB_ACCOUNT}-heartbeat", namespace, {"metadata": {"ownerReferences": [owner]}}
+    )
+    admission.delete_validating_admission_policy(name)
+
+    def binding_gone() -> bool:
+        try:
+            rbac.read_namespaced_role_binding(f"{JOB_ACCOUNT}-heartbeat", namespace)
+        except client.ApiException as err:
+            return err.status == 404
+        return False
+
+    wait_until(binding_gone, 30, "the garbage collector to delete the binding owned by the deleted policy")

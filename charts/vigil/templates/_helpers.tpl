@@ -55,7 +55,61 @@ Checks what values.schema.json cannot: relations between values. Included by dep
 {{- if and $v.webhook.enabled (hasKey $ports (toString $v.webhook.port)) }}
 {{- fail (printf "webhook.port (%v) is already taken by %s: give each a port of its own" $v.webhook.port (get $ports (toString $v.webhook.port))) }}
 {{- end }}
+{{- if and $v.heartbeat.namespaces (not (and $v.heartbeat.policy.create $v.heartbeat.serviceAccountNames)) }}
+{{- fail "heartbeat.namespaces grants the job accounts get and patch on every pod of those namespaces, which only the heartbeat policy narrows to their own pod's heartbeat: keep heartbeat.policy.create=true (and heartbeat.serviceAccountNames), or set heartbeat.namespaces=[]" }}
+{{- end }}
 {{- if and $v.metrics.serviceMonitor.enabled (not $v.metrics.enabled) }}
 {{- fail "metrics.serviceMonitor.enabled=true needs metrics.enabled=true (there is nothing to scrape otherwise)" }}
 {{- end }}
+{{- end -}}
+
+{{- /*
+"true" when operator.watchNamespaces lists namespaces and none is a glob pattern: the operator then
+watches each one alone, so every grant can be a Role in that namespace. A glob means watching all
+namespaces (RBAC has no patterns: a Role needs a namespace's name), so the grants stay cluster-wide.
+*/ -}}
+{{- define "vigil.namespacedRbac" -}}
+{{- $literal := gt (len .Values.operator.watchNamespaces) 0 }}
+{{- range .Values.operator.watchNamespaces }}
+{{- if regexMatch "[*?\\[]" . }}{{ $literal = false }}{{ end }}
+{{- end }}
+{{- if $literal }}true{{ end }}
+{{- end -}}
+
+{{- /* The operator's rules on jobs, queues, pods and events: a ClusterRole's, or each watched namespace's Role's. */ -}}
+{{- define "vigil.operatorRules" -}}
+# Jobs: listed and watched; read directly before releasing the pods of a job that may be
+# gone; labelled vigil.dev/dead-letter; deleted after ttlSecondsAfterFinished.
+- apiGroups: ["vigil.dev"]
+  resources: ["vigiljobs"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
+# Status is Vigil's memory, written only through the subresource (merge patches fenced by
+# resourceVersion).
+- apiGroups: ["vigil.dev"]
+  resources: ["vigiljobs/status"]
+  verbs: ["patch"]
+# A pod's owner reference to its job sets blockOwnerDeletion; the
+# OwnerReferencesPermissionEnforcement admission plugin (on in some distributions) allows that
+# only to who may update the owner's finalizers: without this rule every pod create is a 403.
+- apiGroups: ["vigil.dev"]
+  resources: ["vigiljobs/finalizers"]
+  verbs: ["update"]
+# Queues: listed and watched (their limits); their status (depth, running, conditions) is
+# written by Vigil in batches through the subresource.
+- apiGroups: ["vigil.dev"]
+  resources: ["vigilqueues"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["vigil.dev"]
+  resources: ["vigilqueues/status"]
+  verbs: ["patch"]
+# One pod per attempt: created; listed, watched and read directly before anything destructive;
+# patched to mark a Lost attempt superseded and to remove the vigil.dev/attempt-tracking
+# finalizer once its outcome is recorded; deleted on Lost, deadlines and suspend.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# An Event for every transition of a job (always created, never updated).
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
 {{- end -}}

@@ -42,6 +42,9 @@ ANNOTATION_STARTED_AT = "vigil.dev/started-at"
 FINALIZER_ATTEMPT_TRACKING = "vigil.dev/attempt-tracking"
 
 MAX_CHECKPOINT_BYTES = 2048
+# The agent writes "<sequence>:<8 hex digits>", at most 28 characters; the chart's admission
+# policy refuses a longer value from anyone (charts/vigil/templates/heartbeat-policy.yaml).
+MAX_HEARTBEAT_CHARS = 64
 HISTORY_LIMIT = 20
 MAX_CONDITION_MESSAGE = 32768  # metav1.Condition's limit, in characters
 
