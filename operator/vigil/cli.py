@@ -109,6 +109,7 @@ def _operator(args: argparse.Namespace) -> int:
 def _release_finalizers(args: argparse.Namespace) -> int:
     from vigil import finalizers
     from vigil.kube import config
+    from vigil.kube.errors import ApiError
 
     stop = None
     if args.stop_deployment:
@@ -131,6 +132,13 @@ def _release_finalizers(args: argparse.Namespace) -> int:
         )
     except finalizers.OperatorStillRunning as err:
         print(f"vigil release-finalizers: {err}", file=sys.stderr)
+        return 1
+    except ApiError as err:
+        print(
+            f"vigil release-finalizers: {err.verb} {err.resource} failed: {err} (it needs list and patch on pods "
+            "in the namespaces given, and with --stop-deployment get and patch deployments/scale there)",
+            file=sys.stderr,
+        )
         return 1
     verb = "would release" if args.dry_run else "released"
     where = ", ".join(sorted(done.namespaces)) or "-"
