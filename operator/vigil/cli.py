@@ -136,7 +136,8 @@ def _release_finalizers(args: argparse.Namespace) -> int:
     except ApiError as err:
         print(
             f"vigil release-finalizers: {err.verb} {err.resource} failed: {err} (it needs list and patch on pods "
-            "in the namespaces given, and with --stop-deployment get and patch deployments/scale there)",
+            "in the namespaces given; with --stop-deployment, get deployments, patch deployments/scale and list pods "
+            "in its namespace)",
             file=sys.stderr,
         )
         return 1
