@@ -16,11 +16,13 @@ what must follow:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,7 +30,14 @@ import yaml
 from kubernetes import client, config
 
 from tests.support.charts import CHART, KUBE_VERSION, helm
-from tests.support.cluster import Kube, fresh_namespace, install_crds, simulated_pod_spec, token_kubeconfig
+from tests.support.cluster import (
+    Kube,
+    fresh_namespace,
+    install_crds,
+    release_attempt_pods,
+    simulated_pod_spec,
+    token_kubeconfig,
+)
 from tests.support.jobs import create, vigil_job, wait_phase
 from tests.support.operators import OperatorProcess
 from tests.support.waits import deadline, wait_until
@@ -36,6 +45,20 @@ from tests.support.waits import deadline, wait_until
 pytestmark = pytest.mark.e2e
 
 FINALIZER = "vigil.dev/attempt-tracking"
+
+
+@contextlib.contextmanager
+def doomed_namespace(kube: Kube, prefix: str) -> Iterator[str]:
+    """A fresh namespace that the test deletes itself (whatever is left goes at the end)."""
+    name = f"{prefix}{uuid.uuid4().hex[:10]}"
+    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    try:
+        wait_until(lambda: kube.core.list_namespaced_service_account(name).items, 30, f"ServiceAccount in {name}")
+        yield name
+    finally:
+        release_attempt_pods(kube, name)  # a failed test's leftovers must not hang the bed
+        with contextlib.suppress(client.ApiException):  # 404: the test deleted it
+            kube.core.delete_namespace(name, propagation_policy="Background")
 
 
 def namespace_gone(kube: Kube, name: str) -> bool:
@@ -57,7 +80,7 @@ def tracked_pods(kube: Kube, namespace: str) -> list[str]:
 def test_a_namespace_deleted_under_running_and_finished_jobs_is_gone_in_seconds(kube: Kube, vigil: OperatorProcess):
     """The session's operator watches t-*: its jobs' pods are released whether the job's deletion,
     a look's 404 or a pod's last event comes first."""
-    with fresh_namespace(kube, "t-gone-", release=False) as namespace:
+    with doomed_namespace(kube, "t-gone-") as namespace:
         create(kube, namespace, vigil_job("finished", exit_code="0", run_for="1s"))
         for name in ("running-a", "running-b"):
             create(kube, namespace, vigil_job(name, exit_code=None, run_for=None))
@@ -105,7 +128,7 @@ def test_uninstalling_with_running_jobs_leaves_no_pod_or_namespace_stuck(kube: K
     fullname = f"{release}-vigil"
     with (
         fresh_namespace(kube, "vigil-left-", release=False) as release_namespace,
-        fresh_namespace(kube, "o-left-", release=False) as namespace,
+        doomed_namespace(kube, "o-left-") as namespace,
     ):
         objects = render(release, release_namespace, namespace)
         operator_rbac = [doc for doc in objects if doc["kind"] in RBAC_KINDS and not is_hook(doc)]
