@@ -187,9 +187,17 @@ class ApiClient:
             raise ApiError(f"{method} {path}: the answer is not JSON ({err})") from err
 
     async def list_all(
-        self, path: str, params: Mapping[str, str], page: int = 500, timeout: float = LIST_TIMEOUT_SECONDS
+        self,
+        path: str,
+        params: Mapping[str, str],
+        page: int = 500,
+        timeout: float = LIST_TIMEOUT_SECONDS,
+        keep: Callable[[dict], dict | None] | None = None,
     ) -> tuple[list[dict], str]:
-        """Every item, page by page (one consistent snapshot), and the list's resourceVersion."""
+        """Every item, page by page (one consistent snapshot), and the list's resourceVersion.
+        `keep`, if given, is applied to each item as its page arrives (None: drop it), so no more
+        than one page is ever held as the API server sent it: a collection of large objects
+        costs, while it is listed, what is kept of it plus one page."""
         items: list[dict] = []
         token = ""
         while True:
@@ -197,7 +205,12 @@ class ApiClient:
             if token:
                 query["continue"] = token
             body = await self.request("GET", path, params=query, timeout=timeout) or {}
-            items.extend(body.get("items") or [])
+            listed = body.pop("items", None) or []
+            if keep is None:
+                items.extend(listed)
+            else:
+                items.extend(kept for item in listed if (kept := keep(item)) is not None)
+            del listed  # the page as sent goes now, before the next one is read
             metadata = body.get("metadata") or {}
             token = metadata.get("continue") or ""
             if not token:

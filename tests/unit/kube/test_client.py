@@ -451,3 +451,33 @@ def test_the_pool_holds_a_connection_for_every_worker_and_event_sender_at_once(w
     sized, short = asyncio.run(main())
     assert sized == in_flight, "every request was at the API server at once"
     assert short == in_flight - 1, "the check can fail: one connection fewer, and one request waits"
+
+
+def test_a_list_is_trimmed_page_by_page_as_each_page_arrives():
+    """`keep` sees each page before the next one is asked for, and what it refuses is not
+    returned: a list of large objects never holds more than one page as the API server sent it
+    (a tenant's pods with 2,500 labels each would otherwise be held whole until the last page)."""
+    pages = {"": (["a", "b"], "t1"), "t1": (["c", "d"], "t2"), "t2": (["e"], "")}
+    kept_before_request: list[list[str]] = []
+    kept: list[str] = []
+
+    async def scenario(server: Server, kube: Kube) -> None:
+        def answer(method: str, path: str) -> Answer:
+            token = server.seen[-1]["query"].get("continue", "")
+            kept_before_request.append(list(kept))
+            names, following = pages[token]
+            items = [{"metadata": {"name": n}, "blob": "x" * 1000} for n in names]
+            return 200, {"items": items, "metadata": {"continue": following, "resourceVersion": "9"}}
+
+        def keep(item: dict) -> dict | None:
+            kept.append(item["metadata"]["name"])
+            return None if item["metadata"]["name"] in ("b", "d") else {"metadata": item["metadata"]}
+
+        server.answer = answer
+        items, version = await kube.http.list_all("/api/v1/pods", {"labelSelector": "x"}, page=2, keep=keep)
+        assert [i["metadata"]["name"] for i in items] == ["a", "c", "e"] and version == "9"
+        assert all("blob" not in i for i in items)
+        assert kept_before_request == [[], ["a", "b"], ["a", "b", "c", "d"]], "each page trimmed before the next"
+        assert [s["query"]["limit"] for s in server.seen] == ["2"] * 3
+
+    run(scenario)

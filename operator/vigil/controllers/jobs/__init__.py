@@ -119,7 +119,7 @@ class JobController:
         self.handlers.listed = True
         self.worker.start()
         pods = self.view.pods
-        orphans = [pod for uid in pods.job_uids() if not self.view.knows_job_uid(uid) for pod in pods.of_job(uid)]
+        orphans = [pod for job in pods.jobs() if not self.view.knows_job(job) for pod in pods.of_job(job)]
         self.releaser.release_orphans(orphans)
 
     async def stop(self) -> None:

@@ -16,7 +16,7 @@ import random
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
-from vigil.controllers.jobs.podcache import PodCache, job_uid_of
+from vigil.controllers.jobs.podcache import PodCache
 from vigil.core import podstate
 from vigil.core.backoff import reconcile_retry_delay
 from vigil.kube.operations import Kube
@@ -75,11 +75,12 @@ class Releaser:
 
     async def _release_orphans(self, pods: list[Pod]) -> None:
         for pod in pods:
-            key = podstate.owner_key(pod)
+            key, owner = podstate.owner_key(pod), podstate.owning_job(pod)
             job = await self.kube.read_job(*key) if key is not None else None
-            if job is None or job["metadata"]["uid"] != job_uid_of(pod):
+            if owner is None or job is None or job["metadata"]["uid"] != owner[1]:
                 await self._release([pod] if podstate.is_tracked(pod) else [])
-                self.pods.gone(job_uid_of(pod), pod["metadata"]["uid"])
+                if owner is not None:
+                    self.pods.gone(owner, pod["metadata"]["uid"])
 
     def _in_background(self, work: Callable[[], Awaitable[None]], what: str) -> None:
         async def attempts() -> None:
