@@ -34,7 +34,7 @@ from vigil.controllers.jobs import JobController, job_queue
 from vigil.controllers.queues import QueueStatusController
 from vigil.core.admission import Pending
 from vigil.core.election import ElectionConfig
-from vigil.core.objects import strip
+from vigil.core.objects import strip, strip_job
 from vigil.core.podstate import keep_job_pod
 from vigil.core.queueing.book import QueueBook, QueueSpec, Standing
 from vigil.kube import events
@@ -129,7 +129,7 @@ def build_watches(
         )
 
     return (
-        watches("jobs", api.GROUP, api.VERSION, api.PLURAL, trim=strip),
+        watches("jobs", api.GROUP, api.VERSION, api.PLURAL, trim=strip_job),
         watches("queues", api.GROUP, api.VERSION, api.QUEUE_PLURAL, trim=strip),
         watches(
             "pods",

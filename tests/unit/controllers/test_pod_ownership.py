@@ -124,6 +124,8 @@ def test_a_pod_whose_label_and_owner_disagree_is_ignored_and_not_cached(disagree
     else:
         refs[0]["controller"] = False
     controller.handlers.pod_changed(pod)
-    assert all(p["metadata"]["uid"] != "odd" for job in controller.view.pods.jobs() for p in controller.view.pods.of_job(job))
+    assert all(
+        p["metadata"]["uid"] != "odd" for job in controller.view.pods.jobs() for p in controller.view.pods.of_job(job)
+    )
     asyncio.run(controller.reconciler.reconcile(KEY))
     assert all(patch.get("phase") != "Succeeded" for patch in fake.patches), fake.patches

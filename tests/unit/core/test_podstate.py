@@ -300,9 +300,13 @@ def readings(pod: dict) -> tuple:
     report = read_pod(pod)
     checkpoint = report.checkpoint
     # A checkpoint is read for its value if it is good, else for why it is refused and its name.
-    verdict = checkpoint if checkpoint is None or checkpoint_problem(checkpoint) is None else (
-        checkpoint_problem(checkpoint),
-        fingerprint(checkpoint),
+    verdict = (
+        checkpoint
+        if checkpoint is None or checkpoint_problem(checkpoint) is None
+        else (
+            checkpoint_problem(checkpoint),
+            fingerprint(checkpoint),
+        )
     )
     return (
         dataclasses.replace(report, checkpoint=None),

@@ -159,7 +159,9 @@ def test_an_object_the_transform_refuses_is_never_remembered_nor_delivered():
 
 def test_a_relist_reports_an_object_refused_meanwhile_as_deleted_once():
     world = {"a": owned("a", 1)}
-    reader = ScriptedReader(world, [([], "gone"), ([{"type": "MODIFIED", "object": owned("a", 3, owner=False)}], "end")])
+    reader = ScriptedReader(
+        world, [([], "gone"), ([{"type": "MODIFIED", "object": owned("a", 3, owner=False)}], "end")]
+    )
     original = reader.list_all
 
     async def list_all(path, params, **options):
