@@ -16,6 +16,7 @@ from vigil.controllers.jobs import JobController
 
 pytestmark = pytest.mark.unit
 
+OWNER = {"apiVersion": "vigil.dev/v1alpha1", "kind": "VigilJob", "name": "j", "uid": "job-uid", "controller": True}
 WALL = dt.datetime(2026, 11, 29, 10, 0, 5, tzinfo=dt.UTC)  # the job's last beat stamp is 10:00:00
 
 
@@ -38,9 +39,7 @@ def pod(version: int, beat: str | None = None, phase: str = "Running", **annotat
             "resourceVersion": str(version),
             "labels": {"vigil.dev/job-uid": "job-uid", "vigil.dev/attempt": "1"},
             "annotations": annotations,
-            "ownerReferences": [
-                {"apiVersion": "vigil.dev/v1alpha1", "kind": "VigilJob", "name": "j", "uid": "job-uid", "controller": True}
-            ],
+            "ownerReferences": [OWNER],
         },
         "status": {"phase": phase},
     }

@@ -7,7 +7,6 @@ import dataclasses
 from datetime import timedelta
 
 import orjson
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
