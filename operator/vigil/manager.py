@@ -41,7 +41,7 @@ from vigil.kube import events
 from vigil.kube.client import ApiClient, pool_size, resource_path, user_agent
 from vigil.kube.config import Credentials
 from vigil.kube.events import EventRecorder
-from vigil.kube.informer import POD_LIST_PAGE, POD_WATCH_PACE_SECONDS, Informer, Watches
+from vigil.kube.informer import POD_WATCH_PACE_SECONDS, Informer, Watches
 from vigil.kube.operations import Kube
 from vigil.leaderelection.elector import LeaderElector, default_identity
 from vigil.leaderelection.mark import LeaderMark, OwnPod
@@ -107,8 +107,8 @@ def build_watches(
     """(jobs, queues, pods), one informer of each per watched scope. Pods are filtered by the API
     server to those labelled with a job's UID, and then by the operator as each arrives: only
     pods that belong to a VigilJob are kept, and of those only what Vigil reads
-    (`podstate.keep_job_pod`; anyone who may create pods can put the label on one). Their lists
-    come in pages of POD_LIST_PAGE, each trimmed as it arrives; their watches rest
+    (`podstate.keep_job_pod`; anyone who may create pods can put the label on one). Every list
+    comes in pages sized by bytes, each trimmed as it arrives; the pod watches rest
     `pod_watch_pace` seconds after each read."""
     scopes, accept = watch_scopes(namespaces)
 
@@ -139,7 +139,6 @@ def build_watches(
             params={"labelSelector": api.LABEL_JOB_UID},
             pace=pod_watch_pace,
             trim=keep_job_pod,
-            page=POD_LIST_PAGE,
         ),
     )
 

@@ -21,10 +21,11 @@ It remembers only `SeenObjects` (identity and version per object) and its freshn
 objects themselves are kept by the consumer of the deltas.
 
 What reaches the consumer is what `trim` makes of each object as it arrives, as client-go's
-SetTransform: a list is trimmed page by page (never held whole as the API server sent it), a
-watch event before it is remembered. `trim` may refuse an object (None): it is then neither
-remembered nor delivered, and an object that was delivered and is refused later (its owner
-reference removed, say) is reported deleted, once, as a filtering event handler does.
+SetTransform: a list is trimmed page by page (never held whole as the API server sent it; its
+pages sized by bytes, `ApiClient.list_all`), a watch event before it is remembered. `trim` may
+refuse an object (None): it is then neither remembered nor delivered, and an object that was
+delivered and is refused later (its owner reference removed, say) is reported deleted, once,
+as a filtering event handler does.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from collections.abc import Callable, Mapping
 
 from vigil.core.backoff import backoff
 from vigil.core.objects import strip
-from vigil.kube.client import ApiClient
+from vigil.kube.client import PAGE_BYTES, ApiClient
 from vigil.kube.errors import ApiError, Expired, Stalled
 from vigil.kube.freshness import Freshness
 from vigil.kube.seen import Delta, SeenObjects
@@ -57,12 +58,6 @@ RETRY_DELAYS = (0.5, 30.0)  # first and largest delay between failed attempts to
 # not paced: a new job is started as soon as it is seen. `vigil operator --pod-watch-pace` sets it.
 POD_WATCH_PACE_SECONDS = 0.1
 MAX_POD_WATCH_PACE_SECONDS = 1.0  # beyond this the delay would start to eat into short timeouts
-# A list page is held as the API server sent it until it is trimmed. Anyone who may create pods
-# can give one Vigil's label and up to the API server's 1.5 MiB per object (2,500 labels and a
-# 150 KB annotation parse to about 0.5 MB of Python objects): 100 such pods a page bound what a
-# list holds untrimmed to about 50 MB, where client-go's 500 would be five times that. A
-# collection of 10,000 of Vigil's own pods (about 4 KB each as sent) is listed in 100 requests.
-POD_LIST_PAGE = 100
 
 
 class Informer:
@@ -85,6 +80,7 @@ class Informer:
         pace: float = 0.0,
         trim: Callable[[dict], dict | None] = strip,
         page: int = 500,
+        page_bytes: int | None = PAGE_BYTES,
     ) -> None:
         self.reader, self.path, self.name = reader, path, name
         self.handlers: list[Callable[[Delta], None]] = [on_delta] if on_delta is not None else []
@@ -96,7 +92,8 @@ class Informer:
         # Drops, in place, what the consumer never reads (objects.strip, podstate.keep_job_pod),
         # or refuses the whole object (None).
         self.trim = trim
-        self.page = page  # items per page of a list: at most this many are held untrimmed
+        self.page = page  # items per page of a list, at most
+        self.page_bytes = page_bytes  # and about this many bytes of JSON (ApiClient.list_all)
         self.clock = clock
         self.rng = rng or random.Random()
         self.seen = SeenObjects()
@@ -158,7 +155,9 @@ class Informer:
         await self.clock.sleep(delay)
 
     async def _list(self) -> None:
-        items, version = await self.reader.list_all(self.path, self.params, page=self.page, keep=self._keep)
+        items, version = await self.reader.list_all(
+            self.path, self.params, page=self.page, keep=self._keep, page_bytes=self.page_bytes
+        )
         deltas = self.seen.relist(items)
         if self.synced.is_set():
             self.relists += 1

@@ -34,7 +34,7 @@ class ScriptedReader:
         self.watch_versions: list[str] = []
         self.done = asyncio.Event()
 
-    async def list_all(self, path, params, page=500, keep=None):
+    async def list_all(self, path, params, page=500, keep=None, page_bytes=None):
         self.lists += 1
         self.pages.append(page)
         items = [copy.deepcopy(o) for o in self.world.values()]
