@@ -34,8 +34,8 @@ from vigil.controllers.jobs import JobController, job_queue
 from vigil.controllers.queues import QueueStatusController
 from vigil.core.admission import Pending
 from vigil.core.election import ElectionConfig
-from vigil.core.objects import strip
-from vigil.core.podstate import strip_pod
+from vigil.core.objects import strip, strip_job
+from vigil.core.podstate import keep_job_pod
 from vigil.core.queueing.book import QueueBook, QueueSpec, Standing
 from vigil.kube import events
 from vigil.kube.client import ApiClient, pool_size, resource_path, user_agent
@@ -105,9 +105,11 @@ def build_watches(
     pod_watch_pace: float = POD_WATCH_PACE_SECONDS,
 ) -> tuple[Watches, Watches, Watches]:
     """(jobs, queues, pods), one informer of each per watched scope. Pods are filtered by the API
-    server: only those labelled with a job's UID reach the operator; their watches rest
-    `pod_watch_pace` seconds after each read, and each pod is kept without the spec Vigil does
-    not read (`strip_pod`)."""
+    server to those labelled with a job's UID, and then by the operator as each arrives: only
+    pods that belong to a VigilJob are kept, and of those only what Vigil reads
+    (`podstate.keep_job_pod`; anyone who may create pods can put the label on one). Every list
+    comes in pages sized by bytes, each trimmed as it arrives; the pod watches rest
+    `pod_watch_pace` seconds after each read."""
     scopes, accept = watch_scopes(namespaces)
 
     def watches(name: str, group: str, version: str, plural: str, **options: object) -> Watches:
@@ -127,7 +129,7 @@ def build_watches(
         )
 
     return (
-        watches("jobs", api.GROUP, api.VERSION, api.PLURAL, trim=strip),
+        watches("jobs", api.GROUP, api.VERSION, api.PLURAL, trim=strip_job),
         watches("queues", api.GROUP, api.VERSION, api.QUEUE_PLURAL, trim=strip),
         watches(
             "pods",
@@ -136,7 +138,7 @@ def build_watches(
             "pods",
             params={"labelSelector": api.LABEL_JOB_UID},
             pace=pod_watch_pace,
-            trim=strip_pod,
+            trim=keep_job_pod,
         ),
     )
 

@@ -102,7 +102,7 @@ def decide(
         None, or a UID missing, means no information: Healthy, never Lost.
     """
     parsed = _parse(job)
-    observed = _ObservedPods.of(parsed.metadata.uid, pods)
+    observed = _ObservedPods.of(parsed.metadata.namespace, parsed.metadata.uid, pods)
     if parsed.metadata.deletion_timestamp is not None:
         return _release_all(parsed, observed)  # the garbage collector deletes the pods
     draft = _Draft(parsed, now, liveness=liveness or {})
@@ -174,10 +174,12 @@ class _ObservedPods:
     strangers: Mapping[str, podstate.Pod]
 
     @classmethod
-    def of(cls, job_uid: str, pods: Iterable[podstate.Pod]) -> _ObservedPods:
+    def of(cls, namespace: str, job_uid: str, pods: Iterable[podstate.Pod]) -> _ObservedPods:
         ours, strangers = [], {}
         for pod in podstate.freshest_by_uid(pods):
-            if not podstate.is_controlled_by(pod, job_uid):
+            if pod["metadata"].get("namespace", namespace) != namespace:
+                continue  # another namespace's pod is nobody's here, not even a stranger
+            if not podstate.belongs_to(pod, namespace, job_uid):
                 strangers[podstate.name_of(pod)] = pod
             elif podstate.attempt_of(pod) is not None:  # else not a pod Vigil made
                 ours.append(pod)

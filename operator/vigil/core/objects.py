@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from vigil import api
+
 Key = tuple[str, str]  # (namespace, name); namespace "" for cluster-scoped objects
 
 # Client-side `kubectl apply` (the default, and Argo CD's) copies the whole manifest into this
@@ -55,3 +57,28 @@ def strip(obj: dict[str, Any]) -> dict[str, Any]:
     if annotations and LAST_APPLIED in annotations:
         del annotations[LAST_APPLIED]
     return obj
+
+
+# The only names a job's own labels and annotations carry that Vigil reads (the dead-letter mark
+# it sets, the redrive a person sets). The rest is the job's author's, for their own tools.
+_KEPT_JOB_LABELS = (api.LABEL_DEAD_LETTER,)
+_KEPT_JOB_ANNOTATIONS = (api.ANNOTATION_REDRIVE,)
+
+
+def strip_job(job: dict[str, Any]) -> dict[str, Any]:
+    """What Vigil keeps of a VigilJob, in place: `strip`, of its labels and annotations only
+    the ones Vigil reads, and of a Succeeded job not its pod template. Every job stays in the
+    view until it is deleted (no TTL is set by default, as batch/v1 sets none); a Succeeded job
+    never starts another attempt (only a dead-lettered one can be redriven), so its template,
+    most of a job in memory, is never read again; a job that has not succeeded is kept whole,
+    since any later look may start a pod from it. docs/capacity-planning.md has the figures."""
+    strip(job)
+    metadata = job.get("metadata") or {}
+    for field, kept in (("labels", _KEPT_JOB_LABELS), ("annotations", _KEPT_JOB_ANNOTATIONS)):
+        values = metadata.get(field)
+        if values:
+            metadata[field] = {key: values[key] for key in kept if key in values}
+    spec = job.get("spec")
+    if (job.get("status") or {}).get("phase") == "Succeeded" and isinstance(spec, dict) and spec.get("template"):
+        spec["template"] = {}
+    return job

@@ -33,16 +33,16 @@ def controller_of(pod: Pod) -> tuple[str, str] | None:
     return None
 
 
-def candidates(pods: Iterable[Pod], knows_job: Callable[[str], bool]) -> list[Pod]:
+def candidates(pods: Iterable[Pod], knows_job: Callable[[tuple[str, str]], bool]) -> list[Pod]:
     """The pods worth asking the API server about: those still carrying the finalizer whose
-    controlling job (by UID) the operator does not know. A known job's pods are its looks'
+    controlling job (by namespace and UID) the operator does not know. A known job's pods are its looks'
     business, and a pod without the finalizer holds nothing."""
     found = []
     for pod in pods:
         if not is_tracked(pod):
             continue
         owner = controller_of(pod)
-        if owner is None or not knows_job(owner[1]):
+        if owner is None or not knows_job((pod["metadata"]["namespace"], owner[1])):
             found.append(pod)
     return found
 

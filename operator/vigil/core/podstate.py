@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from vigil import api
-from vigil.core.objects import strip, version_of
+from vigil.core.objects import version_of
 
 Pod = Mapping[str, Any]
 # Stopped: finished after its deletion was requested (see the module docstring); Deleted: being
@@ -59,21 +59,98 @@ class PodReport:
 _TERMINATED_KEYS = ("exitCode", "reason", "finishedAt")
 
 
-def strip_pod(pod: dict[str, Any]) -> dict[str, Any]:
-    """What Vigil keeps of a pod, in place: `objects.strip`, and of the spec and status only
-    what the readings of this module and the controller's change test read. Every pod of every
-    job is kept (the watch, creations and direct reads all go through here), and the rest is most
-    of a pod in memory: the spec (containers, volumes, tolerations) and of the status the kubelet's
-    bookkeeping (Ready and other conditions, IPs, images, container IDs, termination messages)
-    (bench/README.md has what a kept pod weighs). A new reading of a pod must find here what it reads:
-    the property test `test_a_kept_pod_reads_as_the_whole_pod` fails otherwise.
+# What Vigil reads of a pod's metadata (this module, `liveness`, the controller's change test,
+# the finalizer release). Everything else a pod's author wrote (labels, annotations, owners,
+# finalizers of their own) is dropped before the pod is kept, so a pod costs a bounded amount
+# whatever it carries: on the bed, 100 pods with Vigil's label, 2,500 other labels and a 150 KB
+# annotation each grew the operator by 52-56 MiB when they were kept whole.
+_KEPT_METADATA = (
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+)
+KEPT_LABELS = (api.LABEL_JOB_UID, api.LABEL_ATTEMPT)  # label values are at most 63 characters (the API's rule)
+_OWNER_FIELDS = ("apiVersion", "kind", "name", "uid", "controller")
+# Longest value kept of each annotation Vigil reads. The agent's beat is "<sequence>:<8 hex>";
+# started-at an isoformat time; superseded a reason (only its presence is read); the checkpoint
+# is refused over MAX_CHECKPOINT_BYTES anyway. An annotation may hold 256 KB, so a longer value
+# is replaced by a stand-in of bounded size that keeps what the readings need (`_bounded`).
+MAX_KEPT_ANNOTATION = {
+    api.ANNOTATION_HEARTBEAT: 128,
+    api.ANNOTATION_STARTED_AT: 64,
+    api.ANNOTATION_SUPERSEDED: 256,
+    api.ANNOTATION_CHECKPOINT: api.MAX_CHECKPOINT_BYTES,
+}
+MAX_KEPT_REASON = 256  # status reasons are the kubelet's words: a short CamelCase name
+# An oversize checkpoint is kept as this mark, its size in bytes and its fingerprint: enough to
+# refuse it with the same message as the whole value would give (`checkpoint_problem`).
+_OVERSIZE_MARK = "\x00oversize:"
 
-    Kept: metadata (less managedFields and kubectl's last-applied copy); spec.nodeName;
-    status.phase and status.reason; DisruptionTarget conditions (type, status); and of each
-    container, init containers first as the kubelet lists them, only a terminated state's exit
-    code, reason and finishedAt. Dropping the rest also spares a reconcile per change the
-    decision cannot see, such as a node controller flipping a pod's Ready condition."""
-    strip(pod)
+
+def owning_job(pod: Pod) -> tuple[str, str] | None:
+    """(namespace, job UID) of the VigilJob the pod belongs to, or None if it belongs to none.
+
+    A pod is a job's only when three things agree: its controller ownerReference is a VigilJob
+    (kind VigilJob, apiVersion vigil.dev/*), that reference's UID is the value of its
+    `vigil.dev/job-uid` label, and the job lives in the pod's namespace (an ownerReference never
+    crosses namespaces, so the pod's own namespace is the job's). A pod anywhere else carrying a
+    job's UID, in its label or its owner reference, is nobody's: a tenant cannot make its pods
+    count for another namespace's job."""
+    metadata = pod["metadata"]
+    ref = _controller(metadata)
+    if ref is None or ref.get("kind") != api.KIND:
+        return None
+    if not str(ref.get("apiVersion") or "").startswith(api.RESERVED_PREFIX):
+        return None
+    uid = ref.get("uid")
+    if not isinstance(uid, str) or not uid or (metadata.get("labels") or {}).get(api.LABEL_JOB_UID) != uid:
+        return None
+    return metadata.get("namespace") or "", uid
+
+
+def belongs_to(pod: Pod, namespace: str, job_uid: str) -> bool:
+    """Whether the pod is the pod of the job of that namespace and UID (`owning_job`)."""
+    return owning_job(pod) == (namespace, job_uid)
+
+
+def _controller(metadata: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    return next((ref for ref in metadata.get("ownerReferences") or [] if ref.get("controller") is True), None)
+
+
+def keep_job_pod(pod: dict[str, Any]) -> dict[str, Any] | None:
+    """The pod watch's transform, applied to each pod as it arrives (as client-go's
+    SetTransform): a pod that belongs to no VigilJob (`owning_job`) is not kept at all (None);
+    a job's pod is trimmed to what Vigil reads (`strip_pod`)."""
+    return strip_pod(pod) if owning_job(pod) is not None else None
+
+
+def strip_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    """What Vigil keeps of a pod, in place: of the metadata, its identity, version, creation and
+    deletion, Vigil's own labels and annotations (each value bounded), the controller reference
+    and Vigil's finalizer; of the spec and status only what the readings of this module and the
+    controller's change test read. Every pod of every job is kept (the watch, creations and
+    direct reads all go through here), and the rest is most of a pod in memory: the spec
+    (containers, volumes, tolerations), the status's bookkeeping (Ready and other conditions,
+    IPs, images, container IDs, termination messages), and whatever labels and annotations the
+    pod's author added (bench/README.md has what a kept pod weighs; docs/capacity-planning.md
+    the memory per pod and per job). A new reading of a pod must find here what it reads: the
+    property test `test_a_kept_pod_reads_as_the_whole_pod` fails otherwise.
+
+    Kept: metadata.{name, namespace, uid, resourceVersion, creationTimestamp, deletionTimestamp,
+    deletionGracePeriodSeconds}; the labels `vigil.dev/job-uid` and `vigil.dev/attempt`; the
+    annotations heartbeat, checkpoint, superseded and started-at (`MAX_KEPT_ANNOTATION`); the
+    controller ownerReference (apiVersion, kind, name, uid, controller); Vigil's finalizer;
+    spec.nodeName; status.phase and status.reason; DisruptionTarget conditions (type, status);
+    and of each container, init containers first as the kubelet lists them, only a terminated
+    state's exit code, reason and finishedAt. Dropping the rest also spares a reconcile per
+    change the decision cannot see, such as a node controller flipping a pod's Ready condition."""
+    metadata = pod.get("metadata")
+    if metadata is not None:
+        pod["metadata"] = _kept_metadata(metadata)
     spec = pod.get("spec")
     if spec is not None:
         pod["spec"] = {"nodeName": spec["nodeName"]} if "nodeName" in spec else {}
@@ -83,8 +160,49 @@ def strip_pod(pod: dict[str, Any]) -> dict[str, Any]:
     return pod
 
 
+def _kept_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The same whatever else the pod carries: labels and annotations always (maybe empty), an
+    owner and Vigil's finalizer only when there."""
+    kept = {key: metadata[key] for key in _KEPT_METADATA if key in metadata}
+    labels, annotations = metadata.get("labels") or {}, metadata.get("annotations") or {}
+    kept["labels"] = {key: labels[key] for key in KEPT_LABELS if key in labels}
+    kept["annotations"] = {
+        key: _bounded(key, annotations[key]) for key in MAX_KEPT_ANNOTATION if isinstance(annotations.get(key), str)
+    }
+    ref = _controller(metadata)
+    if ref is not None:
+        kept["ownerReferences"] = [{key: ref[key] for key in _OWNER_FIELDS if key in ref}]
+    if api.FINALIZER_ATTEMPT_TRACKING in (metadata.get("finalizers") or []):
+        kept["finalizers"] = [api.FINALIZER_ATTEMPT_TRACKING]
+    return kept
+
+
+def _bounded(key: str, value: str) -> str:
+    """The value of one of Vigil's annotations as kept: whole if short enough, else a stand-in
+    of bounded size that reads as the whole value would. A heartbeat becomes its digest (a new
+    value is still a new beat); a checkpoint its size and fingerprint (refused with the same
+    message); started-at is no time at that length (dropped to "", read as absent); superseded
+    is cut (only its presence is read)."""
+    limit = MAX_KEPT_ANNOTATION[key]
+    if len(value) <= limit and (key != api.ANNOTATION_CHECKPOINT or _size(value) <= limit):
+        return value
+    if key == api.ANNOTATION_HEARTBEAT:
+        return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
+    if key == api.ANNOTATION_CHECKPOINT:
+        return f"{_OVERSIZE_MARK}{_size(value)}:{fingerprint(value)}"
+    if key == api.ANNOTATION_STARTED_AT:
+        return ""
+    return value[:limit]
+
+
+def _size(value: str) -> int:
+    return len(value.encode("utf-8", "surrogatepass"))
+
+
 def _kept_status(status: Mapping[str, Any]) -> dict[str, Any]:
     kept = {key: status[key] for key in ("phase", "reason") if key in status}
+    if isinstance(kept.get("reason"), str):
+        kept["reason"] = kept["reason"][:MAX_KEPT_REASON]
     disruptions = [
         {"type": c.get("type"), "status": c.get("status")}
         for c in status.get("conditions") or []
@@ -94,12 +212,19 @@ def _kept_status(status: Mapping[str, Any]) -> dict[str, Any]:
         kept["conditions"] = disruptions
     for key in ("initContainerStatuses", "containerStatuses"):
         ended = [
-            {"state": {"terminated": {k: terminated.get(k) for k in _TERMINATED_KEYS}}}
+            {"state": {"terminated": _kept_terminated(terminated)}}
             for container in status.get(key) or []
             if (terminated := (container.get("state") or {}).get("terminated"))
         ]
         if ended:
             kept[key] = ended
+    return kept
+
+
+def _kept_terminated(terminated: Mapping[str, Any]) -> dict[str, Any]:
+    kept = {key: terminated.get(key) for key in _TERMINATED_KEYS}
+    if isinstance(kept["reason"], str):
+        kept["reason"] = kept["reason"][:MAX_KEPT_REASON]
     return kept
 
 
@@ -164,7 +289,8 @@ def annotation_of(pod: Pod, key: str) -> str | None:
 def checkpoint_problem(value: str) -> str | None:
     """Why a `vigil.dev/checkpoint` value cannot be used, or None if it can: it must be JSON of at
     most MAX_CHECKPOINT_BYTES bytes (UTF-8). Never raises, whatever the pod wrote."""
-    size = len(value.encode("utf-8", "surrogatepass"))
+    oversize = _oversize(value)
+    size = oversize[0] if oversize is not None else _size(value)
     if size > api.MAX_CHECKPOINT_BYTES:
         return f"it is {size} bytes, over the limit of {api.MAX_CHECKPOINT_BYTES}"
     try:
@@ -175,8 +301,20 @@ def checkpoint_problem(value: str) -> str | None:
 
 
 def fingerprint(value: str) -> str:
-    """A short, stable name for a value, to tell distinct bad checkpoints apart in messages."""
+    """A short, stable name for a value, to tell distinct bad checkpoints apart in messages (of
+    an oversize checkpoint kept as its stand-in, the whole value's)."""
+    oversize = _oversize(value)
+    if oversize is not None:
+        return oversize[1]
     return hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+
+
+def _oversize(value: str) -> tuple[int, str] | None:
+    """(size, fingerprint) of the oversize checkpoint `value` stands for, if it is a stand-in."""
+    if not value.startswith(_OVERSIZE_MARK):
+        return None
+    size, _, digest = value[len(_OVERSIZE_MARK) :].partition(":")
+    return (int(size), digest) if size.isdigit() and digest else None
 
 
 def freshest_by_uid(pods: Iterable[Pod]) -> list[Pod]:

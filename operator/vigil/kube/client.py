@@ -31,7 +31,7 @@ from aiohttp.payload import BytesPayload
 
 from vigil import __version__
 from vigil.kube.config import Credentials
-from vigil.kube.errors import ApiError, Stalled, Unreachable, from_status
+from vigil.kube.errors import ApiError, Stalled, TooLarge, Unreachable, from_status
 
 CONNECT_TIMEOUT_SECONDS = 5.0
 READ_TIMEOUT_SECONDS = 20.0
@@ -41,6 +41,16 @@ CONNECTIONS = 16  # open at once at least; more calls wait for one
 # finalizers, the queue status writes and the leader mark's reads and writes.
 SPARE_CONNECTIONS = 8
 MAX_EVENT_BYTES = 64 * 1024 * 1024  # far above etcd's object limit (1.5 MiB): a cap, not a tuning
+# A list's pages are bounded in bytes, not only in count: a page is held as the API server sent
+# it until it is trimmed, and its items are whatever their authors made them. A pod with 2,500
+# labels and a 150 KB annotation (291 KiB of JSON) parses to 0.53 MiB of Python objects, one of
+# tiny labels at etcd's 1.5 MiB limit to about 10 (bench/kept_objects.py): 500 of those in one
+# page would be 5 GiB. So a page's answer is read up to twice PAGE_BYTES and no further (asked
+# again with half the limit if it is longer, down to one item, which always fits: etcd stores
+# at most 1.5 MiB an object), and each next page asks for as many items as fit in PAGE_BYTES at
+# the sizes seen so far (`next_page_limit`), starting from FIRST_PAGE.
+FIRST_PAGE = 10
+PAGE_BYTES = 4 * 1024 * 1024
 
 JSON = "application/json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
@@ -158,10 +168,12 @@ class ApiClient:
         content_type: str = JSON,
         fence: Fence | None = None,
         timeout: float | None = None,
+        max_bytes: int | None = None,
     ) -> Any:
         """One request; the decoded answer (None for an empty one). `fence`, for a write, is
         called before the request is queued and again as its body is written. `timeout` bounds
-        the whole request instead of the client's per-read timeout."""
+        the whole request instead of the client's per-read timeout. `max_bytes`: an answer
+        longer than that is not read on (TooLarge)."""
         headers = self._headers()
         data: bytes | _FencedBody | None = None
         if body is not None:
@@ -175,7 +187,7 @@ class ApiClient:
             async with self.session.request(
                 method, self.base + path, params=params, data=data, headers=headers, timeout=bound or self.timeout()
             ) as response:
-                text = await response.read()
+                text = await (response.read() if max_bytes is None else _read_at_most(response, max_bytes))
                 if response.status >= 400:
                     raise from_status(response.status, text)
                 return orjson.loads(text) if text else None
@@ -187,17 +199,43 @@ class ApiClient:
             raise ApiError(f"{method} {path}: the answer is not JSON ({err})") from err
 
     async def list_all(
-        self, path: str, params: Mapping[str, str], page: int = 500, timeout: float = LIST_TIMEOUT_SECONDS
+        self,
+        path: str,
+        params: Mapping[str, str],
+        page: int = 500,
+        timeout: float = LIST_TIMEOUT_SECONDS,
+        keep: Callable[[dict], dict | None] | None = None,
+        page_bytes: int | None = None,
     ) -> tuple[list[dict], str]:
-        """Every item, page by page (one consistent snapshot), and the list's resourceVersion."""
+        """Every item, page by page (one consistent snapshot), and the list's resourceVersion.
+        `keep`, if given, is applied to each item as its page arrives (None: drop it), so no more
+        than one page is ever held as the API server sent it: a collection of large objects
+        costs, while it is listed, what is kept of it plus one page. `page_bytes`: pages of at
+        most `page` items are sized to about that many bytes of JSON (`next_page_limit`)."""
         items: list[dict] = []
         token = ""
+        limit = page if page_bytes is None else min(page, FIRST_PAGE)
+        cap = None if page_bytes is None else 2 * page_bytes
         while True:
-            query = {**params, "limit": str(page)}
+            query = {**params, "limit": str(limit)}
             if token:
                 query["continue"] = token
-            body = await self.request("GET", path, params=query, timeout=timeout) or {}
-            items.extend(body.get("items") or [])
+            try:
+                body = await self.request("GET", path, params=query, timeout=timeout, max_bytes=cap) or {}
+            except TooLarge:
+                if limit == 1:
+                    raise  # one object over the cap: larger than etcd stores, not a page to split
+                limit = max(1, limit // 2)  # the same page again (the same continue token), smaller
+                continue
+            listed = body.pop("items", None) or []
+            if page_bytes is not None and listed:
+                size = sum(len(orjson.dumps(item)) for item in listed)
+                limit = next_page_limit(limit, len(listed), size, page, page_bytes)
+            if keep is None:
+                items.extend(listed)
+            else:
+                items.extend(kept for item in listed if (kept := keep(item)) is not None)
+            del listed  # the page as sent goes now, before the next one is read
             metadata = body.get("metadata") or {}
             token = metadata.get("continue") or ""
             if not token:
@@ -261,6 +299,28 @@ class ApiClient:
                         await _rest(response.connection.transport, pace)
         except _TRANSPORT as err:
             raise Unreachable(f"watch {path}: {_describe(err)}") from err
+
+
+async def _read_at_most(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The answer's body, or TooLarge once it is longer than `limit` bytes (the rest unread: the
+    connection is closed with the response)."""
+    if response.content_length is not None and response.content_length > limit:
+        raise TooLarge(f"an answer of {response.content_length} bytes, over {limit}")
+    chunks, size = [], 0
+    async for chunk in response.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge(f"an answer over {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def next_page_limit(limit: int, items: int, size: int, most: int, page_bytes: int) -> int:
+    """The next page's limit after a page of `items` items and `size` bytes of JSON: as many as
+    fit in `page_bytes` at that page's mean size, at least 1, at most 4 times `limit` (one page
+    of small items says little of the next) and at most `most`."""
+    fit = page_bytes * items // max(size, 1)
+    return max(1, min(fit, 4 * limit, most))
 
 
 async def _rest(transport: asyncio.Transport | None, seconds: float) -> None:

@@ -65,6 +65,11 @@ class Expired(ApiError):
     status = 410
 
 
+class TooLarge(ApiError):
+    """An answer longer than the caller would read (`ApiClient.request`'s `max_bytes`); the rest
+    of it was not read. A list asks again for fewer items a page."""
+
+
 class Unreachable(ApiError):
     """No answer: the connection could not be made, broke, or a timeout passed. The request may
     or may not have reached the API server."""

@@ -19,6 +19,13 @@ every change on as a `seen.Delta`. What it adds to a plain watch, and why:
 
 It remembers only `SeenObjects` (identity and version per object) and its freshness; the
 objects themselves are kept by the consumer of the deltas.
+
+What reaches the consumer is what `trim` makes of each object as it arrives, as client-go's
+SetTransform: a list is trimmed page by page (never held whole as the API server sent it; its
+pages sized by bytes, `ApiClient.list_all`), a watch event before it is remembered. `trim` may
+refuse an object (None): it is then neither remembered nor delivered, and an object that was
+delivered and is refused later (its owner reference removed, say) is reported deleted, once,
+as a filtering event handler does.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from collections.abc import Callable, Mapping
 
 from vigil.core.backoff import backoff
 from vigil.core.objects import strip
-from vigil.kube.client import ApiClient
+from vigil.kube.client import PAGE_BYTES, ApiClient
 from vigil.kube.errors import ApiError, Expired, Stalled
 from vigil.kube.freshness import Freshness
 from vigil.kube.seen import Delta, SeenObjects
@@ -71,7 +78,9 @@ class Informer:
         rng: random.Random | None = None,
         on_relist: Callable[[], None] = lambda: None,
         pace: float = 0.0,
-        trim: Callable[[dict], dict] = strip,
+        trim: Callable[[dict], dict | None] = strip,
+        page: int = 500,
+        page_bytes: int | None = PAGE_BYTES,
     ) -> None:
         self.reader, self.path, self.name = reader, path, name
         self.handlers: list[Callable[[Delta], None]] = [on_delta] if on_delta is not None else []
@@ -80,7 +89,11 @@ class Informer:
         self.accept = accept  # a client-side filter (namespace globs)
         self.watch_seconds = watch_seconds
         self.pace = pace  # seconds the watch's connection rests after each read (ApiClient.watch)
-        self.trim = trim  # drops, in place, what the consumer never reads (objects.strip, podstate.strip_pod)
+        # Drops, in place, what the consumer never reads (objects.strip, podstate.keep_job_pod),
+        # or refuses the whole object (None).
+        self.trim = trim
+        self.page = page  # items per page of a list, at most
+        self.page_bytes = page_bytes  # and about this many bytes of JSON (ApiClient.list_all)
         self.clock = clock
         self.rng = rng or random.Random()
         self.seen = SeenObjects()
@@ -142,8 +155,10 @@ class Informer:
         await self.clock.sleep(delay)
 
     async def _list(self) -> None:
-        items, version = await self.reader.list_all(self.path, self.params)
-        deltas = self.seen.relist(self.trim(item) for item in items if self.accept(item))
+        items, version = await self.reader.list_all(
+            self.path, self.params, page=self.page, keep=self._keep, page_bytes=self.page_bytes
+        )
+        deltas = self.seen.relist(items)
         if self.synced.is_set():
             self.relists += 1
             self.on_relist()
@@ -175,15 +190,19 @@ class Informer:
                 if event.get("type") == "BOOKMARK":
                     self._resource_version = version or self._resource_version
                     continue
-                self.trim(obj)
                 if self.accept(obj):
-                    for delta in self.seen.event(event["type"], obj):
+                    kept = self.trim(obj)
+                    deltas = self.seen.dropped(obj) if kept is None else self.seen.event(event["type"], kept)
+                    for delta in deltas:
                         self._deliver(delta)
                 self._resource_version = version or self._resource_version
             if alive:  # the server ended the watch as asked: progress, not failure
                 self.freshness.recovered(self.clock.monotonic())
         finally:
             await events.aclose()
+
+    def _keep(self, item: dict) -> dict | None:
+        return self.trim(item) if self.accept(item) else None
 
     def _deliver(self, delta: Delta) -> None:
         for handler in self.handlers:

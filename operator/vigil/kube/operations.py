@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from vigil.api import FINALIZER_ATTEMPT_TRACKING, GROUP, LABEL_JOB_UID, PLURAL, QUEUE_PLURAL, VERSION
-from vigil.core.objects import strip
+from vigil.core.objects import strip, strip_job
 from vigil.core.podstate import strip_pod
 from vigil.kube.client import JSON, MERGE_PATCH, STRATEGIC_MERGE_PATCH, ApiClient, resource_path
 from vigil.kube.errors import ApiError, Conflict, NotFound
@@ -173,7 +173,9 @@ class Kube:
         answer = await self._call("patch", resource, "PATCH", path, body=patch, content_type=kind)
         # The answer becomes the cached version of the job or queue (the watch's echo of the same
         # resourceVersion is then skipped): stripped as the watch's copies are.
-        return strip(answer) if isinstance(answer, dict) else answer
+        if not isinstance(answer, dict):
+            return answer
+        return strip_job(answer) if resource.startswith("vigiljobs") else strip(answer)
 
     # --- jobs ---------------------------------------------------------------------------
 
@@ -198,7 +200,7 @@ class Kube:
             job = await self._call("get", "vigiljobs", "GET", f"{JOBS.format(namespace=namespace)}/{name}")
         except NotFound:
             return None
-        return strip(job)
+        return strip_job(job)
 
     async def patch_job_labels(self, namespace: str, name: str, labels: dict[str, str | None]) -> dict | None:
         try:

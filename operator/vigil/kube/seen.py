@@ -82,6 +82,17 @@ class SeenObjects:
         deltas.append(Delta("upsert", obj))
         return deltas
 
+    def dropped(self, obj: Obj) -> list[Delta]:
+        """An object the consumer no longer keeps although it still exists (a transform refused
+        this version of it): reported deleted once, with the last version delivered, if one was;
+        a later version that is kept again comes as new."""
+        key = key_of(obj)
+        if key not in self._seen:
+            return []
+        last = self._last[key]
+        self._forget(key)
+        return [Delta("delete", last)]
+
     def relist(self, items: Iterable[Obj]) -> list[Delta]:
         """A complete list, as of one resourceVersion: what changed since the last delivery is
         upserted, what is no longer there is deleted, each once; unchanged objects are quiet."""

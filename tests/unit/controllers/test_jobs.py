@@ -16,6 +16,7 @@ from vigil.controllers.jobs import JobController
 
 pytestmark = pytest.mark.unit
 
+OWNER = {"apiVersion": "vigil.dev/v1alpha1", "kind": "VigilJob", "name": "j", "uid": "job-uid", "controller": True}
 WALL = dt.datetime(2026, 11, 29, 10, 0, 5, tzinfo=dt.UTC)  # the job's last beat stamp is 10:00:00
 
 
@@ -38,7 +39,7 @@ def pod(version: int, beat: str | None = None, phase: str = "Running", **annotat
             "resourceVersion": str(version),
             "labels": {"vigil.dev/job-uid": "job-uid", "vigil.dev/attempt": "1"},
             "annotations": annotations,
-            "ownerReferences": [{"kind": "VigilJob", "name": "j", "uid": "job-uid", "controller": True}],
+            "ownerReferences": [OWNER],
         },
         "status": {"phase": phase},
     }
@@ -127,7 +128,7 @@ def test_a_pods_changes_within_the_batch_cost_one_look_and_a_jobs_own_change_non
         c.queue.done(("ns", "j"))
         await clock.advance(10)
         assert len(c.queue) == 0, "three changes, one look"
-        assert c.view.pods.of_job("job-uid")[0]["status"]["phase"] == "Succeeded", "the look reads the newest"
+        assert c.view.pods.of_job(("ns", "job-uid"))[0]["status"]["phase"] == "Succeeded", "the look reads the newest"
 
     asyncio.run(scenario())
 
@@ -169,12 +170,12 @@ def test_a_created_pod_is_kept_until_the_watch_shows_it():
     clock = FakeClock(wall=WALL)
     c = controller(clock)
     c.view.pods.created(pod(10), clock.now)
-    assert [p["metadata"]["uid"] for p in c.view.pods.of_job("job-uid")] == ["pod-uid"]
+    assert [p["metadata"]["uid"] for p in c.view.pods.of_job(("ns", "job-uid"))] == ["pod-uid"]
     clock.tick(3600)
-    assert c.view.pods.unseen("job-uid"), "never forgotten on a timer"
+    assert c.view.pods.unseen(("ns", "job-uid")), "never forgotten on a timer"
     c.handlers.pod_changed(pod(11))  # the watch caught up
-    assert c.view.pods.unseen("job-uid") == []
-    assert c.view.pods.of_job("job-uid")[0]["metadata"]["resourceVersion"] == "11"
+    assert c.view.pods.unseen(("ns", "job-uid")) == []
+    assert c.view.pods.of_job(("ns", "job-uid"))[0]["metadata"]["resourceVersion"] == "11"
 
 
 def test_a_late_watch_event_does_not_undo_a_direct_read():
@@ -183,7 +184,7 @@ def test_a_late_watch_event_does_not_undo_a_direct_read():
     c.handlers.job_seen(job())
     c.view.pods.read(pod(20, beat="9"))
     c.handlers.pod_changed(pod(15, beat="7"))
-    assert c.view.pods.of_job("job-uid")[0]["metadata"]["resourceVersion"] == "20"
+    assert c.view.pods.of_job(("ns", "job-uid"))[0]["metadata"]["resourceVersion"] == "20"
 
 
 class Releases:
@@ -310,7 +311,7 @@ def test_a_job_left_starting_has_itself_and_its_pods_read_from_the_api_server():
     asyncio.run(looks())
     assert reads == ["j", "job-uid"]
     assert c.view.jobs[("ns", "j")]["metadata"]["resourceVersion"] == "3", "the stored job replaced the cached one"
-    assert c.view.pods.of_job("job-uid")[0]["status"]["phase"] == "Succeeded", "the truth replaced the rumour"
+    assert c.view.pods.of_job(("ns", "job-uid"))[0]["status"]["phase"] == "Succeeded", "the truth replaced the rumour"
 
 
 def test_a_job_that_leaves_starting_takes_its_recheck_timer_with_it():

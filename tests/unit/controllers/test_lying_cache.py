@@ -140,7 +140,9 @@ def _feed(world: World, behaviour: str, truth: dict[str, Any], stale: dict[str, 
     elif behaviour == "stale" and stale is not None:
         world.deliver(stale)
     elif behaviour == "forget":
-        world.controller.view.pods.gone(truth["metadata"]["labels"][api.LABEL_JOB_UID], truth["metadata"]["uid"])
+        world.controller.view.pods.gone(
+            (truth["metadata"]["namespace"], truth["metadata"]["labels"][api.LABEL_JOB_UID]), truth["metadata"]["uid"]
+        )
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -95,8 +95,8 @@ def test_the_pod_cache_keeps_created_pods_until_seen_and_takes_the_truth():
     cache = PodCache()
     mine = make_pod(1, uid="pod-1")
     cache.created(mine, now=10.0)
-    assert cache.unseen(mine["metadata"]["labels"]["vigil.dev/job-uid"]) == [(mine, 10.0)]
-    job_uid = mine["metadata"]["labels"]["vigil.dev/job-uid"]
+    job_uid = ("work", mine["metadata"]["labels"]["vigil.dev/job-uid"])
+    assert cache.unseen(job_uid) == [(mine, 10.0)]
     other = make_pod(2, uid="pod-2")
     dropped = cache.replace_job(job_uid, [other])
     assert [p["metadata"]["uid"] for p in dropped] == ["pod-1"], "not in a direct list: gone"

@@ -30,7 +30,7 @@ def job(uid: str) -> dict[str, Any]:
 
 
 def test_only_tracked_pods_of_unknown_jobs_are_worth_asking_about():
-    known = {"job-known"}.__contains__
+    known = {("ns", "job-known")}.__contains__  # jobs are known by (namespace, UID)
     found = orphans.candidates(
         [
             pod("job-known", name="of-a-known-job"),

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from datetime import timedelta
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -15,12 +17,18 @@ from vigil.controllers.jobs.handlers import more_than_a_beat
 from vigil.core.liveness import _is_running
 from vigil.core.podstate import (
     CLOCK_SKEW_ALLOWANCE,
+    MAX_KEPT_ANNOTATION,
     PodReport,
     attempt_of,
+    belongs_to,
+    checkpoint_problem,
+    fingerprint,
     freshest_by_uid,
     is_controlled_by,
     is_force_deleted,
     is_tracked,
+    keep_job_pod,
+    owning_job,
     read_pod,
     strip_pod,
 )
@@ -288,8 +296,21 @@ def kept(pod: dict) -> dict:
 
 
 def readings(pod: dict) -> tuple:
+    report = read_pod(pod)
+    checkpoint = report.checkpoint
+    # A checkpoint is read for its value if it is good, else for why it is refused and its name.
+    verdict = (
+        checkpoint
+        if checkpoint is None or checkpoint_problem(checkpoint) is None
+        else (
+            checkpoint_problem(checkpoint),
+            fingerprint(checkpoint),
+        )
+    )
     return (
-        read_pod(pod),
+        dataclasses.replace(report, checkpoint=None),
+        verdict,
+        owning_job(pod),
         attempt_of(pod),
         is_controlled_by(pod, JOB_UID),
         is_tracked(pod),
@@ -312,6 +333,128 @@ def test_a_kept_pod_reads_as_the_whole_pod(pod: dict, other: dict) -> None:
         assert changed
     if not more_than_a_beat(pod, other):
         assert not changed
+    assert (beat(kept_pod) == beat(kept_other)) == (beat(pod) == beat(other)), "a new beat is a new beat"
+
+
+def beat(pod: dict) -> str | None:
+    return pod["metadata"]["annotations"].get(api.ANNOTATION_HEARTBEAT)
+
+
+@st.composite
+def foreign_metadata(draw: st.DrawFn) -> dict:
+    """What a pod's author may add that Vigil never reads: labels and annotations of their own
+    (many, long), owner references that are not the controller, finalizers of their own,
+    kubectl's and the API server's bookkeeping."""
+    many = draw(st.integers(0, 300))
+    return {
+        "labels": {f"team.example/l{i}": "v" * 63 for i in range(many)},
+        "annotations": {"team.example/blob": "x" * draw(st.sampled_from([0, 150_000])), "team.example/n": "1"},
+        "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "cm", "uid": "cm-uid"}],
+        "finalizers": draw(st.sampled_from([[], ["team.example/keep"]])),
+        "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:metadata": {}}}],
+        "generateName": "ledger-",
+    }
+
+
+def with_foreign(pod: dict, foreign: dict) -> dict:
+    pod = copy.deepcopy(pod)
+    metadata = pod["metadata"]
+    for key in ("labels", "annotations"):
+        metadata[key] = {**foreign[key], **metadata.get(key, {})}
+    metadata["ownerReferences"] = [*foreign["ownerReferences"], *metadata.get("ownerReferences", [])]
+    metadata["finalizers"] = [*foreign["finalizers"], *metadata.get("finalizers", [])]
+    metadata.update(managedFields=foreign["managedFields"], generateName=foreign["generateName"])
+    return pod
+
+
+@given(pod=pods(), foreign=foreign_metadata())
+def test_what_a_pods_author_adds_beside_vigils_names_is_not_kept(pod: dict, foreign: dict) -> None:
+    """Nothing a pod's author adds beside Vigil's own names changes what is kept of it, so a pod
+    costs the same bounded amount whatever it carries (on the bed, 2,500 labels and a 150 KB
+    annotation cost about 0.5 MiB a pod when they were kept)."""
+    assert kept(with_foreign(pod, foreign)) == kept(pod)
+    assert len(orjson.dumps(kept(with_foreign(pod, foreign)))) < 4096
+
+
+def test_a_kept_pod_keeps_of_its_metadata_only_what_vigil_reads():
+    pod = with_foreign(make_pod(1, tracked=True, heartbeat="7:0a1b2c3d", checkpoint='{"step": 3}'), FOREIGN)
+    pod["metadata"].update(creationTimestamp=stamp(T0), generation=1)
+    pod["metadata"]["annotations"][api.ANNOTATION_STARTED_AT] = T0.isoformat()
+    pod["metadata"]["labels"][api.LABEL_QUEUE] = "default"  # Vigil's, but never read from a pod
+    assert kept(pod)["metadata"] == {
+        "name": "ledger-1",
+        "namespace": "work",
+        "uid": "pod-1",
+        "resourceVersion": "1",
+        "creationTimestamp": stamp(T0),
+        "labels": {api.LABEL_JOB_UID: JOB_UID, api.LABEL_ATTEMPT: "1"},
+        "annotations": {
+            api.ANNOTATION_HEARTBEAT: "7:0a1b2c3d",
+            api.ANNOTATION_STARTED_AT: T0.isoformat(),
+            api.ANNOTATION_CHECKPOINT: '{"step": 3}',
+        },
+        "ownerReferences": [
+            {"apiVersion": api.API_VERSION, "kind": api.KIND, "name": "ledger", "uid": JOB_UID, "controller": True}
+        ],
+        "finalizers": [api.FINALIZER_ATTEMPT_TRACKING],
+    }
+
+
+FOREIGN = {
+    "labels": {f"team.example/l{i}": "v" * 63 for i in range(2500)},
+    "annotations": {"team.example/blob": "x" * 150_000},
+    "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "cm", "uid": "cm-uid"}],
+    "finalizers": ["team.example/keep"],
+    "managedFields": [{"manager": "kubectl"}],
+    "generateName": "ledger-",
+}
+
+
+def test_an_oversize_value_of_vigils_annotations_is_not_kept_whole_and_reads_the_same():
+    """An annotation may hold 256 KB; each of Vigil's is kept within MAX_KEPT_ANNOTATION, as a
+    stand-in that reads as the whole value does."""
+    huge_beat, other_beat = "1:" + "a" * 200_000, "2:" + "a" * 200_000
+    huge_checkpoint = '{"blob": "' + "x" * 200_000 + '"}'
+    pod = make_pod(1, heartbeat=huge_beat, checkpoint=huge_checkpoint)
+    pod["metadata"]["annotations"][api.ANNOTATION_STARTED_AT] = "9" * 100_000
+    pod["metadata"]["annotations"][api.ANNOTATION_SUPERSEDED] = "Lost" * 100_000
+    annotations = kept(pod)["metadata"]["annotations"]
+    assert all(len(annotations[key]) <= limit for key, limit in MAX_KEPT_ANNOTATION.items())
+    assert beat(kept(pod)) != beat(kept(make_pod(1, heartbeat=other_beat))), "another beat is still a beat"
+    assert beat(kept(pod)) == beat(kept(make_pod(1, heartbeat=huge_beat))), "the same beat is no beat"
+    stand_in = annotations[api.ANNOTATION_CHECKPOINT]
+    assert checkpoint_problem(stand_in) == checkpoint_problem(huge_checkpoint)
+    assert "over the limit" in (checkpoint_problem(stand_in) or "")
+    assert fingerprint(stand_in) == fingerprint(huge_checkpoint)
+    assert annotations[api.ANNOTATION_SUPERSEDED].startswith("Lost"), "superseded: its presence is read"
+    assert read_pod(kept(pod)).state == read_pod(pod).state
+    assert len(orjson.dumps(kept(pod))) < 4096
+
+
+def test_a_pod_is_a_jobs_only_when_namespace_owner_and_label_agree():
+    assert owning_job(make_pod(1)) == ("work", JOB_UID)
+    assert belongs_to(make_pod(1), "work", JOB_UID)
+    forged = make_pod(1, phase="Succeeded", exit_code=0)
+    forged["metadata"]["namespace"] = "attacker"  # the victim's UID in label and owner, elsewhere
+    assert owning_job(forged) == ("attacker", JOB_UID)
+    assert not belongs_to(forged, "work", JOB_UID)
+    assert owning_job(make_pod(1, owner_uid="other-uid")) is None, "label and owner disagree"
+    assert owning_job(make_pod(1, job_uid="other-uid")) is None, "label and owner disagree"
+    assert owning_job(make_pod(1, owner_uid=None)) is None, "no owner: the label alone is nobody's"
+    not_controller = make_pod(1)
+    not_controller["metadata"]["ownerReferences"][0]["controller"] = False
+    assert owning_job(not_controller) is None
+    for field, value in [("kind", "Job"), ("apiVersion", "batch/v1"), ("apiVersion", "vigil.example/v1")]:
+        other = make_pod(1)
+        other["metadata"]["ownerReferences"][0][field] = value
+        assert owning_job(other) is None, f"{field}: {value}"
+
+
+def test_the_pod_watch_keeps_no_pod_that_belongs_to_no_job():
+    foreign = with_foreign(make_pod(1, owner_uid=None), FOREIGN)  # Vigil's label, no owner
+    assert keep_job_pod(copy.deepcopy(foreign)) is None
+    assert keep_job_pod(make_pod(1, owner_uid="other-uid")) is None
+    assert keep_job_pod(make_pod(1)) == kept(make_pod(1))
 
 
 def but_the_beat(pod: dict) -> dict:
@@ -343,7 +486,7 @@ def test_a_kept_pod_has_of_its_spec_only_the_node():
     pod["metadata"]["managedFields"] = [{"manager": "kube-scheduler"}]
     assert kept(pod) == {
         **pod,
-        "metadata": {k: v for k, v in pod["metadata"].items() if k != "managedFields"},
+        "metadata": kept(pod)["metadata"],  # test_a_kept_pod_keeps_of_its_metadata_only_what_vigil_reads
         "spec": {"nodeName": "node-a"},
         "status": {"phase": "Running"},  # a running container's state is not read
     }

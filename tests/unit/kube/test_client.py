@@ -451,3 +451,66 @@ def test_the_pool_holds_a_connection_for_every_worker_and_event_sender_at_once(w
     sized, short = asyncio.run(main())
     assert sized == in_flight, "every request was at the API server at once"
     assert short == in_flight - 1, "the check can fail: one connection fewer, and one request waits"
+
+
+def test_a_list_is_trimmed_page_by_page_as_each_page_arrives():
+    """`keep` sees each page before the next one is asked for, and what it refuses is not
+    returned: a list of large objects never holds more than one page as the API server sent it
+    (a tenant's pods with 2,500 labels each would otherwise be held whole until the last page)."""
+    pages = {"": (["a", "b"], "t1"), "t1": (["c", "d"], "t2"), "t2": (["e"], "")}
+    kept_before_request: list[list[str]] = []
+    kept: list[str] = []
+
+    async def scenario(server: Server, kube: Kube) -> None:
+        def answer(method: str, path: str) -> Answer:
+            token = server.seen[-1]["query"].get("continue", "")
+            kept_before_request.append(list(kept))
+            names, following = pages[token]
+            items = [{"metadata": {"name": n}, "blob": "x" * 1000} for n in names]
+            return 200, {"items": items, "metadata": {"continue": following, "resourceVersion": "9"}}
+
+        def keep(item: dict) -> dict | None:
+            kept.append(item["metadata"]["name"])
+            return None if item["metadata"]["name"] in ("b", "d") else {"metadata": item["metadata"]}
+
+        server.answer = answer
+        items, version = await kube.http.list_all("/api/v1/pods", {"labelSelector": "x"}, page=2, keep=keep)
+        assert [i["metadata"]["name"] for i in items] == ["a", "c", "e"] and version == "9"
+        assert all("blob" not in i for i in items)
+        assert kept_before_request == [[], ["a", "b"], ["a", "b", "c", "d"]], "each page trimmed before the next"
+        assert [s["query"]["limit"] for s in server.seen] == ["2"] * 3
+
+    run(scenario)
+
+
+def test_pages_are_sized_by_bytes_so_large_items_come_a_few_at_a_time():
+    """A tenant's objects may be 1.5 MiB each: a page is sized to about PAGE_BYTES of JSON at the
+    sizes seen so far, starting small and growing at most fourfold a page; an answer longer than
+    twice PAGE_BYTES is not read on, and the same page is asked again with half the limit."""
+    sizes = {"small": 1_000, "large": 400_000}
+    pages: list[int] = []
+
+    async def scenario(server: Server, kube: Kube) -> None:
+        def answer(method: str, path: str) -> Answer:
+            query = server.seen[-1]["query"]
+            limit, served = int(query["limit"]), int(query.get("continue") or 0)
+            pages.append(limit)
+            count = min(limit, 200 - served)
+            kinds = ["small" if served + i < 60 else "large" for i in range(count)]  # 60 small, then large
+            items = [{"metadata": {"name": f"{k}-{served + i}"}, "blob": "x" * sizes[k]} for i, k in enumerate(kinds)]
+            following = str(served + count) if served + count < 200 else ""
+            return 200, {"items": items, "metadata": {"continue": following, "resourceVersion": "9"}}
+
+        server.answer = answer
+        items, _ = await kube.http.list_all("/api/v1/pods", {}, page=500, page_bytes=apiclient.PAGE_BYTES)
+        assert sorted(int(i["metadata"]["name"].split("-")[1]) for i in items) == list(range(200))
+
+    run(scenario)
+    # 10 and 40 small items; 160 (150 left) is over 8 MiB: asked again with 80, 40, then 20 (10 small and
+    # 10 large: 4 MB); after a page of large ones, as many as fit in PAGE_BYTES.
+    assert pages[:7] == [10, 40, 160, 80, 40, 20, 20], pages
+    assert set(pages[7:]) == {apiclient.PAGE_BYTES // 400_000}, pages
+    assert apiclient.next_page_limit(10, 10, 10_000, 500, apiclient.PAGE_BYTES) == 40
+    assert apiclient.next_page_limit(40, 40, 40 * 1_500_000, 500, apiclient.PAGE_BYTES) == 2
+    assert apiclient.next_page_limit(40, 1, 50_000_000, 500, apiclient.PAGE_BYTES) == 1
+    assert apiclient.next_page_limit(400, 400, 4_000, 500, apiclient.PAGE_BYTES) == 500

@@ -5,6 +5,7 @@ can break it. What must hold: every object gone meanwhile is reported deleted on
 from __future__ import annotations
 
 import asyncio
+import copy
 import random
 
 import pytest
@@ -29,12 +30,15 @@ class ScriptedReader:
     def __init__(self, world: dict[str, dict], watches: list[tuple[list[dict], str]]):
         self.world, self.watches = world, watches
         self.lists = 0
+        self.pages: list[int] = []
         self.watch_versions: list[str] = []
         self.done = asyncio.Event()
 
-    async def list_all(self, path, params):
+    async def list_all(self, path, params, page=500, keep=None, page_bytes=None):
         self.lists += 1
-        return [dict(o) for o in self.world.values()], "100"
+        self.pages.append(page)
+        items = [copy.deepcopy(o) for o in self.world.values()]
+        return [k for item in items if (k := (keep or (lambda o: o))(item)) is not None], "100"
 
     async def watch(self, path, params, deadline, on_bytes, pace=0.0):
         self.watch_versions.append(params["resourceVersion"])
@@ -82,11 +86,11 @@ def test_a_stalled_watch_is_replaced_by_a_relist_that_reports_what_vanished(monk
 
     original = reader.list_all
 
-    async def list_all(path, params):
+    async def list_all(path, params, **options):
         if reader.lists == 1:  # b was deleted while the watch was stalled: no DELETED ever came
             world.pop("b")
             world["a"] = obj("a", 3)  # as the watch delivered it
-        return await original(path, params)
+        return await original(path, params, **options)
 
     reader.list_all = list_all
     informer = run(reader, deltas)
@@ -120,6 +124,55 @@ def test_what_is_listed_and_watched_is_delivered_trimmed():
     run(reader, deltas, trim=strip_pod)  # the pod watches' choice
     assert [(d.obj["spec"], d.obj["status"]) for d in deltas] == [({"nodeName": "n"}, {"phase": "Running"})] * 2
     assert not any("managedFields" in d.obj["metadata"] for d in deltas)
+
+
+def owned(name: str, version: int, owner: bool = True) -> dict:
+    whole = obj(name, version)
+    if owner:
+        whole["metadata"]["ownerReferences"] = [{"kind": "VigilJob", "uid": "j", "controller": True}]
+    return whole
+
+
+def keep_owned(o: dict) -> dict | None:
+    return o if o["metadata"].get("ownerReferences") else None
+
+
+def test_an_object_the_transform_refuses_is_never_remembered_nor_delivered():
+    """As client-go's SetTransform with a filtering handler: refused objects cost nothing (not
+    even an entry in SeenObjects); one that was delivered and is then refused (its owner
+    reference removed) is reported deleted once; kept again, it comes back as new."""
+    world = {"a": owned("a", 1), "x": owned("x", 1, owner=False)}
+    events = [
+        {"type": "ADDED", "object": owned("y", 2, owner=False)},
+        {"type": "MODIFIED", "object": owned("a", 3, owner=False)},  # no longer kept: gone
+        {"type": "MODIFIED", "object": owned("a", 4, owner=False)},  # still not: nothing more
+        {"type": "DELETED", "object": owned("y", 5, owner=False)},
+        {"type": "MODIFIED", "object": owned("a", 6)},  # kept again
+    ]
+    reader = ScriptedReader(world, [(events, "end")])
+    deltas: list = []
+    informer = run(reader, deltas, trim=keep_owned, page=7)
+    assert names(deltas) == [("upsert", "a"), ("delete", "a"), ("upsert", "a")]
+    assert deltas[1].obj["metadata"]["resourceVersion"] == "1", "the delete carries the last version delivered"
+    assert len(informer.seen) == 1 and reader.pages == [7]
+
+
+def test_a_relist_reports_an_object_refused_meanwhile_as_deleted_once():
+    world = {"a": owned("a", 1)}
+    reader = ScriptedReader(
+        world, [([], "gone"), ([{"type": "MODIFIED", "object": owned("a", 3, owner=False)}], "end")]
+    )
+    original = reader.list_all
+
+    async def list_all(path, params, **options):
+        if reader.lists == 1:
+            world["a"] = owned("a", 2, owner=False)  # its owner reference removed while unwatched
+        return await original(path, params, **options)
+
+    reader.list_all = list_all
+    deltas: list = []
+    run(reader, deltas, trim=keep_owned)
+    assert names(deltas) == [("upsert", "a"), ("delete", "a")]
 
 
 def test_bookmarks_move_the_resume_point():

@@ -103,3 +103,62 @@ def test_deltas_track_the_truth_whatever_the_watch_drops(script, delivered):
             apply(seen.event(*event))
     apply(seen.relist(list(world.values())))
     assert {n: o["metadata"]["uid"] for n, o in view.items()} == {n: o["metadata"]["uid"] for n, o in world.items()}
+
+
+ops_with_refusals = st.lists(
+    st.one_of(
+        st.tuples(st.just("create"), names),
+        st.tuples(st.just("update"), names),
+        st.tuples(st.just("disown"), names),  # an update the consumer's transform refuses
+        st.tuples(st.just("delete"), names),
+        st.tuples(st.just("relist"), st.just("")),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops_with_refusals, st.lists(st.booleans(), min_size=40, max_size=40))
+def test_objects_a_transform_refuses_are_reported_gone_once_whatever_the_watch_drops(script, delivered):
+    """The informer hands a refused version to `dropped` and a relist only what it keeps: the
+    consumer's view is then the kept part of the world after every relist, every delete names
+    what it was shown, and a refused object is deleted once until it is shown again."""
+    world: dict[str, dict] = {}
+    refused: set[str] = set()
+    incarnation, version = 0, 0
+    seen, view = SeenObjects(), {}
+
+    def apply(deltas):
+        for delta in deltas:
+            meta = delta.obj["metadata"]
+            if delta.kind == "delete":
+                assert view.pop(meta["name"])["metadata"]["uid"] == meta["uid"], "a delete names what was shown"
+            else:
+                view[meta["name"]] = delta.obj
+
+    def kept_world():
+        return {n: o["metadata"]["uid"] for n, o in world.items() if n not in refused}
+
+    for (op, name), heard in zip(script, delivered, strict=False):
+        version += 1
+        if op == "relist":
+            apply(seen.relist([o for n, o in world.items() if n not in refused]))
+            assert {n: o["metadata"]["uid"] for n, o in view.items()} == kept_world()
+            continue
+        if op == "create" and name not in world:
+            incarnation += 1
+            world[name] = obj(name, f"{name}{incarnation}", version)
+            refused.discard(name)
+            event = ("ADDED", world[name])
+        elif op in ("update", "disown") and name in world:
+            world[name] = obj(name, world[name]["metadata"]["uid"], version)
+            (refused.add if op == "disown" else refused.discard)(name)
+            event = ("MODIFIED", world[name])
+        elif op == "delete" and name in world:
+            event = ("DELETED", obj(name, world.pop(name)["metadata"]["uid"], version))
+        else:
+            continue
+        if heard:
+            apply(seen.dropped(event[1]) if name in refused else seen.event(*event))
+    apply(seen.relist([o for n, o in world.items() if n not in refused]))
+    assert {n: o["metadata"]["uid"] for n, o in view.items()} == kept_world()

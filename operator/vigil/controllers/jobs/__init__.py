@@ -80,7 +80,7 @@ class JobController:
             self.view.pods,
             clock,
             rng,
-            knows_job=self.view.knows_job_uid,
+            knows_job=self.view.knows_job,
             scopes=sweep_scopes,
             accept=accept,
             sweep_seconds=sweep_seconds,
@@ -134,7 +134,7 @@ class JobController:
         self.handlers.listed = True
         self.worker.start()
         pods = self.view.pods
-        orphans = [pod for uid in pods.job_uids() if not self.view.knows_job_uid(uid) for pod in pods.of_job(uid)]
+        orphans = [pod for job in pods.jobs() if not self.view.knows_job(job) for pod in pods.of_job(job)]
         self.releaser.release_orphans(orphans)
         self.releaser.start_sweeping()
 

@@ -138,7 +138,7 @@ class Executor:
         existing = await self.kube.read_pod(namespace, pod_name)
         if existing is None:
             return
-        if podstate.is_controlled_by(existing, job_uid):
+        if podstate.belongs_to(existing, namespace, job_uid):
             self.view.pods.read(existing)  # the truth, whether or not the watch ever shows it
         else:
             self.view.strangers[key] = existing
@@ -146,5 +146,5 @@ class Executor:
 
     def _look_if_unseen(self, key: Key) -> None:
         job = self.view.job(key)
-        if job is not None and self.view.pods.unseen(job["metadata"]["uid"]):
+        if job is not None and self.view.pods.unseen((key[0], job["metadata"]["uid"])):
             self.queue.add(key)

@@ -18,7 +18,6 @@ from typing import Any
 from vigil import api
 from vigil.controllers.dispatcher import Dispatcher
 from vigil.controllers.jobs.orphans import Releaser
-from vigil.controllers.jobs.podcache import job_uid_of
 from vigil.controllers.jobs.view import ClusterView
 from vigil.core import podstate
 from vigil.core.liveness import beat_stamp_due
@@ -94,7 +93,7 @@ class JobEvents:
         key = key_of(body)
         if self.view.take(body, read=read):
             self.dispatcher.job_seen(body)
-            for pod in self.view.pods.of_job(body["metadata"]["uid"]):
+            for pod in self.view.pods.of_job((key[0], body["metadata"]["uid"])):
                 self._note_start(key, body, pod)
             self.on_job(*key, body["metadata"]["uid"])
         if look:
@@ -109,7 +108,7 @@ class JobEvents:
         if current is not None and current["metadata"]["uid"] == uid:
             self.forget(key)
         # Its pods can tell nobody anything any more: let them go.
-        pods = self.view.pods.drop_job(uid)
+        pods = self.view.pods.drop_job((key[0], uid))
         self.releaser.release(pods, f"the pods of deleted job {key[0]}/{key[1]}")
 
     def job_vanished(self, key: Key) -> None:
@@ -120,20 +119,26 @@ class JobEvents:
         job = self.view.job(key)
         self.forget(key)
         if job is not None:
-            self.releaser.release_orphans(self.view.pods.of_job(job["metadata"]["uid"]))
+            self.releaser.release_orphans(self.view.pods.of_job((key[0], job["metadata"]["uid"])))
 
     def pod_changed(self, pod: Mapping[str, Any], deleted: bool = False) -> None:
         """A pod of some job changed (the hot path: see the module docstring)."""
         view = self.view
+        job_ref = podstate.owning_job(pod)
+        if job_ref is None:
+            return  # nobody's pod (the pod watch keeps none: podstate.keep_job_pod)
         key = podstate.owner_key(pod)
         uid = pod["metadata"]["uid"]
         if deleted:
-            view.pod_gone(job_uid_of(pod), uid)
+            view.pod_gone(job_ref, uid)
+        elif view.forged(job_ref):
+            self._check_orphan(pod, job_ref)  # Vigil's finalizer on it has no reason to stay
+            return
         else:
-            previous = view.pods.get(job_uid_of(pod), uid)
+            previous = view.pods.get(job_ref, uid)
             if not view.pods.watched(pod):
                 return  # older than what a direct read showed
-            self._check_orphan(pod)
+            self._check_orphan(pod, job_ref)
             tracker = view.tracker
             beats = tracker.beats
             beat = tracker.observe(pod, self.clock.monotonic(), self.clock.wall())
@@ -158,15 +163,15 @@ class JobEvents:
         first): its queue counts it as running until status shows it, after a restart too."""
         attempt = podstate.attempt_of(pod)
         recorded = int((job.get("status") or {}).get("attempts") or 0)
-        if attempt is not None and attempt > recorded and podstate.is_controlled_by(pod, job["metadata"]["uid"]):
+        if attempt is not None and attempt > recorded and podstate.belongs_to(pod, key[0], job["metadata"]["uid"]):
             self.dispatcher.started_unseen(*key, attempt)
 
-    def _check_orphan(self, pod: Mapping[str, Any]) -> None:
+    def _check_orphan(self, pod: Mapping[str, Any], job: tuple[str, str]) -> None:
         """A pod held by Vigil's finalizer whose job is not known (deleted while the job watch
         lagged, say): released if the API server confirms the job is gone."""
         if (
             self.listed  # before the first listing, jobs may simply not be listed yet
-            and not self.view.knows_job_uid(job_uid_of(pod))
+            and not self.view.knows_job(job)
             and podstate.is_tracked(pod)
         ):
             self.releaser.release_orphan(pod)

@@ -19,7 +19,7 @@ import random
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
-from vigil.controllers.jobs.podcache import PodCache, job_uid_of
+from vigil.controllers.jobs.podcache import PodCache
 from vigil.core import orphans, podstate
 from vigil.core.backoff import reconcile_retry_delay
 from vigil.kube.operations import Kube
@@ -104,11 +104,12 @@ class Releaser:
 
     async def _release_orphans(self, pods: list[Pod]) -> None:
         for pod in pods:
-            key = podstate.owner_key(pod)
+            key, owner = podstate.owner_key(pod), podstate.owning_job(pod)
             job = await self.kube.read_job(*key) if key is not None else None
-            if orphans.orphaned(pod, job):  # the API server's word, not the cache's
+            if owner is None or orphans.orphaned(pod, job):  # the API server's word, not the cache's
                 await self._release([pod] if podstate.is_tracked(pod) else [])
-                self.pods.gone(job_uid_of(pod), pod["metadata"]["uid"])
+                if owner is not None:
+                    self.pods.gone(owner, pod["metadata"]["uid"])
 
     def _sweep_now(self) -> None:
         if self._sweep_task is None or self._sweep_task.done():  # a slow sweep does not pile up

@@ -1,6 +1,8 @@
-"""The operator's memory of Vigil's pods, filed by job UID.
+"""The operator's memory of Vigil's pods, filed by job: (namespace, job UID).
 
-It holds the newest snapshot of every pod labelled `vigil.dev/job-uid`, from three sources:
+It holds the newest snapshot of every pod that belongs to a VigilJob (`podstate.owning_job`:
+its controller reference is a VigilJob whose UID its `vigil.dev/job-uid` label repeats, in the
+pod's own namespace), from three sources:
 the pod watch (the usual one), the pods this operator created (written through at once, since
 the watch may show them late, and a decision must never miss a pod that exists: NoOverlap
 counts on it), and direct reads of the API server (the source of truth, asked before anything
@@ -11,8 +13,13 @@ A created pod the watch has not shown yet is kept until the watch shows it or a 
 says it is gone: never forgotten on a timer. `unseen()` lists them with their age so the shell
 can ask about those the watch is slow to show.
 
-Size: one dict per pod of a job Vigil knows, as `podstate.strip_pod` leaves it (metadata
-without managedFields; of the spec only nodeName; of the status only what `podstate` reads).
+A pod that belongs to no job is never filed (`put` refuses it), and a pod is filed under its
+own namespace, so a pod in another namespace carrying a job's UID can never be among that
+job's pods: the namespace is part of the key, not a check a caller may forget.
+
+Size: one dict per pod of a job, as `podstate.strip_pod` leaves it (its identity, Vigil's own
+labels and annotations, bounded; of the spec only nodeName; of the status only what `podstate`
+reads): docs/capacity-planning.md has the figures.
 """
 
 from __future__ import annotations
@@ -20,38 +27,36 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from vigil import api
 from vigil.core.objects import is_older
+from vigil.core.podstate import owning_job
 
 Pod = Mapping[str, Any]
-
-
-def job_uid_of(pod: Pod) -> str:
-    return (pod["metadata"].get("labels") or {}).get(api.LABEL_JOB_UID, "")
+JobRef = tuple[str, str]  # (namespace, job UID)
 
 
 class PodCache:
-    """Vigil's pods by job UID, then pod UID; plus when each created-but-unseen pod was made."""
+    """Vigil's pods by job (namespace, job UID), then pod UID; plus when each created-but-unseen
+    pod was made."""
 
     def __init__(self) -> None:
-        self._by_job: dict[str, dict[str, Pod]] = {}
+        self._by_job: dict[JobRef, dict[str, Pod]] = {}
         self._unseen: dict[str, float] = {}  # pod UID -> monotonic time this operator created it
 
     def __len__(self) -> int:
         return sum(len(pods) for pods in self._by_job.values())
 
-    def of_job(self, job_uid: str) -> list[Pod]:
-        return list(self._by_job.get(job_uid, {}).values())
+    def of_job(self, job: JobRef) -> list[Pod]:
+        return list(self._by_job.get(job, {}).values())
 
-    def job_uids(self) -> list[str]:
+    def jobs(self) -> list[JobRef]:
         return list(self._by_job)
 
-    def get(self, job_uid: str, uid: str) -> Pod | None:
-        return self._by_job.get(job_uid, {}).get(uid)
+    def get(self, job: JobRef, uid: str) -> Pod | None:
+        return self._by_job.get(job, {}).get(uid)
 
     def watched(self, pod: Pod) -> bool:
         """The watch showed `pod` (ADDED or MODIFIED). Returns False if it was older than the
-        snapshot held."""
+        snapshot held, or belongs to no job (then it is not kept)."""
         uid = pod["metadata"]["uid"]
         self._unseen.pop(uid, None)
         return self._put(pod)
@@ -66,44 +71,47 @@ class PodCache:
         self._unseen.pop(pod["metadata"]["uid"], None)
         self._put(pod)
 
-    def gone(self, job_uid: str, uid: str) -> Pod | None:
+    def gone(self, job: JobRef, uid: str) -> Pod | None:
         """The pod no longer exists (the watch's DELETED, a relist, or a direct 404)."""
         self._unseen.pop(uid, None)
-        pods = self._by_job.get(job_uid)
+        pods = self._by_job.get(job)
         if pods is None:
             return None
         pod = pods.pop(uid, None)
         if not pods:
-            del self._by_job[job_uid]
+            del self._by_job[job]
         return pod
 
-    def replace_job(self, job_uid: str, pods: Iterable[Pod]) -> list[Pod]:
-        """A direct list of the job's pods, the whole truth as of now: pods not in it are gone.
-        Returns the pods it dropped."""
-        truth = {pod["metadata"]["uid"]: pod for pod in pods}
-        dropped = [pod for uid, pod in self._by_job.get(job_uid, {}).items() if uid not in truth]
+    def replace_job(self, job: JobRef, pods: Iterable[Pod]) -> list[Pod]:
+        """A direct list of the job's pods, the whole truth as of now: pods not in it are gone
+        (and pods in it that are not the job's are not kept). Returns the pods it dropped."""
+        truth = {pod["metadata"]["uid"]: pod for pod in pods if owning_job(pod) == job}
+        dropped = [pod for uid, pod in self._by_job.get(job, {}).items() if uid not in truth]
         for pod in dropped:
-            self.gone(job_uid, pod["metadata"]["uid"])
+            self.gone(job, pod["metadata"]["uid"])
         for pod in truth.values():
             self.read(pod)
         return dropped
 
-    def drop_job(self, job_uid: str) -> list[Pod]:
+    def drop_job(self, job: JobRef) -> list[Pod]:
         """Forget a job's pods (the job is gone); returns them."""
-        pods = list(self._by_job.pop(job_uid, {}).values())
+        pods = list(self._by_job.pop(job, {}).values())
         for pod in pods:
             self._unseen.pop(pod["metadata"]["uid"], None)
         return pods
 
-    def unseen(self, job_uid: str) -> list[tuple[Pod, float]]:
+    def unseen(self, job: JobRef) -> list[tuple[Pod, float]]:
         """The job's pods this operator created that no watch event or read has shown yet, with
         when they were created."""
-        pods = self._by_job.get(job_uid, {})
+        pods = self._by_job.get(job, {})
         return [(pods[uid], at) for uid, at in self._unseen.items() if uid in pods]
 
     def _put(self, pod: Pod) -> bool:
-        uid, job_uid = pod["metadata"]["uid"], job_uid_of(pod)
-        pods = self._by_job.setdefault(job_uid, {})
+        job = owning_job(pod)
+        if job is None:
+            return False  # nobody's pod is never kept (podstate.owning_job)
+        uid = pod["metadata"]["uid"]
+        pods = self._by_job.setdefault(job, {})
         held = pods.get(uid)
         if held is not None and is_older(pod, held):
             return False

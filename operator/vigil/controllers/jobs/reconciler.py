@@ -120,13 +120,13 @@ class JobReconciler:
             return
         stranger = await self._recheck_stranger(key)
         extra = [stranger] if stranger is not None else []
-        decided = self._decide(key, job, self.view.pods.of_job(job_uid) + extra)
+        decided = self._decide(key, job, self.view.pods.of_job((namespace, job_uid)) + extra)
         held_back = decided.held_back
         why = doubt.doubt(job, decided.decision)
         if why is not None:
             # Never on a rumour: decide again on what the API server says now.
             pods = await self.read_pods(job)
-            self._take_pods_read(job_uid, pods)
+            self._take_pods_read((namespace, job_uid), pods)
             decided = self._decide(key, job, pods + extra)
             if doubt.doubt(job, decided.decision) != why:  # the watch missed a beat, a pod, a deletion
                 self.repair(f"a direct read of {namespace}/{key[1]}'s pods contradicts the watch: {why}")
@@ -203,7 +203,7 @@ class JobReconciler:
             return {}, None
         states: dict[str, str] = {}
         deadlines: list[float] = []
-        for pod in view.pods.of_job(job["metadata"]["uid"]):
+        for pod in view.pods.of_job((key[0], job["metadata"]["uid"])):
             uid = pod["metadata"]["uid"]
             states[uid] = view.tracker.liveness(uid, heartbeat, now).state
             if (deadline := view.tracker.deadline(uid, heartbeat, now)) is not None:
@@ -223,30 +223,32 @@ class JobReconciler:
         name = current.get("podName")
         if name and all(pod["metadata"]["name"] != name for pod in pods):
             pod = await self.kube.read_pod(namespace, name)
-            if pod is not None and podstate.is_controlled_by(pod, job_uid):
+            if pod is not None and podstate.belongs_to(pod, namespace, job_uid):
                 log.warning("pod %s/%s exists but the API server's list lacks it", namespace, name)
                 pods.append(pod)
         return pods
 
-    def _take_pods_read(self, job_uid: str, pods: list[Pod]) -> None:
-        """Folds a direct list of a job's pods into the view and the detector."""
+    def _take_pods_read(self, job: tuple[str, str], pods: list[Pod]) -> None:
+        """Folds a direct list of a job's pods (namespace, job UID) into the view and the
+        detector; a listed pod that is not the job's (`podstate.belongs_to`) is not taken."""
         view, now, wall = self.view, self.clock.monotonic(), self.clock.wall()
-        for pod in view.pods.replace_job(job_uid, pods):
+        for pod in view.pods.replace_job(job, pods):
             view.tracker.forget(pod["metadata"]["uid"])
         for pod in pods:
-            view.tracker.observe(pod, now, wall)
+            if podstate.belongs_to(pod, *job):
+                view.tracker.observe(pod, now, wall)
 
     async def _settle_unseen(self, namespace: str, job_uid: str) -> None:
         """Pods this operator created that the watch is slow to show are read directly: kept if
         they exist, dropped on 404. Never forgotten on a timer."""
-        pods = self.view.pods
+        pods, job = self.view.pods, (namespace, job_uid)
         horizon = self.clock.monotonic() - UNSEEN_CHECK_SECONDS
-        for pod, created_at in pods.unseen(job_uid):
+        for pod, created_at in pods.unseen(job):
             if created_at > horizon:
                 continue
             current = await self.kube.read_pod(namespace, pod["metadata"]["name"])
             if current is None or current["metadata"]["uid"] != pod["metadata"]["uid"]:
-                pods.gone(job_uid, pod["metadata"]["uid"])
+                pods.gone(job, pod["metadata"]["uid"])
             else:
                 pods.read(current)
                 if self.pods_fresh():  # a fresh watch that never showed a pod this old missed it
@@ -265,7 +267,7 @@ class JobReconciler:
                 return None
             self.handlers.job_seen(stored, look=False, read=True)
             job = self.view.jobs[key]
-            self._take_pods_read(job["metadata"]["uid"], await self.read_pods(job))
+            self._take_pods_read((key[0], job["metadata"]["uid"]), await self.read_pods(job))
             if (job.get("status") or {}).get("phase") != "Starting":
                 self.rechecks.clear(key)
                 return job

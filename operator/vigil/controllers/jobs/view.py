@@ -44,8 +44,17 @@ class ClusterView:
     def job(self, key: Key) -> Job | None:
         return self.jobs.get(key)
 
-    def knows_job_uid(self, uid: str) -> bool:
-        return uid in self._uids
+    def knows_job(self, job: tuple[str, str]) -> bool:
+        """Whether a job of that (namespace, UID) is in the view."""
+        key = self._uids.get(job[1])
+        return key is not None and key[0] == job[0]
+
+    def forged(self, job: tuple[str, str]) -> bool:
+        """Whether a pod filed under `job` (namespace, UID) names a job this view knows in another
+        namespace: UIDs are unique in a cluster, so such a pod is a forgery (another namespace's
+        pod carrying this job's UID in its label and owner reference), and is kept nowhere."""
+        key = self._uids.get(job[1])
+        return key is not None and key[0] != job[0]
 
     def take(self, body: Job, *, read: bool = False) -> bool:
         """Keeps `body` as the job's newest version; False when it is the version held, or an
@@ -73,7 +82,7 @@ class ClusterView:
         self.strangers.pop(key, None)
         return job
 
-    def pod_gone(self, job_uid: str, uid: str) -> None:
-        self.pods.gone(job_uid, uid)
+    def pod_gone(self, job: tuple[str, str], uid: str) -> None:
+        self.pods.gone(job, uid)
         self.tracker.forget(uid)
         self.looked_at.discard(uid)
