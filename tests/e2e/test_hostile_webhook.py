@@ -7,8 +7,9 @@ registered for the module's namespace alone. Each test is an attack and its expe
 
 - forged reviews for a victim's queue do not change the answer to the victim's real create;
 - malformed reviews are 400s that say what is wrong, and never a traceback;
-- 8 clients posting 3 MiB reviews (the cap; the slowest JSON to decode) in a loop neither stall
-  /healthz nor cost the operator its Lease, and real reviews are still judged meanwhile.
+- 8 clients posting large reviews in a loop (4 of 8 MiB, the old cap, 4 of 3 MiB, the new one;
+  the JSON slowest to decode) neither stall /healthz nor cost the operator its Lease, and real
+  reviews are still judged meanwhile.
 
 The figures each prints (run with -s) are in docs/admission.md.
 """
@@ -186,11 +187,11 @@ def healthz_ms(port: int) -> float:
 
 
 def test_eight_clients_posting_max_size_reviews_neither_stall_health_nor_lose_the_lease(bed: Bed, tmp_path: Path):
-    """The attack of finding 2: 8 clients post reviews of 3 MiB (the cap), the JSON slowest to
-    decode, in a loop, for 8 s. Decoding one on the event loop held it 0.5 s; eight at once
-    longer than the renew deadline. Now the loop stays free: /healthz answers at once throughout,
-    the Lease is renewed every retry period by the same holder, and a real review is still
-    judged while the flood goes on."""
+    """The attack of finding 2: 8 clients post large reviews of the JSON slowest to decode in a
+    loop for 8 s, 4 of 8 MiB (the old cap) and 4 of 3 MiB (the new one). Decoding them on the
+    event loop held it for seconds, past the renew deadline. Now the loop stays free: /healthz
+    answers at once throughout, the Lease is renewed every retry period by the same holder, and
+    a real review is still judged while the flood goes on."""
     seconds = 8.0
     leader = holder(bed.kube, bed.namespace)
     coordination = client.CoordinationV1Api(bed.kube.api)
@@ -208,11 +209,14 @@ def test_eight_clients_posting_max_size_reviews_neither_stall_health_nor_lose_th
                 renewals.append(renewed)
             stop.wait(0.2)
 
-    body = heavy_review(bed.namespace, "flooded", MAX_REQUEST_BYTES)
+    bodies = {size: heavy_review(bed.namespace, "flooded", size * 2**20) for size in (8, 3)}
     baseline = [healthz_ms(bed.health_port) for _ in range(20)]
     lease_thread = threading.Thread(target=watch_lease, daemon=True)
     lease_thread.start()
-    attackers = flood(f"https://127.0.0.1:{bed.webhook_port}{PATH}", bed.certs / "ca.crt", body, 8, seconds, tmp_path)
+    url = f"https://127.0.0.1:{bed.webhook_port}{PATH}"
+    attackers = {
+        size: flood(url, bed.certs / "ca.crt", body, 4, seconds, tmp_path / f"{size}") for size, body in bodies.items()
+    }
     judged_meanwhile = False
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -220,20 +224,20 @@ def test_eight_clients_posting_max_size_reviews_neither_stall_health_nor_lose_th
         if not judged_meanwhile and time.monotonic() > end - seconds / 2:
             judged_meanwhile = dry_run_refused(bed.kube, bed.namespace, PROBE_QUEUE)  # 429: judged, not ignored
         time.sleep(0.05)  # the sampling period of /healthz, not a wait for anything
-    out, _ = attackers.communicate(timeout=deadline(60))
+    statuses = {size: json.loads(attacker.communicate(timeout=deadline(60))[0]) for size, attacker in attackers.items()}
     stop.set()
     lease_thread.join(deadline(10))
-    statuses = json.loads(out)
     gaps = [b - a for a, b in zip(renewals, renewals[1:], strict=False)]
     print(
-        f"\n8 clients x {len(body) / 2**20:.0f} MiB reviews for {seconds:g}s: answers {statuses}; /healthz "
+        f"\n4 clients x 8 MiB and 4 x 3 MiB reviews for {seconds:g}s: answers by MiB {statuses}; /healthz "
         f"max {max(latencies):.0f} ms, p99 {statistics.quantiles(latencies, n=100)[-1]:.0f} ms, median "
         f"{statistics.median(latencies):.1f} ms over {len(latencies)} probes (idle: max {max(baseline):.0f} ms); "
         f"Lease renewed {len(renewals)} times, longest gap {max(gaps):.2f}s (renew deadline {RENEW_DEADLINE:g}s)"
     )
     assert bed.operator.proc is not None and bed.operator.proc.poll() is None, "the operator exited"
     assert holders == {leader} and holder(bed.kube, bed.namespace) == leader
-    assert int(statuses.get("200", 0)) >= 1, statuses  # the large reviews are decoded, not only refused
+    assert set(statuses[8]) == {"413"}, statuses  # over the cap: refused before a byte is read
+    assert int(statuses[3].get("200", 0)) >= 1, statuses  # at the cap: decoded, not only turned away
     assert judged_meanwhile, "a real review was not judged during the flood"
     assert max(gaps) < RENEW_DEADLINE, gaps
     # 1 s: the loop's lag under the flood is milliseconds; decoding one body on it took 500 ms.

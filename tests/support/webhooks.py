@@ -131,6 +131,7 @@ def flood(url: str, ca_file: Path, body: bytes, clients: int, seconds: float, sc
     """`clients` HTTPS clients posting `body` to `url` in a loop for `seconds`, in a process of
     their own (so that the test's own measurements do not wait for their GIL); it prints a JSON
     count of the answers' statuses when done."""
+    scratch.mkdir(parents=True, exist_ok=True)
     body_file = scratch / "flood-body.json"
     body_file.write_bytes(body)
     args = [sys.executable, "-c", FLOOD, url, str(ca_file), str(body_file), str(clients), str(seconds)]
