@@ -88,9 +88,12 @@ class Skimmer:
                         raise ValueError(f"an answer of {size} bytes")
                     answer = json.loads(await proc.stdout.readexactly(size))
             except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as err:
-                await self._kill()
+                self._kill()
                 reason = f"took over {self.timeout:g} s" if isinstance(err, TimeoutError) else f"failed ({err!r})"
                 raise SkimFailed(f"decoding the review {reason}") from None
+            except BaseException:  # cancelled mid-frame: the pipe is out of step, so the child goes
+                self._kill()
+                raise
         if "error" in answer:
             raise NotJson(answer["error"])
         return answer["fields"]
@@ -105,11 +108,11 @@ class Skimmer:
                 log.warning("admission webhook: restarted its parsing child (%d starts)", self.started)
         return self._proc
 
-    async def _kill(self) -> None:
+    def _kill(self) -> None:
+        """Kills the child (asyncio reaps it); the next body starts another."""
         proc, self._proc = self._proc, None
         if proc is not None and proc.returncode is None:
             proc.kill()
-            await proc.wait()
 
     async def close(self) -> None:
         """Ends the child: its input closes and it exits; killed if it does not at once."""

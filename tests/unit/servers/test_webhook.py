@@ -236,3 +236,19 @@ def test_the_skimmer_ends_its_child_when_closed():
         assert proc.returncode == 0
 
     asyncio.run(main())
+
+
+def test_a_decode_cancelled_midway_leaves_no_child_out_of_step():
+    async def main() -> None:
+        skimmer = Skimmer()
+        task = asyncio.create_task(skimmer.skim(b'{"kind": "AdmissionReview", "pad": "' + b"x" * 8_000_000 + b'"}'))
+        while skimmer._proc is None:
+            await asyncio.sleep(0)  # until the child is started and the body on its way
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await skimmer.skim(b'{"kind": "AdmissionReview"}') == {"kind": "AdmissionReview"}
+        assert skimmer.started == 2
+        await skimmer.close()
+
+    asyncio.run(main())
