@@ -76,9 +76,9 @@ class Skimmer:
         """What `vigil.core.reviewbody.skim(body)` returns, computed in the child; raises NotJson
         as it does, and SkimFailed when the child could not answer."""
         async with self._lock:
-            proc = await self._running()
-            assert proc.stdin is not None and proc.stdout is not None
             try:
+                proc = await self._running()  # OSError if it cannot be started (no memory, no PIDs left)
+                assert proc.stdin is not None and proc.stdout is not None
                 async with asyncio.timeout(self.timeout):
                     proc.stdin.write(skim_child.HEADER.pack(len(body)))
                     proc.stdin.write(body)
@@ -87,6 +87,8 @@ class Skimmer:
                     if size > MAX_REQUEST_BYTES:
                         raise ValueError(f"an answer of {size} bytes")
                     answer = json.loads(await proc.stdout.readexactly(size))
+                    if not isinstance(answer, dict) or not ("error" in answer or "fields" in answer):
+                        raise ValueError(f"an answer that is no frame of skim_child's: {str(answer)[:80]}")
             except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as err:
                 self._kill()
                 reason = f"took over {self.timeout:g} s" if isinstance(err, TimeoutError) else f"failed ({err!r})"
