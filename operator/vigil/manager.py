@@ -32,7 +32,6 @@ from vigil import api
 from vigil.controllers.dispatcher import Dispatcher
 from vigil.controllers.jobs import JobController, job_queue
 from vigil.controllers.queues import QueueStatusController
-from vigil.core.admission import Pending
 from vigil.core.election import ElectionConfig
 from vigil.core.objects import strip, strip_job
 from vigil.core.podstate import keep_job_pod
@@ -200,7 +199,6 @@ class Operator:
         )
         self.informers = [*self.jobs_watch.informers, *self.queues_watch.informers, *self.pods_watch.informers]
 
-        self.pending = Pending()  # jobs the webhook admitted that the job watch has not shown yet
         book = QueueBook()
         queue = job_queue(clock, metrics)
         self.queues = QueueStatusController(kube, book, clock=clock, metrics=metrics)
@@ -216,7 +214,6 @@ class Operator:
             workers=settings.workers,
             pods_fresh=self.pods_watch.fresh,
             repair=self.pods_watch.repair,
-            on_job=self._job_seen,
             # The orphan sweep lists pods where the watches do, and keeps what they keep.
             sweep_scopes=watch_scopes(settings.namespaces)[0],
             accept=watch_scopes(settings.namespaces)[1],
@@ -240,7 +237,6 @@ class Operator:
 
             self.webhook = WebhookServer(
                 lookup,
-                self.pending,
                 exists=lambda namespace, name: (namespace, name) in self.jobs.view.jobs,
                 on_refused=lambda namespace, queue: metrics.queue_refusals.labels(namespace, queue).inc(),
                 clock=clock,
@@ -259,11 +255,6 @@ class Operator:
         # Started in this order, stopped in the reverse: the controllers' in-flight writes end,
         # then their last events are posted, then the mark goes, then the Lease.
         self.leader_only: list[Runnable] = [*mark, self.dispatcher, self.events, self.queues, self.jobs]
-
-    def _job_seen(self, namespace: str, name: str, uid: str | None) -> None:
-        """The job watch took a version of this job (or its deletion, uid None): the webhook no
-        longer counts it as admitted but unseen."""
-        self.pending.seen(namespace, name, uid or "")
 
     def manager(self) -> Manager:
         return Manager(

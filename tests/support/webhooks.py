@@ -4,7 +4,11 @@ server calls it."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client
@@ -64,3 +68,71 @@ def register_and_wait(
     register(kube.api, configuration)
     create_queue(PROBE_QUEUE)
     wait_until(lambda: dry_run_refused(kube, namespace, PROBE_QUEUE), 30, "the webhook configuration to take effect")
+
+
+# ------------------------------------------------------------------------- hostile callers
+
+
+def admission_review(namespace: str, name: str, queue: str, *, uid: str | None = None) -> dict[str, Any]:
+    """A review of a VigilJob create as the API server sends it, for posting to the webhook
+    directly (a forgery: nothing is created)."""
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid or f"forged-{name}",
+            "kind": {"group": GROUP, "version": VERSION, "kind": "VigilJob"},
+            "resource": {"group": GROUP, "version": VERSION, "resource": PLURAL},
+            "name": name,
+            "namespace": namespace,
+            "operation": "CREATE",
+            "dryRun": False,
+            "object": {**vigil_job(name, queue=queue), "metadata": {"name": name, "namespace": namespace}},
+        },
+    }
+
+
+def heavy_review(namespace: str, queue: str, size: int) -> bytes:
+    """A review of `size` bytes whose bulk is the JSON slowest to decode (an array of empty
+    objects: 0.5 s for 3 MiB on the 2-core bed, as much memory as it gets)."""
+    head = json.dumps(admission_review(namespace, "heavy", queue)).encode()
+    # spliced into the job's spec: {"queue": ..., "pad": [{},{},...]}
+    room = size - len(head) - len(b', "pad": []')
+    pad = b"[" + b",".join([b"{}"] * max(0, (room + 1) // 3)) + b"]"
+    body = head.replace(b'"queue": "' + queue.encode() + b'"', b'"queue": "' + queue.encode() + b'", "pad": ' + pad, 1)
+    return body[:size] if len(body) > size else body
+
+
+FLOOD = r"""
+import asyncio, collections, json, ssl, sys, time
+import aiohttp
+url, ca, body_file, clients, seconds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
+body = open(body_file, "rb").read()
+context = ssl.create_default_context(cafile=ca)
+statuses = collections.Counter()
+async def client(end):
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1, ssl=context)) as session:
+        while time.monotonic() < end:
+            try:
+                async with session.post(url, data=body, timeout=aiohttp.ClientTimeout(total=30)) as response:
+                    await response.read()
+                    statuses[str(response.status)] += 1
+            except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+                statuses[type(err).__name__] += 1
+async def main():
+    end = time.monotonic() + seconds
+    await asyncio.gather(*(client(end) for _ in range(clients)))
+asyncio.run(main())
+print(json.dumps(statuses))
+"""
+
+
+def flood(url: str, ca_file: Path, body: bytes, clients: int, seconds: float, scratch: Path) -> subprocess.Popen:
+    """`clients` HTTPS clients posting `body` to `url` in a loop for `seconds`, in a process of
+    their own (so that the test's own measurements do not wait for their GIL); it prints a JSON
+    count of the answers' statuses when done."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    body_file = scratch / "flood-body.json"
+    body_file.write_bytes(body)
+    args = [sys.executable, "-c", FLOOD, url, str(ca_file), str(body_file), str(clients), str(seconds)]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, text=True)

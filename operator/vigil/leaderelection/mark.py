@@ -1,6 +1,6 @@
 """The leader's mark on its own pod, `vigil.dev/leader: <lease name>`, which the admission
-webhook's Service selects, so that one replica answers admission (docs/admission.md: with one
-process answering, a burst cannot overshoot maxQueued; with N answering, by up to (N-1) x maxQueued).
+webhook's Service selects, so that one replica, one watch, answers admission (docs/admission.md:
+the overshoot of a burst is what the answering replica's watch has not shown yet).
 
 The leader sets the mark on its pod as it begins to act, and removes it from every other pod
 that carries it: a deposed leader exits fenced, unable to write, and its restarted container

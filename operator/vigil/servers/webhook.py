@@ -1,14 +1,19 @@
 """The admission webhook's shell: an HTTPS server (aiohttp) that answers AdmissionReviews with
-`vigil.core.admission.review`, plus what it takes to run one: a self-signed certificate for local use
+`vigil.core.admission`, plus what it takes to run one: a self-signed certificate for local use
 and the ValidatingWebhookConfiguration that points the API server at it.
 
-The decisions (failurePolicy Ignore, timeout 5 s, the overshoot bound, the certificate and its
-rotation) are argued in docs/admission.md.
+The decisions (stateless answers, failurePolicy Ignore, timeout 5 s, the overshoot bound, the
+limits below, the certificate and its rotation) are argued in docs/admission.md.
 
-It runs in the operator's event loop, beside the watches, so `lookup` reads the operator's
-cache directly and `Pending.seen` is called by the job watch in the same loop. The certificate
-files are re-read when they change (a renewed Secret, mounted by the kubelet, or cert-manager's
-renewal), so a rotation needs no restart.
+It runs in the operator's only event loop, the one that renews the Lease, runs the watches and
+answers /healthz, so `lookup` reads the operator's cache directly, and nothing a caller sends may
+hold that loop: anyone who can reach the port can post to it. So a body is capped
+(MAX_REQUEST_BYTES), must arrive within READ_SECONDS, and reviews in flight are capped (the
+excess is answered 503 at once); a small body is decoded on the loop (at most ~5 ms), a larger one
+in a child process (`Skimmer`), since a decoder holds the GIL and a thread would not free the
+loop. Every malformed review is a 4xx saying what is wrong. The certificate files are re-read
+when they change (a renewed Secret, mounted by the kubelet, or cert-manager's renewal), so a
+rotation needs no restart.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import logging
 import shutil
 import ssl
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -30,7 +36,9 @@ from aiohttp import web
 
 from vigil import api
 from vigil.core import admission
+from vigil.core.reviewbody import NotJson, skim
 from vigil.runtime.clock import SYSTEM, Clock
+from vigil.servers import skim_child
 from vigil.servers.http import Server, serve, split_address
 
 log = logging.getLogger(__name__)
@@ -39,10 +47,91 @@ PATH = "/validate-vigiljob"
 WEBHOOK_NAME = "maxqueued.vigil.dev"  # the webhook's name inside the configuration (API errors cite it)
 FAILURE_POLICY = "Ignore"  # docs/admission.md: durable submission over an exact cap
 TIMEOUT_SECONDS = 5
-# An AdmissionReview carries the whole job; the API server takes request bodies up to 3 MiB and
-# etcd objects up to 1.5 MiB, so 8 MiB is a cap on garbage, not on any legal job.
-MAX_REQUEST_BYTES = 8 * 1024 * 1024
+# The API server takes request bodies up to 3 MiB and etcd stores objects up to 1.5 MiB: a
+# review of a create over 3 MiB carries a job etcd would refuse anyway, so refusing the review
+# (413, admitted by failurePolicy Ignore, then refused by etcd) changes no outcome.
+MAX_REQUEST_BYTES = 3 * 1024 * 1024
+# Bodies up to this size are decoded on the loop: the worst JSON of 32 KiB (tiny objects) takes
+# ~5 ms there on the 2-core bed; an ordinary job's review is a few KiB. Larger ones go to the child.
+INLINE_BYTES = 32 * 1024
+READ_SECONDS = 2.0  # for the whole body to arrive: the API server sends it at once, and waits 5 s
+PARSE_SECONDS = 3.0  # for the child to decode one (a hostile 3 MiB body takes ~0.5 s on the bed)
+MAX_SMALL_IN_FLIGHT = 32  # reviews of bodies up to INLINE_BYTES being read or answered at once
+MAX_LARGE_IN_FLIGHT = 2  # larger (or of unknown length): one decoding in the child, one next in line
 CERT_RELOAD_SECONDS = 10.0  # how often the certificate files are checked for a renewal
+
+
+class Skimmer:
+    """A child process (`vigil.servers.skim_child`) that decodes large review bodies off the
+    event loop and sends back only the fields admission reads. One body at a time; started on
+    first use, and again after it dies or overruns PARSE_SECONDS (then it is killed)."""
+
+    def __init__(self, timeout: float = PARSE_SECONDS) -> None:
+        self.timeout = timeout
+        self.started = 0  # children started, for the tests and the log
+        self._proc: asyncio.subprocess.Process | None = None
+        self._lock = asyncio.Lock()
+
+    async def skim(self, body: bytes) -> Any:
+        """What `vigil.core.reviewbody.skim(body)` returns, computed in the child; raises NotJson
+        as it does, and SkimFailed when the child could not answer."""
+        async with self._lock:
+            try:
+                proc = await self._running()  # OSError if it cannot be started (no memory, no PIDs left)
+                assert proc.stdin is not None and proc.stdout is not None
+                async with asyncio.timeout(self.timeout):
+                    proc.stdin.write(skim_child.HEADER.pack(len(body)))
+                    proc.stdin.write(body)
+                    await proc.stdin.drain()
+                    (size,) = skim_child.HEADER.unpack(await proc.stdout.readexactly(skim_child.HEADER.size))
+                    if size > MAX_REQUEST_BYTES:
+                        raise ValueError(f"an answer of {size} bytes")
+                    answer = json.loads(await proc.stdout.readexactly(size))
+                    if not isinstance(answer, dict) or not ("error" in answer or "fields" in answer):
+                        raise ValueError(f"an answer that is no frame of skim_child's: {str(answer)[:80]}")
+            except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as err:
+                self._kill()
+                reason = f"took over {self.timeout:g} s" if isinstance(err, TimeoutError) else f"failed ({err!r})"
+                raise SkimFailed(f"decoding the review {reason}") from None
+            except BaseException:  # cancelled mid-frame: the pipe is out of step, so the child goes
+                self._kill()
+                raise
+        if "error" in answer:
+            raise NotJson(answer["error"])
+        return answer["fields"]
+
+    async def _running(self) -> asyncio.subprocess.Process:
+        if self._proc is None or self._proc.returncode is not None:
+            self._proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", skim_child.__name__, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+            )
+            self.started += 1
+            if self.started > 1:
+                log.warning("admission webhook: restarted its parsing child (%d starts)", self.started)
+        return self._proc
+
+    def _kill(self) -> None:
+        """Kills the child (asyncio reaps it); the next body starts another."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.returncode is None:
+            proc.kill()
+
+    async def close(self) -> None:
+        """Ends the child: its input closes and it exits; killed if it does not at once."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.returncode is not None:
+            return
+        assert proc.stdin is not None
+        proc.stdin.close()
+        try:
+            await asyncio.wait_for(proc.wait(), 2)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+class SkimFailed(Exception):
+    """The parsing child died or overran its deadline: the review is answered 503."""
 
 
 class WebhookServer:
@@ -50,30 +139,35 @@ class WebhookServer:
 
     lookup: (namespace, queue) -> (the queue's spec or None, jobs of it waiting now), from the
         operator's cache, without I/O.
-    pending: jobs this server admitted that the watch has not shown yet; the job watch calls
-        `pending.seen(namespace, name, uid)` for every job it delivers.
     exists: (namespace, name) -> whether that job is already known (optional): its create will
-        get AlreadyExists, so it is not counted.
+        get AlreadyExists, so it is let through.
+
+    Each answer is a function of its review and the cache alone (`admission.decide`): nothing a
+    review carries is remembered, so no one who can post here can change another's answer.
     """
 
     def __init__(
         self,
         lookup: admission.Lookup,
-        pending: admission.Pending | None = None,
         *,
         exists: Callable[[str, str], bool] | None = None,
         clock: Clock = SYSTEM,
         reload_seconds: float = CERT_RELOAD_SECONDS,
         on_refused: Callable[[str, str], None] = lambda namespace, queue: None,
+        read_seconds: float = READ_SECONDS,
+        skimmer: Skimmer | None = None,
     ) -> None:
         self.lookup = lookup
         self.on_refused = on_refused  # (namespace, queue) of each refusal, for the metrics
-        self.pending = pending if pending is not None else admission.Pending()
         self.exists = exists
         self.clock = clock
         self.reload_seconds = reload_seconds
+        self.read_seconds = read_seconds
+        self.skimmer = skimmer if skimmer is not None else Skimmer()
         self.reviews = 0  # answered AdmissionReviews
         self.refusals = 0  # of which refused
+        self.turned_away = 0  # requests answered 503 because too many were in flight
+        self.in_flight = {"small": 0, "large": 0}
         self._server: Server | None = None
         self._reloader: asyncio.Task | None = None
 
@@ -103,24 +197,50 @@ class WebhookServer:
         if self._server is not None:
             await self._server.stop()
             self._server = None
+        await self.skimmer.close()
 
-    async def _handle(self, request: web.Request) -> web.Response:
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        length = request.content_length
+        if length is not None and length > MAX_REQUEST_BYTES:
+            why = f"a review of {length} bytes is over this webhook's limit of {MAX_REQUEST_BYTES}"
+            return await _refuse(request, 413, why, unread=True)
+        size = "small" if length is not None and length <= INLINE_BYTES else "large"
+        limit = MAX_SMALL_IN_FLIGHT if size == "small" else MAX_LARGE_IN_FLIGHT
+        if self.in_flight[size] >= limit:
+            self.turned_away += 1
+            what = f"up to {INLINE_BYTES} bytes" if size == "small" else f"over {INLINE_BYTES} bytes (or unstated)"
+            why = f"this webhook is answering {limit} reviews of {what} already; retry"
+            return await _refuse(request, 503, why, unread=True)
+        self.in_flight[size] += 1
         try:
-            body = await request.json(loads=json.loads)
-        except web.HTTPException:
-            raise  # 413 for a body over MAX_REQUEST_BYTES
-        except (ValueError, UnicodeDecodeError):
-            return web.Response(status=400, text="expected a JSON AdmissionReview v1\n")
+            return await self._answer(request, size == "small")
+        finally:
+            self.in_flight[size] -= 1
+
+    async def _answer(self, request: web.Request, small: bool) -> web.StreamResponse:
         try:
-            answer = admission.review(body, self.lookup, self.pending, self.clock.monotonic(), self.exists)
-        except admission.BadReview as err:
-            return web.Response(status=400, text=f"{err}\n")
+            async with asyncio.timeout(self.read_seconds):
+                body = await request.read()
+        except TimeoutError:
+            why = f"the review's body did not arrive within {self.read_seconds:g} s"
+            return await _refuse(request, 408, why, unread=True)
+        except web.HTTPRequestEntityTooLarge:  # no Content-Length, and more than the limit came
+            why = f"the review is over this webhook's limit of {MAX_REQUEST_BYTES} bytes"
+            return await _refuse(request, 413, why, unread=True)
+        try:
+            fields = skim(body) if small and len(body) <= INLINE_BYTES else await self.skimmer.skim(body)
+            submission = admission.read(fields)
+        except (NotJson, admission.BadReview) as err:
+            return await _refuse(request, 400, str(err))
+        except SkimFailed as err:
+            log.warning("admission webhook: %s (%d bytes)", err, len(body))
+            return await _refuse(request, 503, f"{err}; retry")
+        verdict = admission.decide(submission, self.lookup, self.exists)
         self.reviews += 1
-        if not answer["response"]["allowed"]:
+        if not verdict.allowed:
             self.refusals += 1
-            submission = admission.parse(body)
             self.on_refused(submission.namespace, submission.queue)
-        return web.json_response(answer)
+        return web.json_response(admission.response(submission.review_uid, verdict))
 
     async def _reload(self, context: ssl.SSLContext, cert_file: Path, key_file: Path) -> None:
         """Loads a renewed certificate into the live context: new handshakes use it at once."""
@@ -137,6 +257,22 @@ class WebhookServer:
                 continue
             loaded = current
             log.info("admission webhook: loaded the renewed certificate from %s", cert_file)
+
+
+async def _refuse(request: web.Request, status: int, why: str, *, unread: bool = False) -> web.StreamResponse:
+    """A request the webhook answers without a verdict: the API server applies failurePolicy
+    (Ignore: the create is admitted unchecked), and a person posting by hand reads why.
+
+    unread: the body was not read (all of it): the connection is closed once the answer is out.
+    Otherwise aiohttp would go on reading the rest, up to 10 s of it, on the loop, to discard it.
+    """
+    response = web.Response(status=status, text=f"{why}\n")
+    if unread:
+        response.force_close()
+        await response.prepare(request)
+        await response.write_eof()
+        request.protocol.force_close()
+    return response
 
 
 def _read_pair(cert_file: Path, key_file: Path) -> tuple[bytes, bytes] | None:
@@ -237,7 +373,7 @@ def webhook_configuration(
             }
         ],
         "failurePolicy": failure_policy,
-        "sideEffects": "None",  # Pending is this process's memory, and dry runs are not recorded
+        "sideEffects": "None",  # a review is answered and forgotten: nothing is recorded, dry run or not
         "admissionReviewVersions": ["v1"],
         "timeoutSeconds": timeout_seconds,
         "matchPolicy": "Equivalent",
