@@ -224,7 +224,7 @@ class Operator:
 
         self.always: list[Runnable] = []
         if settings.health_address:
-            self.always.append(_Served("health", settings.health_address, lambda: health.routes(self.informers)))
+            self.always.append(_Served("health", settings.health_address, self._health_routes))
         if settings.metrics_address:
             self.always.append(
                 _Served("metrics", settings.metrics_address, lambda: metrics_server.routes(metrics.registry))
@@ -254,6 +254,9 @@ class Operator:
         # Started in this order, stopped in the reverse: the controllers' in-flight writes end,
         # then their last events are posted, then the mark goes, then the Lease.
         self.leader_only: list[Runnable] = [*mark, self.dispatcher, self.events, self.queues, self.jobs]
+
+    def _health_routes(self) -> list:
+        return health.routes(self.informers, checks=[self.jobs.worker.health, self.queues.worker.health])
 
     def _job_seen(self, namespace: str, name: str, uid: str | None) -> None:
         """The job watch took a version of this job (or its deletion, uid None): the webhook no

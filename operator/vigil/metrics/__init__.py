@@ -72,6 +72,12 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.worker_crashes = Counter(
+            "vigil_worker_crashes_total",
+            "Workers that ended by an exception and were restarted, by controller.",
+            ["controller"],
+            registry=r,
+        )
         self.leader = Gauge(
             "leader_election_master_status",
             "1 while this process leads (or runs without election), 0 while it stands by.",
