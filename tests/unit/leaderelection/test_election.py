@@ -40,6 +40,8 @@ from vigil.core.election import (
     LeaseVerdict,
     SeenRecord,
     StopReason,
+    fenced_timeout,
+    go_duration,
     micro_time,
     observe,
 )
@@ -1058,3 +1060,11 @@ def test_each_process_names_its_identity_in_its_user_agent():
     elector = LeaderElector.for_lease(lease_client, "ns", "lease", identity="pod-b_abc")
     assert isinstance(elector.api, LeaseStore) and elector.api.client is lease_client
     assert elector.identity == "pod-b_abc"
+
+
+def test_a_fenced_write_is_bounded_by_the_time_left_and_the_api_server_told_no_later():
+    assert fenced_timeout(None, 20.0) is None, "no election: no bound"
+    assert fenced_timeout(3.5, 20.0) == 3.5
+    assert fenced_timeout(30.0, 20.0) == 20.0
+    assert fenced_timeout(-1.0, 20.0) == 0.0
+    assert go_duration(3.5) == "3500ms" and go_duration(0.0123456) == "12ms" and go_duration(0.0) == "1ms"
