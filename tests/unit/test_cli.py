@@ -19,3 +19,11 @@ def test_a_pod_watch_pace_out_of_range_is_refused_with_its_bounds(pace: str, cap
 def test_a_webhook_address_without_its_certificate_is_refused(capsys: pytest.CaptureFixture[str]):
     assert cli.main(["operator", "--webhook-address", "0.0.0.0:9443"]) == 2
     assert "--webhook-address needs --webhook-cert-file and --webhook-key-file" in capsys.readouterr().err
+
+
+def test_a_metrics_address_without_a_certificate_is_refused_unless_insecure_is_asked_for(
+    capsys: pytest.CaptureFixture[str],
+):
+    assert cli.main(["operator", "--metrics-address", "0.0.0.0:8081"]) == 2
+    err = capsys.readouterr().err
+    assert "--metrics-address needs --metrics-cert-file and --metrics-key-file" in err and "--metrics-insecure" in err

@@ -155,6 +155,13 @@ class Metrics:
             ["resource"],
             registry=r,
         )
+        self.metrics_requests = Counter(
+            "vigil_metrics_requests_total",
+            "Scrapes of the secure /metrics by HTTP code: 401 no or a refused token, 403 no permission, "
+            "429 too many unknown tokens at once, 503 the API server could not review.",
+            ["code"],
+            registry=r,
+        )
         self.events_dropped = Counter(
             "vigil_events_dropped_total",
             "Kubernetes Events not posted because too many waited already (vigil.kube.events).",
