@@ -232,7 +232,7 @@ class Operator:
         self.queues_watch.add_handler(self.dispatcher.queue_delta)
         self.queues_watch.add_handler(self.queues.queue_delta)
         self.pods_watch.add_handler(self.jobs.handlers.pod_delta)
-        metrics.collect_from(StateCollector(lambda: list(self.jobs.view.jobs.values()), self.dispatcher.queue_numbers))
+        metrics.collect_from(StateCollector(lambda: self.jobs.view.phases, self.dispatcher.queue_numbers))
 
         self.always: list[Runnable] = []
         if settings.health_address:

@@ -35,7 +35,7 @@ class QueueStatusController:
     def __init__(
         self, kube: Kube, book: QueueBook, *, clock: Clock, metrics: Metrics, rng: random.Random | None = None
     ) -> None:
-        self.kube, self.book, self.clock = kube, book, clock
+        self.kube, self.book, self.clock, self.metrics = kube, book, clock, metrics
         self.queue: WorkQueue[QueueKey] = WorkQueue(
             clock,
             on_add=metrics.workqueue_adds.labels(QUEUE_CONTROLLER).inc,
@@ -50,6 +50,7 @@ class QueueStatusController:
         meta = delta.obj["metadata"]
         key = (meta["namespace"], meta["name"])
         if delta.kind == "delete":
+            self.metrics.forget_queue(*key)
             self.queues.pop(key, None)
             self._written.pop(key, None)
             self._written_at.pop(key, None)

@@ -7,6 +7,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 
 from tests.support.clock import FakeClock
 from vigil.controllers.queues import STATUS_PERIOD_SECONDS, QueueStatusController
@@ -119,3 +120,14 @@ def test_a_status_write_refused_for_a_stale_version_is_retried_soon_on_the_newer
 
     versions, written = asyncio.run(scenario())
     assert versions == ["5", "6"] and written == 1
+
+
+def test_a_deleted_queue_takes_its_series_with_it():
+    async def scenario() -> bytes:
+        clock, api, book, queues = await started()
+        queues.metrics.queue_starts.labels("ns", "batch").inc()
+        queues.queue_delta(Delta("delete", QUEUE))
+        await queues.stop()
+        return generate_latest(queues.metrics.registry)
+
+    assert b'queue="batch"' not in asyncio.run(scenario())

@@ -89,7 +89,8 @@ def test_no_token_a_refused_one_and_one_without_permission_are_kept_out():
         assert status == 403 and "/metrics" in text
         status, text = await scrape("prom-token")
         assert status == 200 and "workqueue_depth" in text and "vigil_metrics_requests_total" in text
-        assert api.reviews == ["TokenReview", "TokenReview", "SubjectAccessReview", "TokenReview", "SubjectAccessReview"]
+        reviews = ["TokenReview", "TokenReview", "SubjectAccessReview", "TokenReview", "SubjectAccessReview"]
+        assert api.reviews == reviews
 
     scenario(steps)
 
