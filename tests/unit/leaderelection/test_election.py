@@ -936,6 +936,8 @@ def test_shell_a_leader_cut_off_stops_at_its_renew_deadline_before_the_lease_exp
         assert not await time.until(b.leading.is_set, 5)
         api_a.broken = True
         last_renewal = server.writes[-1][0]
+        # The fence says how long it stays open: a write's answer must come within that.
+        assert a.check() == pytest.approx(last_renewal + SHELL.renew_deadline - time.now)
         assert await time.until(task_a.done, 30)
         assert task_a.result() is StopReason.DEADLINE and stops == [StopReason.DEADLINE]
         stopped_at = time.now
