@@ -319,6 +319,9 @@ def mark_changes(own: str, lease: str, marked: Iterable[str]) -> dict[str, str |
     return {own: lease, **{name: None for name in sorted(set(marked)) if name != own}}
 
 
+MIN_WRITE_TIMEOUT = 0.001
+
+
 def fenced_timeout(time_left: float | None, ceiling: float) -> float | None:
     """The timeout of a fenced write sent with `time_left` seconds before the fence closes (None:
     no fence, no bound): the time left, never more than `ceiling`. A write may wait for its
@@ -329,7 +332,8 @@ def fenced_timeout(time_left: float | None, ceiling: float) -> float | None:
     unless the request spent more than the margin on its way to the API server."""
     if time_left is None:
         return None
-    return max(0.0, min(time_left, ceiling))
+    # Never 0: aiohttp reads a timeout of 0 as none at all.
+    return max(MIN_WRITE_TIMEOUT, min(time_left, ceiling))
 
 
 def go_duration(seconds: float) -> str:
