@@ -464,7 +464,8 @@ class Operator:
         self.metrics_port, self.health_port = free_port(), free_port()
         vigil = Path(sys.executable).with_name("vigil")
         args = [str(vigil), "operator", "-n", namespace, "--log-level", "warning"]
-        args += ["--metrics-address", f"127.0.0.1:{self.metrics_port}"]
+        # Plain HTTP on 127.0.0.1: the bench reads its own operator's metrics, nobody else can.
+        args += ["--metrics-address", f"127.0.0.1:{self.metrics_port}", "--metrics-insecure"]
         args += ["--health-address", f"127.0.0.1:{self.health_port}", *extra]
         self.log_path = log_path
         with open(log_path, "ab") as out:

@@ -82,6 +82,16 @@ def _operator(args: argparse.Namespace) -> int:
             print("vigil operator: --webhook-address needs --webhook-cert-file and --webhook-key-file", file=sys.stderr)
             return 2
         webhook = (args.webhook_address, args.webhook_cert_file, args.webhook_key_file)
+    metrics_tls = None
+    if args.metrics_address and not args.metrics_insecure:
+        if not (args.metrics_cert_file and args.metrics_key_file):
+            print(
+                "vigil operator: --metrics-address needs --metrics-cert-file and --metrics-key-file (metrics are "
+                "served over HTTPS to authorized tokens), or --metrics-insecure for plain HTTP to anyone",
+                file=sys.stderr,
+            )
+            return 2
+        metrics_tls = (args.metrics_cert_file, args.metrics_key_file)
     lease = None
     if args.leader_elect:
         try:
@@ -99,6 +109,8 @@ def _operator(args: argparse.Namespace) -> int:
         workers=args.workers,
         health_address=args.health_address,
         metrics_address=args.metrics_address,
+        metrics_tls=metrics_tls,
+        metrics_insecure=args.metrics_insecure,
         webhook=webhook,
         lease=lease,
         pod_watch_pace=args.pod_watch_pace,
@@ -183,7 +195,17 @@ def main(argv: list[str] | None = None) -> int:
         "--metrics-address",
         metavar="HOST:PORT",
         default=None,
-        help="serve Prometheus metrics at http://HOST:PORT/metrics (default: none)",
+        help="serve Prometheus metrics at https://HOST:PORT/metrics to bearer tokens allowed `get` on the "
+        "non-resource URL /metrics (a TokenReview and a SubjectAccessReview; needs --metrics-cert-file and "
+        "--metrics-key-file), or with --metrics-insecure at http://HOST:PORT/metrics to anyone (default: none)",
+    )
+    operator.add_argument("--metrics-cert-file", metavar="FILE", help="the metrics server's TLS certificate (PEM)")
+    operator.add_argument("--metrics-key-file", metavar="FILE", help="the metrics server's TLS key (PEM)")
+    operator.add_argument(
+        "--metrics-insecure",
+        action="store_true",
+        help="serve /metrics over plain HTTP without authentication: only where no one else can reach "
+        "the address (e.g. 127.0.0.1)",
     )
     operator.add_argument(
         "--webhook-address",

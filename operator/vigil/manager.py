@@ -24,6 +24,7 @@ import asyncio
 import fnmatch
 import logging
 import signal
+import ssl
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -75,6 +76,10 @@ class OperatorSettings:
     workers: int = 4
     health_address: str | None = None
     metrics_address: str | None = None
+    # (certificate file, key file): /metrics over HTTPS behind a TokenReview and a
+    # SubjectAccessReview; None with metrics_insecure: plain HTTP, no authentication.
+    metrics_tls: tuple[str, str] | None = None
+    metrics_insecure: bool = False
     webhook: tuple[str, str, str] | None = None  # (HOST:PORT, certificate file, key file)
     lease: tuple[ElectionConfig, str, str] | None = None  # (timings, namespace, name); None: act alone
     pod_watch_pace: float = POD_WATCH_PACE_SECONDS
@@ -145,12 +150,19 @@ def build_watches(
 class _Served:
     """An HTTP server as a runnable: started with the process, stopped with it."""
 
-    def __init__(self, what: str, address: str, routes: Callable[[], list]) -> None:
-        self.what, self.address, self.routes = what, address, routes
+    def __init__(
+        self,
+        what: str,
+        address: str,
+        routes: Callable[[], list],
+        ssl_context: Callable[[], ssl.SSLContext] | None = None,
+    ) -> None:
+        self.what, self.address, self.routes, self.ssl_context = what, address, routes, ssl_context
         self.server: Server | None = None
 
     async def start(self) -> None:
-        self.server = await serve(self.routes(), self.address)
+        context = self.ssl_context() if self.ssl_context is not None else None
+        self.server = await serve(self.routes(), self.address, ssl_context=context)
         log.info("%s listening on %s", self.what, self.address)
 
     async def stop(self) -> None:
@@ -222,14 +234,33 @@ class Operator:
         self.queues_watch.add_handler(self.dispatcher.queue_delta)
         self.queues_watch.add_handler(self.queues.queue_delta)
         self.pods_watch.add_handler(self.jobs.handlers.pod_delta)
-        metrics.collect_from(StateCollector(lambda: list(self.jobs.view.jobs.values()), self.dispatcher.queue_numbers))
+        metrics.collect_from(StateCollector(lambda: self.jobs.view.phases, self.dispatcher.queue_numbers))
 
         self.always: list[Runnable] = []
         if settings.health_address:
-            self.always.append(_Served("health", settings.health_address, lambda: health.routes(self.informers)))
-        if settings.metrics_address:
+            self.always.append(_Served("health", settings.health_address, self._health_routes))
+        if settings.metrics_address and settings.metrics_tls is not None:
+            # The reviews have a client of their own, so a flood of scrapes never takes the
+            # work's connections; its pool bounds the reviews in flight.
+            review_client = ApiClient(credentials, agent, connections=metrics_server.REVIEW_CONNECTIONS)
+            self.clients.append(review_client)
+            access = metrics_server.Access(review_client, metrics, clock)
+            cert, key = settings.metrics_tls
             self.always.append(
-                _Served("metrics", settings.metrics_address, lambda: metrics_server.routes(metrics.registry))
+                _Served(
+                    "metrics (https, authenticated)",
+                    settings.metrics_address,
+                    lambda: metrics_server.secure_routes(metrics.registry, access, metrics),
+                    lambda: metrics_server.tls_context(cert, key),
+                )
+            )
+        elif settings.metrics_address and settings.metrics_insecure:
+            self.always.append(
+                _Served(
+                    "metrics (plain http, no authentication: --metrics-insecure)",
+                    settings.metrics_address,
+                    lambda: metrics_server.routes(metrics.registry),
+                )
             )
         if settings.webhook:
             def lookup(namespace: str, queue: str) -> tuple[QueueSpec | None, int]:  # memory only, no await
@@ -255,6 +286,9 @@ class Operator:
         # Started in this order, stopped in the reverse: the controllers' in-flight writes end,
         # then their last events are posted, then the mark goes, then the Lease.
         self.leader_only: list[Runnable] = [*mark, self.dispatcher, self.events, self.queues, self.jobs]
+
+    def _health_routes(self) -> list:
+        return health.routes(self.informers, checks=[self.jobs.worker.health, self.queues.worker.health])
 
     def manager(self) -> Manager:
         return Manager(

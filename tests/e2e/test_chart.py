@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import json
 import re
+import ssl
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +25,7 @@ from kubernetes import client
 
 from testbed import cluster as testbed
 from tests.support.charts import CHART, KUBE_VERSION, helm, run_helm
-from tests.support.cluster import Kube, fresh_namespace, install_crds, token_kubeconfig
+from tests.support.cluster import Kube, free_port, fresh_namespace, install_crds, token_kubeconfig
 from tests.support.jobs import (
     FAST_BACKOFF,
     GROUP,
@@ -35,6 +38,7 @@ from tests.support.jobs import (
 )
 from tests.support.operators import OperatorProcess
 from tests.support.waits import deadline, wait_until
+from vigil.servers.webhook import make_self_signed
 
 pytestmark = pytest.mark.e2e  # the operator end to end, as a process, on a real cluster
 
@@ -77,11 +81,13 @@ def test_the_chart_lints_and_grants_no_wildcard(tmp_path: Path):
     helm("lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION)
     everything = values_file(tmp_path / "everything.yaml", EVERYTHING_ON)
     helm("lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION, "-f", str(everything))
-    [role] = [doc for doc in render("vigil-system") if doc["kind"] == "ClusterRole"]
-    for rule in role["rules"]:
-        for field in ("verbs", "resources", "apiGroups"):
-            assert "*" not in rule[field], f"wildcard in {field}: {rule}"
-        assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule
+    roles = {doc["metadata"]["name"]: doc for doc in render("vigil-system") if doc["kind"] == "ClusterRole"}
+    assert set(roles) == {"vigil", "vigil-metrics-reader"}  # the operator's, and the one Prometheus binds
+    for role in roles.values():
+        for rule in role["rules"]:
+            for field in ("verbs", "resources", "apiGroups", "nonResourceURLs"):
+                assert "*" not in rule.get(field, []), f"wildcard in {field}: {rule}"
+            assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule
 
 
 def _token_kubeconfig(kube: Kube, namespace: str, service_account: str, path: Path) -> Path:
@@ -97,13 +103,21 @@ def test_the_operator_runs_with_nothing_but_the_charts_rbac(kube: Kube, namespac
     kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=release_ns)))
     rbac = [doc for doc in render(release_ns) if doc["kind"] != "Deployment"]
     kube.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": rbac}))
+    ca = ssl.create_default_context(cadata=make_self_signed(tmp_path / "certs").decode())
+    metrics_port = free_port()
+    kubeconfig = _token_kubeconfig(kube, release_ns, "vigil", tmp_path / "kubeconfig")
     operator = OperatorProcess(
         kube,
         [namespace],
         tmp_path / "operator.log",
-        kubeconfig=_token_kubeconfig(kube, release_ns, "vigil", tmp_path / "kubeconfig"),
-        # as the chart runs it: leading its own Lease, which its Role names
-        extra_args=("--leader-elect", "--lease-namespace", release_ns, "--lease-name", "vigil"),
+        kubeconfig=kubeconfig,
+        # as the chart runs it: leading its own Lease, which its Role names; metrics over HTTPS
+        extra_args=(
+            "--leader-elect", "--lease-namespace", release_ns, "--lease-name", "vigil",
+            "--metrics-address", f"127.0.0.1:{metrics_port}",
+            "--metrics-cert-file", str(tmp_path / "certs" / "tls.crt"),
+            "--metrics-key-file", str(tmp_path / "certs" / "tls.key"),
+        ),  # fmt: skip
     )
     operator.start()
     try:
@@ -133,6 +147,14 @@ def test_the_operator_runs_with_nothing_but_the_charts_rbac(kube: Kube, namespac
         wait_phase(kube, namespace, "poison", "DeadLettered")
         wait_dead_letter_label(kube, namespace, "poison")
         wait_until(lambda: get(kube, namespace, "expiring") is None, 60, "the expired job to be deleted by its TTL")
+        # The chart lets the operator review a scraper's token: its own (not a metrics reader) is
+        # 403, a verdict of the API server; without the review rules it would be 503.
+        token = yaml.safe_load(kubeconfig.read_text())["users"][0]["user"]["token"]
+        request = urllib.request.Request(f"https://127.0.0.1:{metrics_port}/metrics")
+        request.add_header("Authorization", f"Bearer {token}")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=deadline(10), context=ca)
+        assert refused.value.code == 403, refused.value.read()
     finally:
         operator.stop()
         kube.kubectl(

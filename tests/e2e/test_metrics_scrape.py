@@ -182,7 +182,9 @@ def test_metrics_during_a_run_agree_with_the_cluster_and_do_not_grow_with_jobs(
     operators = []
     for i, port in enumerate(ports):
         operator = electing(kube, namespace, tmp_path / f"operator-{i}.log")
-        operator.extra_args = (*operator.extra_args, "--metrics-address", f"127.0.0.1:{port}")
+        # Plain HTTP on 127.0.0.1 (--metrics-insecure): this test reads what is served; who may
+        # read it is tests/e2e/test_hostile_metrics.py's.
+        operator.extra_args = (*operator.extra_args, "--metrics-address", f"127.0.0.1:{port}", "--metrics-insecure")
         operators.append(operator)
         operator.start()
     try:

@@ -201,12 +201,15 @@ def test_a_superseded_pod_stops_its_child_even_one_that_ignores_sigterm(
 def test_deleting_the_pod_stops_the_child(kube: Kube, namespace: str, tmp_path: Path, agents, delete_delay: str | None):
     # Terminating: the agent sees deletionTimestamp. Gone at once: its pod-bound token stops
     # working (401), which after earlier successes, and for UNAUTHORIZED_GRACE_SECONDS (longer
-    # than a restarted API server refuses good tokens), means the pod was deleted.
+    # than a restarted API server refuses good tokens), means the pod may be gone: under
+    # NoOverlap the agent stops its child (under AtLeastOnce it only warns: an authentication
+    # outage must not stop healthy work; tests/unit/agent/test_fencing.py).
     grant_heartbeat_rbac(kube, namespace)
     extra = {"sim.vigil.dev/delete-delay": delete_delay} if delete_delay else {}
     pod = create_job_pod(kube, namespace, "job-1", **extra)
     kubeconfig = token_kubeconfig(kube, pod_token(kube, namespace, pod), tmp_path / "kubeconfig")
-    agent = start_agent(tmp_path, kubeconfig, namespace, pod["name"], CHILD_TERM_EXIT="0")
+    guarantee = "AtLeastOnce" if delete_delay else "NoOverlap"
+    agent = start_agent(tmp_path, kubeconfig, namespace, pod["name"], CHILD_TERM_EXIT="0", VIGIL_GUARANTEE=guarantee)
     agents.add(agent)
     pid = agent.child_pid()
     wait_until(

@@ -46,7 +46,7 @@ def exported_metric_names() -> set[str]:
     give _bucket, _count and _sum."""
     metrics = Metrics(CollectorRegistry())
     numbers = {"queued": 1, "running": 1, "backingOff": 0, "oldestQueuedSeconds": 3, "maxRunning": 2}
-    metrics.collect_from(StateCollector(lambda: [{"status": {"phase": "Running"}}], lambda: [("ns", "q", numbers)]))
+    metrics.collect_from(StateCollector(lambda: {"Running": 1}, lambda: [("ns", "q", numbers)]))
     names = set()
     for family in metrics.registry.collect():
         if family.type == "counter":

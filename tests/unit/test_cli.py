@@ -24,3 +24,11 @@ def test_a_webhook_address_without_its_certificate_is_refused(capsys: pytest.Cap
 def test_release_finalizers_refuses_a_deployment_not_given_as_namespace_slash_name(capsys: pytest.CaptureFixture[str]):
     assert cli.main(["release-finalizers", "--stop-deployment", "vigil"]) == 2
     assert "--stop-deployment takes NAMESPACE/NAME, not 'vigil'" in capsys.readouterr().err
+
+
+def test_a_metrics_address_without_a_certificate_is_refused_unless_insecure_is_asked_for(
+    capsys: pytest.CaptureFixture[str],
+):
+    assert cli.main(["operator", "--metrics-address", "0.0.0.0:8081"]) == 2
+    err = capsys.readouterr().err
+    assert "--metrics-address needs --metrics-cert-file and --metrics-key-file" in err and "--metrics-insecure" in err

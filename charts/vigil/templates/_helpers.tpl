@@ -113,3 +113,16 @@ namespaces (RBAC has no patterns: a Role needs a namespace's name), so the grant
   resources: ["events"]
   verbs: ["create"]
 {{- end -}}
+
+{{- /* What secure metrics need: who a scraper's token names, and whether it may get /metrics. */ -}}
+{{- define "vigil.metricsAuthRules" -}}
+{{- if and .Values.metrics.enabled .Values.metrics.secure }}
+# /metrics asks the API server who a scraper's token names and whether it may get /metrics.
+- apiGroups: ["authentication.k8s.io"]
+  resources: ["tokenreviews"]
+  verbs: ["create"]
+- apiGroups: ["authorization.k8s.io"]
+  resources: ["subjectaccessreviews"]
+  verbs: ["create"]
+{{- end }}
+{{- end -}}

@@ -17,7 +17,8 @@ Environment:
 Given to the child: VIGIL_CHECKPOINT_FILE, where `vigil.agent.checkpoint()` writes.
 
 Exit status: the child's (128+N when signal N killed it, as shells report it); 75 when the
-agent stopped the child itself (pod superseded, deleted or gone, or fenced under NoOverlap);
+agent stopped the child itself (pod superseded, deleted or gone (404), or, under NoOverlap,
+fenced by the timeout or by its token refused (401) for 30 s after it had worked);
 2 for a usage or configuration error; 126/127 when CMD cannot be run / is not found.
 """
 
@@ -380,10 +381,10 @@ def supervise(settings: Settings, child: Child, heart: Heart, events: queue.Queu
                 heart.stop()
                 child.signal(signal.SIGTERM)
                 stopping_at = now
-            elif decision.overdue and not warned:
+            elif (decision.overdue or decision.refused) and not warned:
                 log(f"warning: {decision.message}")
                 warned = True
-            elif not decision.overdue:
+            elif not (decision.overdue or decision.refused):
                 warned = False
         elif not killed and now >= stopping_at + settings.grace:
             log(f"the job did not stop within {settings.grace:g}s: SIGKILL")

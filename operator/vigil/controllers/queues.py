@@ -16,8 +16,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from vigil.controllers.worker import AfterFailure, Worker
+from vigil.core.objects import is_older
 from vigil.core.queueing.book import QueueBook, QueueKey, Standing
 from vigil.core.queueing.status import queue_status, same_status, status_patch
+from vigil.kube.errors import Conflict
 from vigil.kube.operations import Kube
 from vigil.kube.seen import Delta
 from vigil.metrics import QUEUE_CONTROLLER, Metrics
@@ -33,7 +35,7 @@ class QueueStatusController:
     def __init__(
         self, kube: Kube, book: QueueBook, *, clock: Clock, metrics: Metrics, rng: random.Random | None = None
     ) -> None:
-        self.kube, self.book, self.clock = kube, book, clock
+        self.kube, self.book, self.clock, self.metrics = kube, book, clock, metrics
         self.queue: WorkQueue[QueueKey] = WorkQueue(
             clock,
             on_add=metrics.workqueue_adds.labels(QUEUE_CONTROLLER).inc,
@@ -48,13 +50,16 @@ class QueueStatusController:
         meta = delta.obj["metadata"]
         key = (meta["namespace"], meta["name"])
         if delta.kind == "delete":
+            self.metrics.forget_queue(*key)
             self.queues.pop(key, None)
             self._written.pop(key, None)
             self._written_at.pop(key, None)
             self.queue.forget(key)
             self.worker.forget(key)
             return
-        self.queues[key] = delta.obj
+        held = self.queues.get(key)
+        if held is None or not is_older(delta.obj, held):  # never back behind our own write's answer
+            self.queues[key] = delta.obj
         self.changed(key)
 
     def changed(self, key: QueueKey) -> None:
@@ -81,7 +86,7 @@ class QueueStatusController:
             return
         patch = status_patch(body, status, self.clock.wall())
         if not same_status(patch, self._written.get(key)):
-            updated = await self.kube.patch_queue_status(key[0], key[1], patch)
+            updated = await self.kube.patch_queue_status(key[0], key[1], body["metadata"]["resourceVersion"], patch)
             self._written[key], self._written_at[key] = patch, self.clock.monotonic()
             if updated is not None and key in self.queues:
                 self.queues[key] = updated
@@ -89,6 +94,9 @@ class QueueStatusController:
             self.queue.add_after(key, STATUS_PERIOD_SECONDS)
 
     async def failed(self, key: QueueKey, err: Exception, in_a_row: int) -> AfterFailure:
+        if isinstance(err, Conflict):  # the queue changed since it was read: the watch brings it
+            log.debug("conflict writing the status of VigilQueue %s/%s: %s", *key, err)
+            return AfterFailure.CONFLICT
         log.warning("could not write the status of VigilQueue %s/%s: %s", *key, err)
         return AfterFailure.ERROR
 

@@ -6,6 +6,11 @@ is the reconciler's to say (`Reconciler.failed`): forget the key, retry it after
 (soon), or retry it after an error (backing off further); the delays are `core.backoff`'s. The
 failures in a row per key are counted here and dropped on the first success, which the
 reconciler hears of (`recovered`) so it can take back what it said about the failure.
+
+The workers are supervised: one that ends by an exception (say, its reconciler's `failed`
+raised) is logged and restarted after a backoff (`core.supervision`), and the key it held is
+looked at again after its retry delay, not dropped. `health()` is what `/healthz` asks: it fails
+while a worker is dead or keeps dying.
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ from collections.abc import Hashable
 from typing import Generic, Protocol, TypeVar
 
 from vigil.core.backoff import reconcile_retry_delay
+from vigil.core.supervision import Crashes
 from vigil.metrics import Metrics
 from vigil.runtime.clock import Clock
+from vigil.runtime.timers import Timers
 from vigil.runtime.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -62,16 +69,59 @@ class Worker(Generic[K]):
         self.workers, self.clock, self.metrics = workers, clock, metrics
         self.rng = rng or random.Random()
         self._failures: dict[K, int] = {}
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: dict[int, asyncio.Task] = {}
+        self._running = False
+        self._crashes = Crashes()
+        self._down_since: dict[int, float] = {}  # crashed workers not restarted yet
+        self._restarts: Timers[int] = Timers(clock, self._spawn)
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._work(), name=f"{self.name}-worker-{i}") for i in range(self.workers)]
+        self._running = True
+        for i in range(self.workers):
+            self._spawn(i)
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        self._running = False
+        self._restarts.shutdown()
+        self._down_since.clear()
+        tasks = list(self._tasks.values())
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks = {}
+
+    def health(self) -> str | None:
+        """None while every worker runs or is about to be restarted; else what is wrong."""
+        if not self._running:
+            return None  # not started (a standby) or stopped: nothing to supervise
+        why = self._crashes.verdict(self.clock.monotonic(), self._down_since.values())
+        return None if why is None else f"{self.name}: {why}"
+
+    def _spawn(self, i: int) -> None:
+        if not self._running:
+            return
+        self._down_since.pop(i, None)
+        task = asyncio.create_task(self._work(), name=f"{self.name}-worker-{i}")
+        self._tasks[i] = task
+        task.add_done_callback(lambda done: self._ended(i, done))
+
+    def _ended(self, i: int, task: asyncio.Task) -> None:
+        if not self._running or task.cancelled() or self._tasks.get(i) is not task:
+            return
+        now = self.clock.monotonic()
+        delay = self._crashes.crashed(now, self.rng.random())
+        self.metrics.worker_crashes.labels(self.name).inc()
+        err = task.exception()
+        log.error(
+            "worker %s-%d crashed (%d in the last minute); restarting it in %.1fs",
+            self.name,
+            i,
+            self._crashes.recent(now),
+            delay,
+            exc_info=(type(err), err, err.__traceback__) if err is not None else None,
+        )
+        self._down_since[i] = now
+        self._restarts.set_after(i, delay)
 
     def forget(self, key: K) -> None:
         """The object is gone: drop its count of failures."""
@@ -113,5 +163,11 @@ class Worker(Generic[K]):
             key = await self.queue.get()
             try:
                 await self.process(key)
+            except Exception:
+                # The worker dies (its supervisor restarts it), not the key: it is looked at
+                # again after the delay its failures in a row deserve.
+                in_a_row = self._failures[key] = self._failures.get(key, 0) + 1
+                self.queue.add_after(key, reconcile_retry_delay(in_a_row, self.rng.random()))
+                raise
             finally:
                 self.queue.done(key)

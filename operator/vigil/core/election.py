@@ -317,3 +317,27 @@ def mark_changes(own: str, lease: str, marked: Iterable[str]) -> dict[str, str |
     """The label value each pod should get when `own` begins to lead: the lease name on its own
     pod (first, so the Service is never left empty by the change), none on every other."""
     return {own: lease, **{name: None for name in sorted(set(marked)) if name != own}}
+
+
+MIN_WRITE_TIMEOUT = 0.001
+
+
+def fenced_timeout(time_left: float | None, ceiling: float) -> float | None:
+    """The timeout of a fenced write sent with `time_left` seconds before the fence closes (None:
+    no fence, no bound): the time left, never more than `ceiling`. A write may wait for its
+    answer far longer than the margin between the fence and the earliest takeover (lease
+    duration - renew deadline, 5 s by default: the read timeout alone is 20 s); bounded by the
+    time left, it is abandoned as the fence closes, and the API server, told the same bound
+    (its `timeout` parameter), gives it up too, so it cannot land after a standby took over
+    unless the request spent more than the margin on its way to the API server."""
+    if time_left is None:
+        return None
+    # Never 0: aiohttp reads a timeout of 0 as none at all.
+    return max(MIN_WRITE_TIMEOUT, min(time_left, ceiling))
+
+
+def go_duration(seconds: float) -> str:
+    """`seconds` as a Go duration (the API server's `timeout` parameter), rounded down to the
+    millisecond so the server's bound is never later than ours, and at least 1 ms."""
+    return f"{max(1, math.floor(seconds * 1000))}ms"
+

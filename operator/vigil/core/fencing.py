@@ -5,9 +5,18 @@ caller, so a wall clock that jumps (NTP, a VM restored from a snapshot) changes 
 tests drive time by hand.
 
 Self-fencing (docs/design.md, "Semantics"): the agent always stops its child when its pod is marked
-superseded, is being deleted, or is gone. When it cannot renew its heartbeat for
+superseded, is being deleted, or is gone (404). When it cannot renew its heartbeat for
 `timeoutSeconds`, the operator may have declared the attempt Lost and started another: under
 NoOverlap the agent stops its child; under AtLeastOnce it keeps the child and keeps trying.
+
+A token refused (401) after it worked is what a deleted pod's token gets, but also what every
+token gets while the API server cannot authenticate (a restart, an outage of its token
+authenticator or webhook). The rule follows the guarantee, as silence does: under NoOverlap a
+refusal that lasts `UNAUTHORIZED_GRACE_SECONDS` stops the child (the operator frees the next
+attempt as soon as it sees the pod gone, so waiting for the whole timeout could overlap two);
+under AtLeastOnce it only warns, and the agent keeps trying: a duplicate is allowed there, a
+healthy job stopped by an authentication outage is the harm, and the kubelet stops the
+containers of a pod that really was deleted.
 """
 
 from __future__ import annotations
@@ -26,9 +35,9 @@ RETRY_INITIAL_SECONDS = 0.5  # first retry after an API error
 RETRIES_PER_TIMEOUT = 4  # retry at least this often within one heartbeat timeout
 JITTER = 0.1  # 10% of every delay, so that agents started together do not beat together
 # How long the pod's token must be refused (401), with no renewal between, before the agent
-# takes it for its pod deleted. A kube-apiserver that has just restarted refuses valid pod-bound
-# tokens until it can look their pods up again (the test bed saw this for a few seconds after
-# each restart); the token of a deleted pod is refused for ever.
+# takes it for its pod deleted (under NoOverlap; under AtLeastOnce it warns). A kube-apiserver
+# that has just restarted refuses valid pod-bound tokens until it can look their pods up again
+# (the test bed saw this for a few seconds after each restart); a deleted pod's, for ever.
 UNAUTHORIZED_GRACE_SECONDS = 30.0
 
 
@@ -56,6 +65,7 @@ class Reason(enum.Enum):
 class FenceDecision:
     stop: Reason | None = None  # None: let the child run
     overdue: bool = False  # no renewal for the whole timeout (under AtLeastOnce: kept running)
+    refused: bool = False  # the token refused past the grace (under AtLeastOnce: kept running)
     message: str = ""
 
 
@@ -128,17 +138,27 @@ def assess(
         return FenceDecision(Reason.DELETED, message="the pod is being deleted")
     if last is Observed.GONE:
         return FenceDecision(Reason.GONE, message="the pod no longer exists (404)")
-    if last is Observed.UNAUTHORIZED and ever_renewed and refused_for >= UNAUTHORIZED_GRACE_SECONDS:
+    refused = last is Observed.UNAUTHORIZED and ever_renewed and refused_for >= UNAUTHORIZED_GRACE_SECONDS
+    if refused and guarantee == "NoOverlap":
         # The same credentials worked before, and have been refused for longer than a restarted
         # API server takes to accept them again. A pod-bound token stops working when its pod is
-        # deleted, so this is the pod gone; a token that never worked is a setup error instead,
-        # retried like any API error (and fenced by the timeout under NoOverlap).
+        # deleted, so this may be the pod gone, and its next attempt free to start. A token that
+        # never worked is a setup error instead, retried like any API error (and fenced by the
+        # timeout under NoOverlap).
         return FenceDecision(
             Reason.GONE,
-            message=f"the API server has refused the pod's token (401) for {refused_for:.0f}s: the pod was deleted",
+            message=f"the API server has refused the pod's token (401) for {refused_for:.0f}s: the pod may have "
+            "been deleted, and under NoOverlap the attempt must assume it was",
         )
     silence = max(0.0, now - last_renewed_at)  # a monotonic clock never goes back; be safe anyway
     if silence < timeout:
+        if refused:
+            return FenceDecision(
+                refused=True,
+                message=f"the API server has refused the pod's token (401) for {refused_for:.0f}s: the pod may "
+                "have been deleted, or the API server cannot authenticate; under AtLeastOnce the job keeps "
+                "running and the agent keeps trying",
+            )
         return KEEP_GOING
     if guarantee == "NoOverlap":
         return FenceDecision(

@@ -12,7 +12,10 @@ threads: reads are the hot path (a watched pod per heartbeat). What a caller rel
   the connection (`_FencedBody`): a write that waited for a free connection, a TLS handshake or
   a turn of the event loop while the fence closed is never sent. aiohttp sends a PUT or DELETE
   once more by itself when a kept-alive connection broke without an answer; that second try
-  passes the fence again too.
+  passes the fence again too. A fenced write's answer must come before the fence closes: the
+  time the fence says is left is the request's timeout, and the API server's (its `timeout`
+  parameter), so a write cannot wait 20 s for its answer against a 5 s margin
+  (`core.election.fenced_timeout`).
 - One connection pool per client. The operator makes one client for its work, one for its
   watches and one for its Lease (`vigil.manager`), so a renewal never waits behind the work,
   and a write never waits behind a watch for a connection.
@@ -30,6 +33,7 @@ import orjson
 from aiohttp.payload import BytesPayload
 
 from vigil import __version__
+from vigil.core.election import fenced_timeout, go_duration
 from vigil.kube.config import Credentials
 from vigil.kube.errors import ApiError, Stalled, TooLarge, Unreachable, from_status
 
@@ -56,7 +60,8 @@ JSON = "application/json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 
-Fence = Callable[[], None]
+# Raises while a write may not be sent; else the seconds left before it closes (None: unbounded).
+Fence = Callable[[], float | None]
 # What a broken or slow connection raises inside aiohttp; each becomes Unreachable.
 _TRANSPORT = (aiohttp.ClientError, TimeoutError, OSError)
 
@@ -171,9 +176,10 @@ class ApiClient:
         max_bytes: int | None = None,
     ) -> Any:
         """One request; the decoded answer (None for an empty one). `fence`, for a write, is
-        called before the request is queued and again as its body is written. `timeout` bounds
-        the whole request instead of the client's per-read timeout. `max_bytes`: an answer
-        longer than that is not read on (TooLarge)."""
+        called before the request is queued and again as its body is written; the time it says
+        is left bounds the whole request. `timeout` bounds the whole request instead of the
+        client's per-read timeout. `max_bytes`: an answer longer than that is not read on
+        (TooLarge)."""
         headers = self._headers()
         data: bytes | _FencedBody | None = None
         if body is not None:
@@ -181,7 +187,10 @@ class ApiClient:
             data = raw if fence is None else _FencedBody(raw, content_type, fence)
             headers["Content-Type"] = content_type
         if fence is not None:
-            fence()
+            fenced = fenced_timeout(fence(), self.read_timeout if timeout is None else timeout)
+            if fenced is not None:
+                timeout = fenced
+                params = {**(params or {}), "timeout": go_duration(fenced)}
         bound = None if timeout is None else aiohttp.ClientTimeout(total=timeout)
         try:
             async with self.session.request(

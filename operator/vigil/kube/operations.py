@@ -37,13 +37,14 @@ class Kube:
         http: ApiClient,
         metrics: Metrics | None = None,
         clock: Clock = SYSTEM,
-        fence: Callable[[], None] = lambda: None,
+        fence: Callable[[], float | None] = lambda: None,
     ):
         self.http = http
         self.metrics = metrics or Metrics()
         self.clock = clock
         # Called before every write: raises while this process may not act (leader election's
-        # fence: no write leaves a leader that could not renew within its renew deadline).
+        # fence: no write leaves a leader that could not renew within its renew deadline), else
+        # returns the seconds left before it closes (None: no election, no bound).
         self.fence = fence
 
     async def _call(
@@ -59,7 +60,8 @@ class Kube:
     ) -> Any:
         """One request, timed and counted by verb. A write passes the fence before it is queued
         for a connection, and again on the connection right before it is sent (and before the
-        one resend aiohttp makes of a PUT or DELETE on a dead kept-alive connection)."""
+        one resend aiohttp makes of a PUT or DELETE on a dead kept-alive connection). Its answer
+        must come before the fence closes (the client's fenced deadline)."""
         fence = None if verb in ("get", "list") else (lambda: self.fence())
         try:
             with self.metrics.timed_request(verb, resource):
@@ -123,16 +125,23 @@ class Kube:
                 return
             params = {**params, "continue": token}
 
-    async def list_pod_names(self, namespace: str, label_selector: str) -> list[str]:
+    async def list_labelled_pods(self, namespace: str, label_selector: str) -> list[dict]:
+        """The few pods of one namespace that a selector picks (the leader's mark), in one read."""
         pods = await self._call(
             "list", "pods", "GET", PODS.format(namespace=namespace), params={"labelSelector": label_selector}
         )
-        return [pod["metadata"]["name"] for pod in pods.get("items") or []]
+        return [strip_pod(pod) for pod in pods.get("items") or []]
 
-    async def label_pod(self, namespace: str, name: str, labels: dict[str, str | None]) -> None:
-        """Sets (None: removes) labels of a pod by name; a pod gone meanwhile needs none."""
+    async def label_pod(
+        self, namespace: str, name: str, uid: str, resource_version: str, labels: dict[str, str | None]
+    ) -> None:
+        """Sets (None: removes) labels of the pod as it was read: only if it is still that pod
+        (uid) at that resourceVersion, else Conflict (read it again and decide again). A pod gone
+        meanwhile needs none. (The leader's mark: a late write from a leader deposed since
+        cannot undo what happened to the pod after it read it.)"""
+        patch = {"metadata": {"uid": uid, "resourceVersion": resource_version, "labels": labels}}
         with contextlib.suppress(NotFound):
-            await self._patch("pods", f"{PODS.format(namespace=namespace)}/{name}", {"metadata": {"labels": labels}})
+            await self._patch("pods", f"{PODS.format(namespace=namespace)}/{name}", patch)
 
     async def release_pod(self, namespace: str, name: str, uid: str) -> None:
         """Removes Vigil's attempt-tracking finalizer from the pod of that uid; a pod gone or
@@ -185,13 +194,14 @@ class Kube:
         patch = {"metadata": {"resourceVersion": resource_version}, "status": status}
         return await self._patch("vigiljobs/status", f"{JOBS.format(namespace=namespace)}/{name}/status", patch)
 
-    async def patch_queue_status(self, namespace: str, name: str, status: dict) -> dict | None:
-        """Merges `status` into a VigilQueue's status (Vigil alone writes it: no precondition);
-        None if the queue is gone."""
+    async def patch_queue_status(self, namespace: str, name: str, resource_version: str, status: dict) -> dict | None:
+        """Merges `status` into a VigilQueue's status, only if the queue is still at
+        resource_version (else Conflict); None if the queue is gone. Only the leader writes it
+        and people edit a queue's spec rarely, so a conflict is rare; without the precondition
+        a write of a deposed leader, late, could overwrite the next leader's newer status."""
+        patch = {"metadata": {"resourceVersion": resource_version}, "status": status}
         try:
-            return await self._patch(
-                "vigilqueues/status", f"{QUEUES.format(namespace=namespace)}/{name}/status", {"status": status}
-            )
+            return await self._patch("vigilqueues/status", f"{QUEUES.format(namespace=namespace)}/{name}/status", patch)
         except NotFound:
             return None
 
@@ -202,11 +212,17 @@ class Kube:
             return None
         return strip_job(job)
 
-    async def patch_job_labels(self, namespace: str, name: str, labels: dict[str, str | None]) -> dict | None:
+    async def patch_job_labels(
+        self, namespace: str, name: str, resource_version: str, labels: dict[str, str | None]
+    ) -> dict | None:
+        """Merges labels into the job, only if it is still at resource_version (else Conflict);
+        None if it is gone. The dead-letter label follows the status write (or the read) that
+        fenced the same decision, whose resourceVersion it carries: nothing else writes the job
+        in between but a person, so a conflict is rare, and a deposed leader's late label (say,
+        dead-letter set again after a redrive) cannot land over a newer status."""
+        patch = {"metadata": {"resourceVersion": resource_version, "labels": labels}}
         try:
-            return await self._patch(
-                "vigiljobs", f"{JOBS.format(namespace=namespace)}/{name}", {"metadata": {"labels": labels}}
-            )
+            return await self._patch("vigiljobs", f"{JOBS.format(namespace=namespace)}/{name}", patch)
         except NotFound:
             return None
 

@@ -163,10 +163,14 @@ class LeaderElector:
         loop is late or the process was frozen."""
         return self.state.may_act(self.clock.monotonic(), self.config)
 
-    def check(self) -> None:
-        """The fence before a write: raises NotLeading unless `deadline_ok()`."""
-        if not self.deadline_ok():
+    def check(self) -> float:
+        """The fence before a write: raises NotLeading unless `deadline_ok()`; else the seconds
+        left before it closes (a write's answer must come within them: `core.election.fenced_timeout`)."""
+        now = self.clock.monotonic()
+        deadline = self.state.deadline(self.config)
+        if deadline is None or not self.state.may_act(now, self.config):
             raise NotLeading(f"{self.identity} is not leading {self.name} ({self.state.phase.value})")
+        return deadline - now
 
     # -- the loop
 

@@ -18,6 +18,7 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from vigil.core.election import mark_changes
 from vigil.kube.operations import Kube
@@ -67,9 +68,15 @@ class LeaderMark:
         """Marks this pod and unmarks the others, retrying until done (cancel to give up)."""
         while True:
             try:
-                marked = await self.kube.list_pod_names(self.pod.namespace, f"{LEADER_LABEL}={self.lease}")
-                for name, value in mark_changes(self.pod.name, self.lease, marked).items():
-                    await self.kube.label_pod(self.pod.namespace, name, {LEADER_LABEL: value})
+                listed = await self.kube.list_labelled_pods(self.pod.namespace, f"{LEADER_LABEL}={self.lease}")
+                pods = {pod["metadata"]["name"]: pod for pod in listed}
+                own = pods.get(self.pod.name) or await self.kube.read_pod(*self.pod.key)
+                if own is None:
+                    raise RuntimeError(f"pod {self.pod.namespace}/{self.pod.name} not found")
+                pods[self.pod.name] = own
+                for name, value in mark_changes(self.pod.name, self.lease, pods).items():
+                    # Each write only on the pod as read (a Conflict: read again, in the retry).
+                    await self._label(pods[name], value)
                 log.info("marked pod %s/%s as the leader (%s=%s)", *self.pod.key, LEADER_LABEL, self.lease)
                 return
             except asyncio.CancelledError:
@@ -81,6 +88,14 @@ class LeaderMark:
     async def drop(self) -> None:
         """Removes this pod's mark, once, before the Lease is released."""
         try:
-            await self.kube.label_pod(self.pod.namespace, self.pod.name, {LEADER_LABEL: None})
+            own = await self.kube.read_pod(*self.pod.key)
+            if own is not None and LEADER_LABEL in (own["metadata"].get("labels") or {}):
+                await self._label(own, None)
         except Exception as err:  # noqa: BLE001 - the next leader clears it
             log.warning("could not remove the leader mark from this pod: %s", err)
+
+    async def _label(self, pod: Mapping[str, Any], value: str | None) -> None:
+        meta = pod["metadata"]
+        await self.kube.label_pod(
+            self.pod.namespace, meta["name"], meta["uid"], meta["resourceVersion"], {LEADER_LABEL: value}
+        )

@@ -6,14 +6,16 @@ Generic controller metrics under the names dashboards for Kubernetes controllers
 by namespace and queue name (a handful per namespace, chosen by people).
 
 `Metrics` holds every metric on its own registry, so that two operators in one process (tests)
-do not collide. Counts that are states (jobs by phase, queue depth) are read from the caches at
-scrape time by collectors, so they can never drift from what the operator holds. Counts of
+do not collide. Counts that are states (jobs by phase, queue depth) are kept by the caches as
+they change and read at scrape time by collectors (never a walk over every job), so they can
+never drift from what the operator holds. A queue's series go with the queue (`forget_queue`). Counts of
 events are incremented where they happen; `collectors.count_transition` derives them from a job's status
 before and after a write, purely.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -70,6 +72,12 @@ class Metrics:
             "Time per reconciliation.",
             ["controller"],
             buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.worker_crashes = Counter(
+            "vigil_worker_crashes_total",
+            "Workers that ended by an exception and were restarted, by controller.",
+            ["controller"],
             registry=r,
         )
         self.leader = Gauge(
@@ -149,11 +157,24 @@ class Metrics:
             ["resource"],
             registry=r,
         )
+        self.metrics_requests = Counter(
+            "vigil_metrics_requests_total",
+            "Scrapes of the secure /metrics by HTTP code: 401 no or a refused token, 403 no permission, "
+            "429 too many unknown tokens at once, 503 the API server could not review.",
+            ["code"],
+            registry=r,
+        )
         self.events_dropped = Counter(
             "vigil_events_dropped_total",
             "Kubernetes Events not posted because too many waited already (vigil.kube.events).",
             registry=r,
         )
+
+    def forget_queue(self, namespace: str, queue: str) -> None:
+        """Removes the series of a deleted VigilQueue (its gauges go with it from the queue book)."""
+        for family in (self.queue_wait, self.queue_starts, self.queue_budget_delays, self.queue_refusals):
+            with contextlib.suppress(KeyError):  # no series of that queue yet
+                family.remove(namespace, queue)
 
     def collect_from(self, collector: Collector) -> None:
         self.registry.register(collector)

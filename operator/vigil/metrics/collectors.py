@@ -1,11 +1,11 @@
 """The counts of Vigil's own metrics that are derived rather than incremented where they
-happen: gauges read from the caches at scrape time (`StateCollector`: so they can never drift
-from what the operator holds), and the counters a job's status write moves (`count_transition`,
-from the status before and after, purely)."""
+happen: gauges read at scrape time from counts the caches keep as they change (`StateCollector`:
+the jobs by phase from the view's tally, the queues' numbers from the queue book, O(queues), never
+a walk over every job), and the counters a job's status write moves (`count_transition`, from
+the status before and after, purely)."""
 
 from __future__ import annotations
 
-from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from typing import Any, get_args
@@ -18,17 +18,17 @@ from vigil.metrics import Metrics
 
 
 class StateCollector(Collector):
-    """Gauges read from the caches at scrape time: jobs by phase, attempts Uncertain, queues."""
+    """Gauges read from counts kept as the work happens: jobs by phase, attempts Uncertain, queues."""
 
     def __init__(
         self,
-        jobs: Callable[[], Iterable[Mapping[str, Any]]],
+        phases: Callable[[], Mapping[str, int]],
         queues: Callable[[], Iterable[tuple[str, str, Mapping[str, int]]]],
     ) -> None:
-        self.jobs, self.queues = jobs, queues
+        self.phases, self.queues = phases, queues
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        phases = Tally(((job.get("status") or {}).get("phase") or "New") for job in self.jobs())
+        phases = self.phases()
         by_phase = GaugeMetricFamily("vigil_jobs", "VigilJobs the operator holds, by phase.", labels=["phase"])
         for phase in ("New", *get_args(api.Phase)):  # every phase, zeros included: absent is not zero
             by_phase.add_metric([phase], phases.get(phase, 0))

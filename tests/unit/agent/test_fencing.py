@@ -89,16 +89,93 @@ def test_a_renewal_counts_from_when_it_was_sent_not_answered():
     assert f.last_renewed_at == 1010.0
 
 
-def test_a_401_after_renewals_means_the_pod_was_deleted_but_before_any_is_a_setup_error():
-    # A pod-bound token stops working when its pod is deleted.
-    f = fencer("AtLeastOnce")
+def test_under_no_overlap_a_401_after_renewals_means_the_pod_may_be_gone_but_before_any_is_a_setup_error():
+    # A pod-bound token stops working when its pod is deleted, and the operator frees the next
+    # attempt as soon as it sees the pod gone: under NoOverlap the agent cannot wait for the timeout.
+    f = fencer("NoOverlap")
     f.observe(Observed.UNAUTHORIZED, 1001.0)
     assert f.assess(1001.0 + UNAUTHORIZED_GRACE_SECONDS).stop is None, "credentials that never worked are retried"
     f.observe(Observed.RENEWED, 1002.0)
     f.observe(Observed.UNAUTHORIZED, 1003.0)
     f.observe(Observed.API_ERROR, 1010.0)  # a restart's errors between the refusals change nothing
+    f.observe(Observed.UNAUTHORIZED, 1003.0 + UNAUTHORIZED_GRACE_SECONDS - 1)
+    assert f.assess(1003.0 + UNAUTHORIZED_GRACE_SECONDS - 1).stop is None
     f.observe(Observed.UNAUTHORIZED, 1003.0 + UNAUTHORIZED_GRACE_SECONDS)
-    assert f.assess(1003.0 + UNAUTHORIZED_GRACE_SECONDS).stop is Reason.GONE
+    decision = f.assess(1003.0 + UNAUTHORIZED_GRACE_SECONDS)
+    assert decision.stop is Reason.GONE and "401" in decision.message
+    assert f.deadline() > 1003.0 + UNAUTHORIZED_GRACE_SECONDS, "the refusal stopped it before the timeout would"
+
+
+def test_under_at_least_once_an_authentication_outage_never_stops_healthy_work():
+    """The finding of issue 25: 30 s of 401 after a good beat was read as "pod deleted" and the
+    child stopped with exit 75 even under AtLeastOnce. Refusals past the grace and past the
+    timeout only warn; the first renewal after the outage clears the warning."""
+    f = fencer("AtLeastOnce")
+    f.observe(Observed.RENEWED, 1000.0)
+    for t in range(1001, 1001 + 3 * int(TIMEOUT), 5):
+        f.observe(Observed.UNAUTHORIZED, float(t))
+        decision = f.assess(float(t))
+        assert decision.stop is None, f"stopped {t - 1000}s into the outage: {decision.message}"
+    refused = f.assess(1001.0 + UNAUTHORIZED_GRACE_SECONDS)
+    assert refused.refused and "AtLeastOnce" in refused.message and not refused.overdue
+    assert f.assess(1000.0 + TIMEOUT).overdue
+    f.observe(Observed.RENEWED, 1200.0)
+    assert f.assess(1200.0) == fencing.KEEP_GOING
+
+
+class _Script:
+    """The agent's event queue, scripted: each event's time is the agent's clock when it is taken."""
+
+    def __init__(self, events: list[tuple[str, object, float]]) -> None:
+        self.events, self.now = list(events), 1000.0
+
+    def get(self, timeout: float | None = None) -> tuple[str, object, float]:
+        kind, value, at = self.events.pop(0)
+        self.now = at
+        return kind, value, at
+
+    def put(self, _: object) -> None:
+        pass  # the real child-waiting thread's report: the script says when the child exits
+
+
+class _Child:
+    def __init__(self) -> None:
+        self.signals: list[int] = []
+        self.exited = runner.threading.Event()
+        self.proc = self
+        self.returncode = 0
+
+    def wait(self) -> int:
+        self.exited.wait()
+        return 0
+
+    def signal(self, signum: int) -> None:
+        self.signals.append(signum)
+
+
+class _Heart:
+    checkpoint_file = runner.Path("/nonexistent/vigil-test-checkpoint")
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("guarantee", "status"), [("AtLeastOnce", 0), ("NoOverlap", EXIT_FENCED)])
+def test_the_agent_keeps_its_child_through_a_401_outage_only_under_at_least_once(monkeypatch, guarantee, status):
+    outage = [("observed", Observed.UNAUTHORIZED, 1000.0 + t) for t in range(2, 120, 4)]
+    script = _Script([("observed", Observed.RENEWED, 1001.0), *outage, ("exited", 0, 1125.0)])
+    monkeypatch.setattr(runner, "CLOCK", lambda: script.now)
+    child = _Child()
+    settings = runner.Settings(pod_name="p", namespace="n", guarantee=guarantee)
+    try:
+        got = runner.supervise(settings, child, _Heart(), script)  # type: ignore[arg-type]
+    finally:
+        child.exited.set()
+    assert got == status
+    assert child.signals[:1] == ([] if guarantee == "AtLeastOnce" else [runner.signal.SIGTERM])
 
 
 def test_a_401_from_a_restarting_api_server_stops_nothing_once_the_token_is_accepted_again():

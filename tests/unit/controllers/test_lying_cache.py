@@ -89,7 +89,7 @@ class FakeApi:
     async def post_event(self, job, type_, reason, message):
         pass
 
-    async def patch_job_labels(self, namespace, name, labels):
+    async def patch_job_labels(self, namespace, name, resource_version, labels):
         return None
 
     async def delete_job(self, namespace, name, uid):

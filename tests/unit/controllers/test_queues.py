@@ -7,16 +7,22 @@ import asyncio
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 
 from tests.support.clock import FakeClock
 from vigil.controllers.queues import STATUS_PERIOD_SECONDS, QueueStatusController
+from vigil.core.backoff import CONFLICT_DELAYS
 from vigil.core.queueing.book import QueueBook, QueueSpec, entry_of
+from vigil.kube.errors import Conflict
 from vigil.kube.seen import Delta
 from vigil.metrics import Metrics
 
 pytestmark = pytest.mark.unit
 
-QUEUE = {"metadata": {"name": "batch", "namespace": "ns", "generation": 1}, "spec": {"maxRunning": 2}}
+QUEUE = {
+    "metadata": {"name": "batch", "namespace": "ns", "generation": 1, "resourceVersion": "5"},
+    "spec": {"maxRunning": 2},
+}
 
 
 class Api:
@@ -24,8 +30,11 @@ class Api:
         self.written: list[tuple[float, dict[str, Any]]] = []
         self.clock: FakeClock | None = None
 
-    async def patch_queue_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+    async def patch_queue_status(
+        self, namespace: str, name: str, resource_version: str, status: dict[str, Any]
+    ) -> dict[str, Any]:
         assert self.clock is not None
+        assert resource_version == QUEUE["metadata"]["resourceVersion"], "written on the version it read"
         self.written.append((self.clock.now, status))
         return {**QUEUE, "status": status}
 
@@ -85,3 +94,40 @@ def test_an_unchanged_status_is_not_written_again():
         return len(api.written)
 
     assert asyncio.run(scenario()) == 1
+
+
+def test_a_status_write_refused_for_a_stale_version_is_retried_soon_on_the_newer_one():
+    """The write carries the queue's resourceVersion (a deposed leader's late write cannot land
+    over a newer status); a conflict is routine: the watch brings the newer version, written on."""
+
+    async def scenario() -> tuple[list[str], int]:
+        clock, api, book, queues = await started()
+        versions: list[str] = []
+        real = api.patch_queue_status
+
+        async def stale_once(namespace: str, name: str, rv: str, status: dict[str, Any]) -> dict[str, Any]:
+            versions.append(rv)
+            if len(versions) == 1:
+                newer = {**QUEUE, "metadata": {**QUEUE["metadata"], "resourceVersion": "6"}}
+                queues.queue_delta(Delta("upsert", newer))
+                raise Conflict("the object has been modified")
+            return await real(namespace, name, "5", status)
+
+        api.patch_queue_status = stale_once  # type: ignore[method-assign]
+        await clock.advance(CONFLICT_DELAYS[0] + 0.01)
+        await queues.stop()
+        return versions, len(api.written)
+
+    versions, written = asyncio.run(scenario())
+    assert versions == ["5", "6"] and written == 1
+
+
+def test_a_deleted_queue_takes_its_series_with_it():
+    async def scenario() -> bytes:
+        clock, api, book, queues = await started()
+        queues.metrics.queue_starts.labels("ns", "batch").inc()
+        queues.queue_delta(Delta("delete", QUEUE))
+        await queues.stop()
+        return generate_latest(queues.metrics.registry)
+
+    assert b'queue="batch"' not in asyncio.run(scenario())

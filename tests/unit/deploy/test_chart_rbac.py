@@ -40,7 +40,15 @@ def test_the_operator_may_update_its_jobs_finalizers_wherever_it_may_create_pods
 
 def test_named_watch_namespaces_get_roles_there_and_nothing_cluster_wide():
     docs = helm_template("operator.watchNamespaces={team-a,team-b}")
-    assert not by_kind(docs, "ClusterRole", "ClusterRoleBinding"), "nothing cluster-wide"
+    # Cluster-wide only what cannot be namespaced: the reviews of secure metrics (TokenReviews and
+    # SubjectAccessReviews are cluster-scoped), and the metrics reader's role for Prometheus.
+    cluster_wide = by_kind(docs, "ClusterRole", "ClusterRoleBinding")
+    assert {doc["metadata"]["name"] for doc in cluster_wide} <= {"vigil-metrics-auth", "vigil-metrics-reader"}
+    [auth] = [
+        doc for doc in cluster_wide if doc["kind"] == "ClusterRole" and doc["metadata"]["name"] == "vigil-metrics-auth"
+    ]
+    assert {res for rule in auth["rules"] for res in rule["resources"]} == {"tokenreviews", "subjectaccessreviews"}
+    assert all(rule["verbs"] == ["create"] for rule in auth["rules"])
     roles = operator_roles(docs)
     assert sorted(role["metadata"]["namespace"] for role in roles) == ["team-a", "team-b"]
     for role in roles:

@@ -117,7 +117,7 @@ def test_a_pod_round_trips_as_the_api_servers_json():
         listed = await kube.list_job_pods("work", "job-uid")
         assert [p["metadata"]["name"] for p in listed] == ["ledger-1", "ledger-1"]
         assert server.seen[-1]["query"] == {"labelSelector": "vigil.dev/job-uid=job-uid"}
-        assert await kube.list_pod_names("work", "x=y") == ["ledger-1", "ledger-1"]
+        assert [p["metadata"]["name"] for p in await kube.list_labelled_pods("work", "x=y")] == ["ledger-1", "ledger-1"]
         assert server.seen[-1]["query"] == {"labelSelector": "x=y"}
 
     run(scenario)
@@ -153,7 +153,7 @@ def test_the_answers_the_operator_keeps_come_without_managed_fields_and_pod_spec
         answers = [
             await kube.patch_job_status("work", "ledger", "7", {"phase": "Running"}),
             await kube.read_job("work", "ledger"),
-            await kube.patch_job_labels("work", "ledger", {"vigil.dev/dead-letter": "true"}),
+            await kube.patch_job_labels("work", "ledger", "8", {"vigil.dev/dead-letter": "true"}),
         ]
         assert all("managedFields" not in a["metadata"] and a["spec"] == {"template": {}} for a in answers)
         assert [a["metadata"]["annotations"] for a in answers] == [{"vigil.dev/redrive": "1"}] * 3
@@ -168,10 +168,10 @@ def test_content_types_and_bodies_are_those_the_official_client_sent():
     async def scenario(server: Server, kube: Kube) -> None:
         await kube.release_pod("work", "ledger-1", "u1")
         await kube.annotate_pod("work", "ledger-1", "u1", {"vigil.dev/superseded": "2"})
-        await kube.label_pod("work", "ledger-1", {"vigil.dev/leader": None})
+        await kube.label_pod("work", "ledger-1", "u1", "41", {"vigil.dev/leader": None})
         await kube.patch_job_status("work", "ledger", "7", {"phase": "Running"})
-        await kube.patch_queue_status("work", "default", {"queued": 1})
-        await kube.patch_job_labels("work", "ledger", {"vigil.dev/dead-letter": "true"})
+        await kube.patch_queue_status("work", "default", "12", {"queued": 1})
+        await kube.patch_job_labels("work", "ledger", "8", {"vigil.dev/dead-letter": "true"})
         await kube.delete_pod("work", "ledger-1", "u1", grace_seconds=0)
         await kube.delete_pod("work", "ledger-2", None)
         await kube.delete_job("work", "ledger", "job-uid")
@@ -192,7 +192,12 @@ def test_content_types_and_bodies_are_those_the_official_client_sent():
                 smp,
                 {"metadata": {"uid": "u1", "annotations": {"vigil.dev/superseded": "2"}}},
             ),
-            ("PATCH", f"{pods}/ledger-1", smp, {"metadata": {"labels": {"vigil.dev/leader": None}}}),
+            (
+                "PATCH",
+                f"{pods}/ledger-1",
+                smp,
+                {"metadata": {"uid": "u1", "resourceVersion": "41", "labels": {"vigil.dev/leader": None}}},
+            ),
             (
                 "PATCH",
                 f"{jobs}/ledger/status",
@@ -203,9 +208,14 @@ def test_content_types_and_bodies_are_those_the_official_client_sent():
                 "PATCH",
                 "/apis/vigil.dev/v1alpha1/namespaces/work/vigilqueues/default/status",
                 mp,
-                {"status": {"queued": 1}},
+                {"metadata": {"resourceVersion": "12"}, "status": {"queued": 1}},
             ),
-            ("PATCH", f"{jobs}/ledger", mp, {"metadata": {"labels": {"vigil.dev/dead-letter": "true"}}}),
+            (
+                "PATCH",
+                f"{jobs}/ledger",
+                mp,
+                {"metadata": {"resourceVersion": "8", "labels": {"vigil.dev/dead-letter": "true"}}},
+            ),
             (
                 "DELETE",
                 f"{pods}/ledger-1",
@@ -251,7 +261,7 @@ def test_error_statuses_become_the_outcomes_callers_tell_apart():
         server.answer = lambda method, path: (404, {"kind": "Status", "reason": "NotFound"})
         assert await kube.read_pod("work", "gone") is None
         assert await kube.read_job("work", "gone") is None
-        assert await kube.patch_queue_status("work", "gone", {}) is None
+        assert await kube.patch_queue_status("work", "gone", "1", {}) is None
         await kube.delete_pod("work", "gone", "u1")  # already gone: done
         with pytest.raises(NotFound):
             await kube.patch_job_status("work", "gone", "1", {})
@@ -337,6 +347,35 @@ def test_an_answer_that_never_comes_is_unreachable_after_the_read_timeout():
         kube.http.read_timeout = 0.2
         with pytest.raises(Unreachable):  # the safety net below would raise TimeoutError instead
             await asyncio.wait_for(kube.read_pod("work", "p"), 30)
+
+    run(scenario)
+
+
+def test_a_fenced_write_is_bounded_by_the_time_left_before_the_fence_closes():
+    """Issue 25: a write sent just inside the renew deadline could wait 20 s (the read timeout)
+    for its answer, against a margin of 5 s before a standby may take over. The time left is the
+    request's bound, and the API server is told the same (its `timeout` parameter)."""
+
+    async def scenario(server: Server, kube: Kube) -> None:
+        kube.fence = lambda: 7.25
+        await kube.patch_job_status("work", "ledger", "7", {})
+        assert server.seen[-1]["query"] == {"timeout": "7250ms"}
+
+        async def never(method: str, path: str) -> Answer:
+            await asyncio.Event().wait()  # until the server's shutdown cancels it
+            return 200, {}
+
+        server.answer = never
+        kube.fence = lambda: 0.2  # the read timeout stays 20 s
+        with pytest.raises(Unreachable):  # abandoned as the fence closes; the net below is a hang's
+            await asyncio.wait_for(kube.patch_job_status("work", "ledger", "7", {}), 10)
+        assert server.seen[-1]["query"] == {"timeout": "200ms"}
+        kube.fence = lambda: None  # no election: no bound but the client's own, no parameter
+        server.answer = lambda method, path: (200, {})
+        await kube.delete_job("work", "ledger", "u")
+        assert server.seen[-1]["query"] == {}
+        await kube.read_job("work", "ledger")
+        assert server.seen[-1]["query"] == {}, "reads are not fenced"
 
     run(scenario)
 

@@ -40,6 +40,8 @@ from vigil.core.election import (
     LeaseVerdict,
     SeenRecord,
     StopReason,
+    fenced_timeout,
+    go_duration,
     micro_time,
     observe,
 )
@@ -934,6 +936,8 @@ def test_shell_a_leader_cut_off_stops_at_its_renew_deadline_before_the_lease_exp
         assert not await time.until(b.leading.is_set, 5)
         api_a.broken = True
         last_renewal = server.writes[-1][0]
+        # The fence says how long it stays open: a write's answer must come within that.
+        assert a.check() == pytest.approx(last_renewal + SHELL.renew_deadline - time.now)
         assert await time.until(task_a.done, 30)
         assert task_a.result() is StopReason.DEADLINE and stops == [StopReason.DEADLINE]
         stopped_at = time.now
@@ -1058,3 +1062,11 @@ def test_each_process_names_its_identity_in_its_user_agent():
     elector = LeaderElector.for_lease(lease_client, "ns", "lease", identity="pod-b_abc")
     assert isinstance(elector.api, LeaseStore) and elector.api.client is lease_client
     assert elector.identity == "pod-b_abc"
+
+
+def test_a_fenced_write_is_bounded_by_the_time_left_and_the_api_server_told_no_later():
+    assert fenced_timeout(None, 20.0) is None, "no election: no bound"
+    assert fenced_timeout(3.5, 20.0) == 3.5
+    assert fenced_timeout(30.0, 20.0) == 20.0
+    assert 0 < fenced_timeout(-1.0, 20.0) <= 0.001, "never 0, which aiohttp reads as no timeout"  # type: ignore[operator]
+    assert go_duration(3.5) == "3500ms" and go_duration(0.0123456) == "12ms" and go_duration(0.0) == "1ms"

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 import pytest
 from prometheus_client import generate_latest
 
+from vigil.controllers.jobs.view import ClusterView
 from vigil.metrics import Metrics
 from vigil.metrics.collectors import StateCollector, count_transition
 
@@ -66,14 +67,19 @@ def test_a_start_recorded_after_its_pod_waited_until_the_pod_began_not_until_the
     assert value(m, "vigil_queue_wait_seconds_sum", namespace="ns", queue="batch") == 2.0
 
 
+def _job(i: int, phase: str | None, rv: str = "1") -> dict:
+    status = {"phase": phase} if phase else {}
+    meta = {"name": f"secret-job-{i}", "namespace": "ns", "uid": f"u{i}", "resourceVersion": rv}
+    return {"metadata": meta, "status": status}
+
+
 def test_a_scrape_shows_jobs_by_phase_and_queues_without_any_job_name():
     m = Metrics()
-    jobs = [
-        {"metadata": {"name": f"secret-job-{i}"}, "status": {"phase": phase}}
-        for i, phase in enumerate(["Running", "Running", "Uncertain", "Queued"])
-    ]
+    view = ClusterView()
+    for i, phase in enumerate(["Running", "Running", "Uncertain", "Queued"]):
+        view.take(_job(i, phase))
     m.collect_from(
-        StateCollector(lambda: jobs, lambda: [("ns", "batch", {"queued": 4, "running": 2, "maxRunning": 2})])
+        StateCollector(lambda: view.phases, lambda: [("ns", "batch", {"queued": 4, "running": 2, "maxRunning": 2})])
     )
     assert value(m, "vigil_jobs", phase="Running") == 2
     assert value(m, "vigil_jobs", phase="DeadLettered") == 0, "every phase is shown, zeros included"
@@ -81,6 +87,34 @@ def test_a_scrape_shows_jobs_by_phase_and_queues_without_any_job_name():
     assert value(m, "vigil_queue_depth", namespace="ns", queue="batch") == 4
     assert value(m, "vigil_queue_max_running", namespace="ns", queue="batch") == 2
     assert b"secret-job" not in generate_latest(m.registry), "never labelled by job"
+
+
+def test_jobs_by_phase_are_counted_as_versions_come_and_go_not_walked_at_scrape_time():
+    view = ClusterView()
+    view.take(_job(1, None))
+    view.take(_job(2, "Running"))
+    assert view.phases == {"New": 1, "Running": 1}
+    view.take(_job(1, "Queued", rv="2"))
+    view.take(_job(1, None, rv="1"))  # an older version is not taken, nor counted
+    view.take(_job(2, "Succeeded", rv="2"))
+    assert view.phases == {"Queued": 1, "Succeeded": 1}
+    view.drop(("ns", "secret-job-2"))
+    view.drop(("ns", "secret-job-2"))  # twice: counted once
+    assert view.phases == {"Queued": 1}
+    m = Metrics()
+    m.collect_from(StateCollector(lambda: view.phases, list))
+    assert value(m, "vigil_jobs", phase="Queued") == 1 and value(m, "vigil_jobs", phase="Succeeded") == 0
+
+
+def test_a_deleted_queues_series_are_removed():
+    m = Metrics()
+    m.queue_starts.labels("ns", "batch").inc()
+    m.queue_wait.labels("ns", "batch").observe(1.0)
+    m.queue_starts.labels("ns", "other").inc()
+    m.forget_queue("ns", "batch")
+    m.forget_queue("ns", "never-had-series")
+    text = generate_latest(m.registry)
+    assert b'queue="batch"' not in text and b'queue="other"' in text
 
 
 def test_api_calls_are_timed_and_failures_counted_by_code():

@@ -89,7 +89,14 @@ class Executor:
             case actions.ReleasePod(name=pod_name, uid=uid):
                 await self.kube.release_pod(namespace, pod_name, uid)
             case actions.SetDeadLetterLabel(dead_lettered=flag):
-                await self.kube.patch_job_labels(namespace, name, {api.LABEL_DEAD_LETTER: "true" if flag else None})
+                # Fenced as the status write or the read before it was: on the version it left.
+                rv = job["metadata"]["resourceVersion"]
+                labelled = await self.kube.patch_job_labels(
+                    namespace, name, rv, {api.LABEL_DEAD_LETTER: "true" if flag else None}
+                )
+                if labelled is not None:
+                    self.job_seen(labelled, look=False)
+                    return labelled
             case actions.EmitEvent(type=type_, reason=reason, message=message):
                 self.events.record(job, type_, reason, message)  # posted beside the work
             case actions.DeleteJob(uid=uid):

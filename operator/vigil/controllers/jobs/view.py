@@ -7,11 +7,13 @@ Remembers, per job: its newest version, its spec.heartbeat parsed once per versi
 every beat of its pods), and a pod bearing its current attempt's name that is not its own (a
 stranger, which no watch of the job's pods shows); per pod: its newest snapshot (`PodCache`),
 the detector's record (`HeartbeatTracker`), and whether a watched version of it has reached a
-reconcile yet. Everything is dropped with the job or the pod.
+reconcile yet. Everything is dropped with the job or the pod. The jobs by phase are counted as
+versions come and go (`phases`), so the metrics read a count instead of walking every job.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,6 +42,7 @@ class ClusterView:
         self.strangers: dict[Key, Pod] = {}
         self.looked_at: set[str] = set()  # UIDs of pods whose watched versions reached a reconcile
         self._uids: dict[str, Key] = {}  # job UID -> key, of the jobs above
+        self.phases: Counter[str] = Counter()  # of the jobs above, "New" for a job with no phase yet
 
     def job(self, key: Key) -> Job | None:
         return self.jobs.get(key)
@@ -68,7 +71,10 @@ class ClusterView:
             return False  # the watch echoing a write of ours, or a duplicate
         if not read and current is not None and is_older(body, current):
             return False
+        if current is not None:
+            self._count(current, -1)
         self.jobs[key] = body
+        self._count(body, +1)
         self._uids[body["metadata"]["uid"]] = key
         self.heartbeats[key] = parse_heartbeat(body)
         return True
@@ -77,6 +83,7 @@ class ClusterView:
         """Forgets the job (not its pods: `pods.drop_job` does); returns what was held."""
         job = self.jobs.pop(key, None)
         if job is not None:
+            self._count(job, -1)
             self._uids.pop(job["metadata"]["uid"], None)
         self.heartbeats.pop(key, None)
         self.strangers.pop(key, None)
@@ -86,3 +93,13 @@ class ClusterView:
         self.pods.gone(job, uid)
         self.tracker.forget(uid)
         self.looked_at.discard(uid)
+
+    def _count(self, job: Job, change: int) -> None:
+        phase = phase_of(job)
+        self.phases[phase] += change
+        if not self.phases[phase]:
+            del self.phases[phase]
+
+
+def phase_of(job: Job) -> str:
+    return (job.get("status") or {}).get("phase") or "New"

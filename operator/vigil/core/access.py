@@ -1,0 +1,145 @@
+"""Who may read /metrics, decided as controller-runtime's secure metrics serving decides it
+(`filters.WithAuthenticationAndAuthorization`): the bearer token is reviewed by the API server
+(a TokenReview), then the user it names is checked for `get` on the non-resource URL /metrics
+(a SubjectAccessReview). This module holds the pure part: what a review's answers mean, the
+cache of verdicts, and the budget of reviews; `vigil.servers.metrics` makes the calls.
+
+Verdicts are cached briefly per token (by its SHA-256, never the token itself): an allowed one
+for `ALLOWED_TTL_SECONDS` (controller-runtime caches an authentication for a minute), a
+forbidden one for `FORBIDDEN_TTL_SECONDS` (its deny TTL), a refused token for
+`UNAUTHENTICATED_TTL_SECONDS` (the API server's own token webhook caches failures as long). The
+cache holds at most `CACHE_ENTRIES` verdicts, the least recently used going first. A token not
+in the cache costs two requests to the API server, so reviews are budgeted: a token bucket of
+`REVIEWS_PER_SECOND` (burst `REVIEW_BURST`); past it a scrape with an unknown token is answered
+429 without any review, so a flood of made-up tokens costs the API server at most that rate,
+while a scraper whose verdict is cached is never held back. Times are a monotonic clock's,
+handed in.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+METRICS_PATH = "/metrics"
+ALLOWED_TTL_SECONDS = 60.0
+FORBIDDEN_TTL_SECONDS = 30.0
+UNAUTHENTICATED_TTL_SECONDS = 10.0
+CACHE_ENTRIES = 1024
+REVIEWS_PER_SECOND = 5.0
+REVIEW_BURST = 10
+MAX_TOKEN_BYTES = 16 * 1024  # far above a service account token (about 1 KiB); larger is refused unread
+
+
+class Verdict(enum.Enum):
+    ALLOWED = 200
+    UNAUTHENTICATED = 401
+    FORBIDDEN = 403
+
+
+TTL = {
+    Verdict.ALLOWED: ALLOWED_TTL_SECONDS,
+    Verdict.FORBIDDEN: FORBIDDEN_TTL_SECONDS,
+    Verdict.UNAUTHENTICATED: UNAUTHENTICATED_TTL_SECONDS,
+}
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header; None when there is none."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token or len(token) > MAX_TOKEN_BYTES:
+        return None
+    return token
+
+
+def token_key(token: str) -> str:
+    """What the cache is keyed by: a digest, so no token is kept in memory beyond its request."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def token_review(token: str) -> dict[str, Any]:
+    return {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
+
+
+def reviewed_user(answer: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The user a TokenReview's answer names; None when the token is not authenticated."""
+    status = answer.get("status") or {}
+    if not status.get("authenticated"):
+        return None
+    return dict(status.get("user") or {})
+
+
+def access_review(user: Mapping[str, Any], path: str = METRICS_PATH) -> dict[str, Any]:
+    """A SubjectAccessReview of `get` on the non-resource URL `path` for that user, with their
+    groups, uid and extra attributes, as the API server's delegated authorizer sends it."""
+    spec: dict[str, Any] = {
+        "nonResourceAttributes": {"path": path, "verb": "get"},
+        "user": user.get("username", ""),
+        "groups": list(user.get("groups") or []),
+    }
+    if user.get("uid"):
+        spec["uid"] = user["uid"]
+    if user.get("extra"):
+        spec["extra"] = dict(user["extra"])
+    return {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec}
+
+
+def access_verdict(answer: Mapping[str, Any]) -> Verdict:
+    status = answer.get("status") or {}
+    return Verdict.ALLOWED if status.get("allowed") and not status.get("denied") else Verdict.FORBIDDEN
+
+
+@dataclass
+class VerdictCache:
+    """Verdicts by token key, each until it expires; at most `entries`, least recently used out."""
+
+    entries: int = CACHE_ENTRIES
+    _held: OrderedDict[str, tuple[Verdict, float]] = field(default_factory=OrderedDict)
+
+    def get(self, key: str, now: float) -> Verdict | None:
+        held = self._held.get(key)
+        if held is None:
+            return None
+        verdict, until = held
+        if now >= until:
+            del self._held[key]
+            return None
+        self._held.move_to_end(key)
+        return verdict
+
+    def put(self, key: str, verdict: Verdict, now: float) -> None:
+        self._held[key] = (verdict, now + TTL[verdict])
+        self._held.move_to_end(key)
+        while len(self._held) > self.entries:
+            self._held.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+
+@dataclass
+class ReviewBudget:
+    """A token bucket of reviews: `rate` a second, at most `burst` at once."""
+
+    rate: float = REVIEWS_PER_SECOND
+    burst: int = REVIEW_BURST
+    _tokens: float = float("nan")
+    _at: float = float("nan")
+
+    def take(self, now: float) -> bool:
+        """Whether one review may be made at `now` (and it is counted if so)."""
+        if self._tokens != self._tokens:  # first use: full
+            self._tokens, self._at = float(self.burst), now
+        self._tokens = min(float(self.burst), self._tokens + max(0.0, now - self._at) * self.rate)
+        self._at = max(self._at, now)
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True

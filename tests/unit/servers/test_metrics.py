@@ -1,0 +1,126 @@
+"""The secure /metrics against a small fake API server: no token 401, a refused token 401, a user
+without the permission 403, one with it 200 and the metrics; verdicts cached; a flood of unknown
+tokens costs at most the review budget, the rest answered 429 without a review."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from kubernetes import client
+
+from tests.support.clock import FakeClock
+from vigil.core.access import REVIEW_BURST
+from vigil.kube.client import ApiClient
+from vigil.kube.config import Credentials
+from vigil.metrics import Metrics
+from vigil.servers import metrics as metrics_server
+from vigil.servers.http import serve
+
+pytestmark = pytest.mark.unit
+
+USERS = {"prom-token": "system:serviceaccount:mon:prometheus", "tenant-token": "system:serviceaccount:t:app"}
+ALLOWED = {"system:serviceaccount:mon:prometheus"}
+
+
+class FakeApi:
+    def __init__(self) -> None:
+        self.reviews: list[str] = []
+        self.down = False
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = json.loads(await request.read())
+        self.reviews.append(body["kind"])
+        if self.down:
+            return web.json_response({"kind": "Status", "code": 500}, status=500)
+        if body["kind"] == "TokenReview":
+            user = USERS.get(body["spec"]["token"])
+            status: dict[str, Any] = {"authenticated": True, "user": {"username": user}} if user else {}
+        else:
+            assert body["spec"]["nonResourceAttributes"] == {"path": "/metrics", "verb": "get"}
+            status = {"allowed": body["spec"]["user"] in ALLOWED}
+        return web.json_response({**body, "status": status}, status=201)
+
+
+def scenario(steps) -> Any:
+    async def main() -> Any:
+        api = FakeApi()
+        app = web.Application()
+        app.router.add_post("/apis/{group}/v1/{kind}", api.handle)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        configuration = client.Configuration()
+        configuration.host = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        http = ApiClient(Credentials(configuration))
+        metrics = Metrics()
+        access = metrics_server.Access(http, metrics, FakeClock())
+        server = await serve(metrics_server.secure_routes(metrics.registry, access, metrics), "127.0.0.1:0")
+        session = aiohttp.ClientSession()
+
+        async def scrape(token: str | None) -> tuple[int, str]:
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            async with session.get(f"http://127.0.0.1:{server.port}/metrics", headers=headers) as response:
+                return response.status, await response.text()
+
+        try:
+            return await asyncio.wait_for(steps(scrape, api), 60)  # a hang's bound, not a timing
+        finally:
+            await session.close()
+            await server.stop()
+            await http.close()
+            await runner.cleanup()
+
+    return asyncio.run(main())
+
+
+def test_no_token_a_refused_one_and_one_without_permission_are_kept_out():
+    async def steps(scrape, api: FakeApi) -> None:
+        status, text = await scrape(None)
+        assert status == 401 and "bearer token" in text
+        status, text = await scrape("made-up")
+        assert status == 401 and "refused" in text
+        status, text = await scrape("tenant-token")
+        assert status == 403 and "/metrics" in text
+        status, text = await scrape("prom-token")
+        assert status == 200 and "workqueue_depth" in text and "vigil_metrics_requests_total" in text
+        reviews = ["TokenReview", "TokenReview", "SubjectAccessReview", "TokenReview", "SubjectAccessReview"]
+        assert api.reviews == reviews
+
+    scenario(steps)
+
+
+def test_verdicts_are_cached_and_concurrent_scrapes_share_one_review():
+    async def steps(scrape, api: FakeApi) -> None:
+        answers = await asyncio.gather(*(scrape("prom-token") for _ in range(5)))
+        assert [status for status, _ in answers] == [200] * 5
+        for _ in range(5):
+            assert (await scrape("tenant-token"))[0] == 403
+        assert api.reviews.count("TokenReview") == 2, api.reviews
+
+    scenario(steps)
+
+
+def test_a_flood_of_unknown_tokens_costs_at_most_the_budget_of_reviews():
+    async def steps(scrape, api: FakeApi) -> None:
+        statuses = [status for status, _ in await asyncio.gather(*(scrape(f"bad-{n}") for n in range(100)))]
+        assert statuses.count(429) == 100 - REVIEW_BURST and statuses.count(401) == REVIEW_BURST
+        assert api.reviews.count("TokenReview") == REVIEW_BURST
+
+    scenario(steps)
+
+
+def test_an_api_server_that_cannot_review_is_503_and_nothing_is_cached():
+    async def steps(scrape, api: FakeApi) -> None:
+        api.down = True
+        status, text = await scrape("prom-token")
+        assert status == 503 and "retry" in text
+        api.down = False
+        assert (await scrape("prom-token"))[0] == 200
+
+    scenario(steps)
