@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from vigil import cli
+from vigil.core.queueing.book import QueueSpec
 
 pytestmark = pytest.mark.unit
 
@@ -19,3 +20,25 @@ def test_a_pod_watch_pace_out_of_range_is_refused_with_its_bounds(pace: str, cap
 def test_a_webhook_address_without_its_certificate_is_refused(capsys: pytest.CaptureFixture[str]):
     assert cli.main(["operator", "--webhook-address", "0.0.0.0:9443"]) == 2
     assert "--webhook-address needs --webhook-cert-file and --webhook-key-file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "refusal"),
+    [
+        (["--default-queue-max-running", "0"], "--default-queue-max-running must be between 1 and 1000000, not 0"),
+        (
+            ["--default-queue-max-running", "5", "--default-queue-retry-budget", "1.5"],
+            "--default-queue-retry-budget must be between 0 and 1 (1: no budget), not 1.5",
+        ),
+        (["--default-queue-retry-budget", "0.5"], "--default-queue-retry-budget needs --default-queue-max-running"),
+    ],
+)
+def test_a_default_queue_policy_out_of_range_is_refused_with_what_to_fix(
+    flags: list[str], refusal: str, capsys: pytest.CaptureFixture[str]
+):
+    assert cli.main(["operator", *flags]) == 2
+    assert refusal in capsys.readouterr().err
+
+
+def test_the_default_queue_policy_takes_a_vigilqueues_default_budget():
+    assert cli.default_queue_policy(100, None) == QueueSpec(max_running=100, retry_budget=0.2)
