@@ -16,9 +16,11 @@ from vigil.core.election import (
     ElectionConfig,
     InvalidTimings,
 )
+from vigil.core.queueing.book import QueueSpec
 from vigil.kube.informer import MAX_POD_WATCH_PACE_SECONDS, POD_WATCH_PACE_SECONDS
 
 DEFAULT_LEASE_NAME = "vigil-operator"
+DEFAULT_QUEUE_RETRY_BUDGET = QueueSpec().retry_budget  # a VigilQueue's own default
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
@@ -76,6 +78,16 @@ def _operator(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    default_queue = None
+    if args.default_queue_max_running is not None:
+        try:
+            default_queue = default_queue_policy(args.default_queue_max_running, args.default_queue_retry_budget)
+        except ValueError as err:
+            print(f"vigil operator: {err}", file=sys.stderr)
+            return 2
+    elif args.default_queue_retry_budget is not None:
+        print("vigil operator: --default-queue-retry-budget needs --default-queue-max-running", file=sys.stderr)
+        return 2
     webhook = None
     if args.webhook_address:
         if not (args.webhook_cert_file and args.webhook_key_file):
@@ -114,6 +126,7 @@ def _operator(args: argparse.Namespace) -> int:
         webhook=webhook,
         lease=lease,
         pod_watch_pace=args.pod_watch_pace,
+        default_queue=default_queue,
     )
     return manager.run_operator(settings, credentials)
 
@@ -159,6 +172,17 @@ def _release_finalizers(args: argparse.Namespace) -> int:
     return 0
 
 
+def default_queue_policy(max_running: int, retry_budget: float | None) -> QueueSpec:
+    """The cluster-wide limits of a namespace's `default` queue where no VigilQueue `default`
+    exists; a ValueError says which flag is wrong."""
+    if not 0 < max_running <= 1_000_000:
+        raise ValueError(f"--default-queue-max-running must be between 1 and 1000000, not {max_running}")
+    budget = DEFAULT_QUEUE_RETRY_BUDGET if retry_budget is None else retry_budget
+    if not 0.0 <= budget <= 1.0:
+        raise ValueError(f"--default-queue-retry-budget must be between 0 and 1 (1: no budget), not {budget:g}")
+    return QueueSpec(max_running=max_running, retry_budget=budget)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="vigil", description="Vigil: jobs as pods that stay correct when the network lies."
@@ -183,6 +207,23 @@ def main(argv: list[str] | None = None) -> int:
         help="the pod watches rest this long after each read, so that heartbeats come in batches: less "
         "CPU per beat, a pod's change seen at most this much later; 0 reads every event at once "
         f"(default {POD_WATCH_PACE_SECONDS:g}, at most {MAX_POD_WATCH_PACE_SECONDS:g})",
+    )
+    operator.add_argument(
+        "--default-queue-max-running",
+        type=int,
+        default=None,
+        metavar="N",
+        help="in a namespace with no VigilQueue 'default', the jobs that name no queue start at most N "
+        "attempts at once, under a retry budget, as if that queue existed (the chart sets 100); "
+        "default: none, such jobs run unlimited",
+    )
+    operator.add_argument(
+        "--default-queue-retry-budget",
+        type=float,
+        default=None,
+        metavar="SHARE",
+        help="with --default-queue-max-running: retries may be at most this share of those jobs' starts "
+        f"over 60 s, as a VigilQueue's retryBudget (default {DEFAULT_QUEUE_RETRY_BUDGET:g}; 1: no budget)",
     )
     operator.add_argument(
         "--health-address",

@@ -83,6 +83,9 @@ class OperatorSettings:
     webhook: tuple[str, str, str] | None = None  # (HOST:PORT, certificate file, key file)
     lease: tuple[ElectionConfig, str, str] | None = None  # (timings, namespace, name); None: act alone
     pod_watch_pace: float = POD_WATCH_PACE_SECONDS
+    # The limits of a namespace's `default` queue while it has no VigilQueue `default`; None:
+    # its jobs run unlimited (the chart sets one: docs/design.md, "VigilQueue").
+    default_queue: QueueSpec | None = None
 
 
 def watch_scopes(patterns: Collection[str]) -> tuple[list[str | None], Callable[[Mapping], bool]]:
@@ -211,7 +214,7 @@ class Operator:
         )
         self.informers = [*self.jobs_watch.informers, *self.queues_watch.informers, *self.pods_watch.informers]
 
-        book = QueueBook()
+        book = QueueBook(settings.default_queue)
         queue = job_queue(clock, metrics)
         self.queues = QueueStatusController(kube, book, clock=clock, metrics=metrics)
         self.dispatcher = Dispatcher(book, wake=queue.add, clock=clock, metrics=metrics, on_changed=self.queues.changed)

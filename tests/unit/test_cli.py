@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from vigil import cli
+from vigil.core.queueing.book import QueueSpec
 
 pytestmark = pytest.mark.unit
 
@@ -32,3 +33,25 @@ def test_a_metrics_address_without_a_certificate_is_refused_unless_insecure_is_a
     assert cli.main(["operator", "--metrics-address", "0.0.0.0:8081"]) == 2
     err = capsys.readouterr().err
     assert "--metrics-address needs --metrics-cert-file and --metrics-key-file" in err and "--metrics-insecure" in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "refusal"),
+    [
+        (["--default-queue-max-running", "0"], "--default-queue-max-running must be between 1 and 1000000, not 0"),
+        (
+            ["--default-queue-max-running", "5", "--default-queue-retry-budget", "1.5"],
+            "--default-queue-retry-budget must be between 0 and 1 (1: no budget), not 1.5",
+        ),
+        (["--default-queue-retry-budget", "0.5"], "--default-queue-retry-budget needs --default-queue-max-running"),
+    ],
+)
+def test_a_default_queue_policy_out_of_range_is_refused_with_what_to_fix(
+    flags: list[str], refusal: str, capsys: pytest.CaptureFixture[str]
+):
+    assert cli.main(["operator", *flags]) == 2
+    assert refusal in capsys.readouterr().err
+
+
+def test_the_default_queue_policy_takes_a_vigilqueues_default_budget():
+    assert cli.default_queue_policy(100, None) == QueueSpec(max_running=100, retry_budget=0.2)

@@ -54,6 +54,10 @@ MAX_CONDITION_MESSAGE = 32768  # metav1.Condition's limit, in characters
 MAX_SECONDS = 10 * 365 * 24 * 3600  # 10 years, for every duration; fits in an int32 too
 MAX_ATTEMPTS = 10_000  # beyond this a job is poison, whatever its backoff
 MAX_BACKOFF_FACTOR = 10.0
+# The least delay between two attempts of a job. batch/v1's Job controller waits 10 s after a
+# failed pod, doubling up to 10 min, and lets no one set less; Vigil keeps 10 s as the default and
+# lets a job ask for less, down to this floor, so that no job can retry as fast as the API answers.
+MIN_RETRY_SECONDS = 1
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1  # priority, as Kubernetes' own priorities
 RESERVED_PREFIX = f"{GROUP}/"  # label, annotation and finalizer names that are Vigil's alone
 
@@ -88,6 +92,10 @@ class Rule:
     holds: Callable[[Any], bool]
     message_expression: str | None = None
     explain: Callable[[Any], str] | None = None
+    # False for a rule added after objects were stored under the looser one: the API server
+    # refuses new values (and, ratcheting, lets an update that leaves the field alone pass), while
+    # the core still reads the stored objects and enforces the rule its own way.
+    on_read: bool = True
 
     def as_validation(self) -> dict[str, str]:
         """The rule as an entry of x-kubernetes-validations."""
@@ -106,7 +114,7 @@ class WireModel(BaseModel):
     @model_validator(mode="after")
     def _check_cel_rules(self) -> Self:
         for rule in self.cel_rules:
-            if not rule.holds(self):
+            if rule.on_read and not rule.holds(self):
                 raise ValueError(rule.explain(self) if rule.explain else rule.message)
         return self
 
@@ -139,7 +147,9 @@ def _nested(model: type[WireModel], description: str) -> Any:
 class Backoff(WireModel):
     """Delay before a retry: min(maxSeconds, initialSeconds * factor^(n-1)), then jittered."""
 
-    initial_seconds: int = _seconds(10, ge=0, description="Delay after the first failed attempt.")
+    initial_seconds: int = _seconds(
+        10, ge=0, description=f"Delay after the first failed attempt; at least {MIN_RETRY_SECONDS}."
+    )
     factor: float = Field(
         2.0,
         le=MAX_BACKOFF_FACTOR,
@@ -153,6 +163,15 @@ class Backoff(WireModel):
     )
 
     cel_rules = (
+        Rule(
+            f"self.initialSeconds >= {MIN_RETRY_SECONDS}",
+            f"retry.backoff.initialSeconds must be at least {MIN_RETRY_SECONDS}: a job waits at least "
+            f"{MIN_RETRY_SECONDS} s between attempts (jitter included), so that no job retries as fast as "
+            "the API server answers (batch/v1 Job waits 10 s)",
+            lambda b: b.initial_seconds >= MIN_RETRY_SECONDS,
+            # Jobs stored before the floor are still read; core.backoff applies it to them.
+            on_read=False,
+        ),
         Rule(
             "self.maxSeconds >= self.initialSeconds",
             "retry.backoff.maxSeconds must be >= retry.backoff.initialSeconds",

@@ -24,7 +24,7 @@ from vigil.kube.operations import Kube
 from vigil.kube.seen import Delta
 from vigil.metrics import QUEUE_CONTROLLER, Metrics
 from vigil.runtime.clock import Clock
-from vigil.runtime.workqueue import WorkQueue
+from vigil.runtime.workqueue import WorkQueue, namespace_of
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,7 @@ class QueueStatusController:
             clock,
             on_add=metrics.workqueue_adds.labels(QUEUE_CONTROLLER).inc,
             on_wait=metrics.workqueue_queue_duration.labels(QUEUE_CONTROLLER).observe,
+            tenant=namespace_of,
         )
         self.worker = Worker(QUEUE_CONTROLLER, self.queue, self, workers=1, clock=clock, metrics=metrics, rng=rng)
         self.queues: dict[QueueKey, Mapping[str, Any]] = {}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 
-from vigil.api import Backoff
+from vigil.api import MIN_RETRY_SECONDS, Backoff
 
 EQUAL_JITTER = 0.5  # half fixed, half random: retries of many keys do not align, none waits twice too long
 
@@ -44,14 +44,19 @@ def backoff(
 def attempt_delay(failed_attempts: int, policy: Backoff, rng: random.Random) -> float:
     """Seconds before a job's next attempt after `failed_attempts` (>= 1) counted failures of its
     round, as its spec.retry.backoff says: in (base x (1 - jitter), base]. jitter 0 is the plain
-    exponential delay, 0.5 classic equal jitter, 1 full jitter."""
-    return backoff(
-        failed_attempts,
-        policy.initial_seconds,
-        policy.max_seconds,
-        rng.random(),
-        factor=policy.factor,
-        jitter=policy.jitter,
+    exponential delay, 0.5 classic equal jitter, 1 full jitter. Never less than
+    MIN_RETRY_SECONDS: the API server refuses a smaller initialSeconds, but a job stored before
+    that rule, or a jitter that shortens the delay, would otherwise retry at once."""
+    return max(
+        float(MIN_RETRY_SECONDS),
+        backoff(
+            failed_attempts,
+            policy.initial_seconds,
+            policy.max_seconds,
+            rng.random(),
+            factor=policy.factor,
+            jitter=policy.jitter,
+        ),
     )
 
 

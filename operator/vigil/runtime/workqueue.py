@@ -1,34 +1,54 @@
 """A keyed work queue with the guarantees of client-go's: a key waits in the queue at most once,
 is processed by one worker at a time, and a key added while it is processed is processed again
 afterwards. Delayed adds keep only the earliest pending time per key.
+
+Unlike client-go's single FIFO, keys are handed out fair across tenants (`tenant(key)`, the
+namespace for the controllers' keys): round robin over the tenants with a key ready, FIFO within
+each (`vigil.core.fairness.RoundRobin`), so one namespace's flood of keys delays another
+namespace's key by at most one round. Without `tenant` every key is one tenant's: plain FIFO.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
+from vigil.core.fairness import RoundRobin
 from vigil.runtime.clock import SYSTEM, Clock
 from vigil.runtime.timers import Timers
 
 K = TypeVar("K", bound=Hashable)
 
 
+def one_tenant(key: Hashable) -> Hashable:
+    return None
+
+
+def namespace_of(key: Hashable) -> Hashable:
+    """The tenant of a (namespace, name) key."""
+    return key[0] if isinstance(key, tuple) and key else None
+
+
 class WorkQueue(Generic[K]):
     """`on_add()` is called for every add that enqueues, `on_wait(seconds)` with how long a key
-    waited when a worker takes it (for the workqueue_* metrics)."""
+    waited when a worker takes it (for the workqueue_* metrics); `tenant(key)` says whose turn
+    a key takes."""
 
     def __init__(
         self,
         clock: Clock = SYSTEM,
         on_add: Callable[[], None] = lambda: None,
         on_wait: Callable[[float], None] = lambda seconds: None,
+        *,
+        tenant: Callable[[K], Hashable] = one_tenant,
     ) -> None:
-        self.clock, self.on_add, self.on_wait = clock, on_add, on_wait
+        self.clock, self.on_add, self.on_wait, self.tenant = clock, on_add, on_wait, tenant
         self._added_at: dict[K, float] = {}
-        self._queue: asyncio.Queue[K] = asyncio.Queue()
-        self._waiting: set[K] = set()  # in _queue
+        self._ready: RoundRobin[K, Hashable] = RoundRobin()
+        self._getters: deque[asyncio.Future[None]] = deque()  # workers waiting for a key
+        self._waiting: set[K] = set()  # in _ready
         self._processing: set[K] = set()
         self._dirty: set[K] = set()  # added while processing: goes back in when done
         self._timers: Timers[K] = Timers(clock, self.add)  # delayed adds
@@ -39,8 +59,9 @@ class WorkQueue(Generic[K]):
         elif key not in self._waiting:
             self._waiting.add(key)
             self._added_at[key] = self.clock.monotonic()
-            self._queue.put_nowait(key)
+            self._ready.push(self.tenant(key), key)
             self.on_add()
+            self._wake_one()
 
     def add_after(self, key: K, seconds: float) -> None:
         """Adds the key after `seconds`, unless an earlier delayed add is already pending."""
@@ -59,7 +80,19 @@ class WorkQueue(Generic[K]):
             self.add_after(key, seconds)
 
     async def get(self) -> K:
-        key = await self._queue.get()
+        while not self._ready:
+            waiter = asyncio.get_running_loop().create_future()
+            self._getters.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake_one()  # woken, then cancelled: the key is another worker's
+                raise
+            finally:
+                if waiter in self._getters:
+                    self._getters.remove(waiter)
+        key = self._ready.pop()
         self._waiting.discard(key)
         added = self._added_at.pop(key, None)
         if added is not None:
@@ -79,6 +112,13 @@ class WorkQueue(Generic[K]):
 
     def __len__(self) -> int:
         return len(self._waiting) + len(self._dirty)
+
+    def _wake_one(self) -> None:
+        while self._getters:
+            waiter = self._getters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
 
     def shutdown(self) -> None:
         self._timers.shutdown()

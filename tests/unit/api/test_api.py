@@ -168,9 +168,20 @@ def test_the_edges_of_each_rule_are_allowed(fields: dict[str, Any]) -> None:
 
 def test_every_rule_has_a_message_that_names_its_field() -> None:
     rules = [rule for model in (api.Backoff, api.Retry, api.Heartbeat, api.TemplateMeta) for rule in model.cel_rules]
-    assert len(rules) == 8
+    assert len(rules) == 9
     for rule in rules:
         assert rule.message.split(" ")[0].startswith(("retry.", "heartbeat.", "spec.template.metadata."))
+
+
+def test_a_backoff_under_the_floor_is_the_api_servers_to_refuse_and_the_cores_to_read() -> None:
+    """New jobs with initialSeconds 0 are refused with a message that says the floor; a job
+    stored before the rule still parses (core.backoff puts the floor under its delay)."""
+    (floor, *_) = api.Backoff.cel_rules
+    assert floor.as_validation()["rule"] == f"self.initialSeconds >= {api.MIN_RETRY_SECONDS}"
+    assert floor.message.startswith("retry.backoff.initialSeconds must be at least 1: a job waits at least 1 s")
+    assert not floor.on_read and not floor.holds(api.Backoff(initial_seconds=0, max_seconds=0))
+    stored = spec(retry={"maxAttempts": 10_000, "backoff": {"initialSeconds": 0, "factor": 1.0, "maxSeconds": 0}})
+    assert stored.retry.backoff.initial_seconds == 0
 
 
 def test_a_rule_that_names_what_it_found_says_so_in_cel_too() -> None:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vigil.api import Backoff
+from vigil.api import MIN_RETRY_SECONDS, Backoff
 from vigil.core.backoff import CONFLICT_DELAYS, ERROR_DELAYS, attempt_delay, exponential, reconcile_retry_delay, spread
 
 pytestmark = pytest.mark.unit
@@ -77,9 +77,26 @@ def test_every_delay_lies_between_the_jittered_floor_and_the_cap(
     backoff = Backoff(initial_seconds=initial, factor=factor, max_seconds=initial + extra, jitter=jitter)
     delay = attempt_delay(failures, backoff, random.Random(seed))
     floor = base(failures, backoff)
-    assert floor * (1 - jitter) <= delay <= floor <= backoff.max_seconds
+    assert max(MIN_RETRY_SECONDS, floor * (1 - jitter)) <= delay <= max(MIN_RETRY_SECONDS, floor)
+    assert floor <= backoff.max_seconds
     assert floor >= min(initial, backoff.max_seconds)
     assert base(failures + 1, backoff) >= floor  # never shrinks as failures grow
+
+
+@settings(max_examples=200)
+@given(
+    initial=st.integers(0, 3),
+    factor=st.floats(1.0, 10.0),
+    jitter=st.floats(0.0, 1.0),
+    failures=st.integers(1, 10_000),
+    seed=st.integers(0, 2**32),
+)
+def test_no_delay_is_under_the_floor_not_even_a_stored_zero_or_a_full_jitter(
+    initial: int, factor: float, jitter: float, failures: int, seed: int
+) -> None:
+    """initialSeconds 0 (admitted before the floor), factor 1, jitter 1: still a second apart."""
+    backoff = Backoff(initial_seconds=initial, factor=factor, max_seconds=initial, jitter=jitter)
+    assert attempt_delay(failures, backoff, random.Random(seed)) >= MIN_RETRY_SECONDS == 1
 
 
 @given(st.integers(min_value=1, max_value=10_000), st.booleans(), st.floats(0, 1, exclude_max=True))

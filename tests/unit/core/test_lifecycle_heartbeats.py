@@ -21,7 +21,8 @@ pytestmark = pytest.mark.unit
 HEALTHY = Liveness("Healthy", 1.0, "heartbeats arriving")
 UNCERTAIN = Liveness("Uncertain", 35.0, "no heartbeat for 30s or more; Lost after 60s of silence")
 LOST = Liveness("Lost", 61.0, "no heartbeat for 60s or more (heartbeat.timeoutSeconds)")
-NO_BACKOFF = {"retry": {"backoff": {"initialSeconds": 0}}}
+# The shortest backoff there is (api.MIN_RETRY_SECONDS, without jitter): the next attempt may start 1 s after a failure.
+SHORTEST_BACKOFF = {"retry": {"backoff": {"initialSeconds": 1, "jitter": 0.0}}}
 SUPERSEDED = {api.ANNOTATION_SUPERSEDED: "HeartbeatLost"}
 
 
@@ -159,9 +160,12 @@ def test_a_lost_last_attempt_dead_letters_the_job() -> None:
     assert decision.of_type(DeletePod) == [DeletePod("ledger-1", "pod-1")]
 
 
-def test_without_backoff_the_old_pod_is_stopped_before_the_new_one_is_created() -> None:
-    _, decision = lost_attempt_1(NO_BACKOFF)
-    assert kinds(decision)[:4] == ["PatchStatus", "AnnotatePod", "DeletePod", "CreatePod"]
+def test_the_old_pod_is_stopped_before_the_new_one_is_created() -> None:
+    job, decision = lost_attempt_1(SHORTEST_BACKOFF)
+    assert kinds(decision)[:3] == ["PatchStatus", "AnnotatePod", "DeletePod"]
+    assert decision.of_type(CreatePod) == []  # not even the shortest backoff is none
+    marked = make_pod(1, phase="Running", deleting=True, annotations=SUPERSEDED)
+    assert len(run(job, [marked], at(71)).of_type(CreatePod)) == 1
 
 
 def test_a_crash_before_the_marking_is_repaired_by_the_next_look() -> None:
@@ -232,17 +236,19 @@ def test_last_heartbeat_at_rides_along_with_any_other_write() -> None:
 
 
 def test_under_no_overlap_the_next_attempt_waits_for_the_lost_pod_to_be_gone() -> None:
-    job, decision = lost_attempt_1({"guarantee": "NoOverlap", **NO_BACKOFF})
-
-    assert decision.of_type(CreatePod) == []
+    job, decision = lost_attempt_1({"guarantee": "NoOverlap", **SHORTEST_BACKOFF})
     assert decision.of_type(DeletePod) == [DeletePod("ledger-1", "pod-1")]
+    marked = make_pod(1, phase="Running", annotations=SUPERSEDED)  # its deletion not seen yet
+
+    job, decision = step(job, [marked], at(71))  # the backoff is over
+    assert decision.of_type(CreatePod) == []
     status = job["status"]
     assert (status["phase"], status["reason"]) == ("BackingOff", "WaitingForPreviousPod")
     assert "pod ledger-1 of attempt 1" in status["message"]
     assert ("Normal", "WaitingForPreviousPod") in events(decision)
 
     terminating = make_pod(1, phase="Running", deleting=True, annotations=SUPERSEDED)
-    job, decision = step(job, [terminating], at(71))
+    job, decision = step(job, [terminating], at(72))
     assert kinds(decision) == ["PatchStatus"]  # the message now says it is terminating; no event
     assert "terminating" in job["status"]["message"]
     assert run(job, [terminating], at(500)).actions == ()  # it may never go: the job waits
@@ -269,7 +275,7 @@ def test_under_no_overlap_a_finished_pod_never_blocks_the_next_attempt_and_keeps
 def test_under_no_overlap_a_lost_pod_that_has_stopped_frees_the_next_attempt_before_it_is_gone() -> None:
     # The node stopped the pod (exit 143 on SIGTERM, phase Failed): it runs nothing any more, even
     # while Vigil's own finalizer still holds its object for the exit code.
-    job, _ = lost_attempt_1({"guarantee": "NoOverlap", **NO_BACKOFF})
+    job, _ = lost_attempt_1({"guarantee": "NoOverlap", **SHORTEST_BACKOFF})
     stopped = make_pod(1, phase="Failed", exit_code=143, deleting=True, annotations=SUPERSEDED)
     job, decision = step(job, [stopped], at(75))
     assert len(decision.of_type(CreatePod)) == 1
@@ -288,7 +294,7 @@ def test_under_no_overlap_a_resumed_job_waits_for_its_cancelled_pod() -> None:
 
 
 def test_under_no_overlap_the_previous_pod_is_reported_before_the_queue() -> None:
-    job, _ = lost_attempt_1({"guarantee": "NoOverlap", **NO_BACKOFF})
+    job, _ = lost_attempt_1({"guarantee": "NoOverlap", **SHORTEST_BACKOFF})
     job, _ = step(job, [make_pod(1, phase="Running", deleting=True)], at(71), may_start=False)
     assert job["status"]["reason"] == "WaitingForPreviousPod"
     job, _ = step(job, [], at(72), may_start=False)
@@ -296,7 +302,8 @@ def test_under_no_overlap_the_previous_pod_is_reported_before_the_queue() -> Non
 
 
 def test_at_least_once_does_not_wait_for_the_previous_pod() -> None:
-    job, decision = lost_attempt_1(NO_BACKOFF)
+    job, _ = lost_attempt_1(SHORTEST_BACKOFF)
+    job, decision = step(job, [make_pod(1, phase="Running", annotations=SUPERSEDED)], at(71))
     assert len(decision.of_type(CreatePod)) == 1
     assert job["status"]["currentAttempt"]["number"] == 2
 
@@ -305,7 +312,7 @@ def test_at_least_once_does_not_wait_for_the_previous_pod() -> None:
 
 
 def attempt_2_running(spec: dict[str, Any] | None = None) -> dict[str, Any]:
-    job, _ = lost_attempt_1({**NO_BACKOFF, **(spec or {})})
+    job, _ = lost_attempt_1({**SHORTEST_BACKOFF, **(spec or {})})
     job, _ = step(job, [make_pod(1, phase="Running", deleting=True), make_pod(2, phase="Running")], at(71))
     assert job["status"]["currentAttempt"]["number"] == 2
     return job
@@ -352,7 +359,7 @@ def test_the_replacements_own_success_in_the_same_look_is_an_ordinary_success() 
 
 @pytest.mark.parametrize("spec", [{"attemptDeadlineSeconds": 30}, {"suspend": True}])
 def test_a_pod_that_exits_0_after_vigil_stopped_it_on_purpose_is_no_late_success(spec: dict[str, Any]) -> None:
-    job = running_job(NO_BACKOFF)
+    job = running_job(SHORTEST_BACKOFF)
     job["spec"].update(spec)
     job, _ = step(job, [make_pod(1, phase="Running")], at(40))
     job["spec"]["suspend"] = False
@@ -423,9 +430,10 @@ def test_an_unchanged_checkpoint_costs_no_write() -> None:
 
 
 def test_the_next_attempt_gets_the_last_good_checkpoint_not_a_later_bad_one() -> None:
-    job, _ = step(running_job(NO_BACKOFF), [with_checkpoint('{"offset": 7}')], at(5))
+    job, _ = step(running_job(SHORTEST_BACKOFF), [with_checkpoint('{"offset": 7}')], at(5))
     failed = with_checkpoint("{broken", phase="Failed", exit_code=1)
-    job, decision = step(job, [failed], at(6))
+    job, _ = step(job, [failed], at(6))
+    job, decision = step(job, [failed], at(7))
     (create,) = decision.of_type(CreatePod)
     env = {e["name"]: e.get("value") for e in create.manifest["spec"]["containers"][0]["env"]}
     assert env["VIGIL_CHECKPOINT"] == '{"offset": 7}'
@@ -500,7 +508,7 @@ def test_a_late_success_seen_only_after_the_kubelets_final_deletion_is_not_prove
 
 
 def test_under_no_overlap_a_stopped_but_held_pod_does_not_block_the_next_attempt() -> None:
-    job, _ = lost_attempt_1({"guarantee": "NoOverlap", **NO_BACKOFF})
+    job, _ = lost_attempt_1({"guarantee": "NoOverlap", **SHORTEST_BACKOFF})
     held = lost_pod(phase="Failed", exit_code=143, finished_at=at(71))
 
     job, decision = step(job, [held], at(72))

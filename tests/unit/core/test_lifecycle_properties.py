@@ -546,7 +546,8 @@ class World:
     def backoff_bounds(self, failures: int) -> tuple[float, float]:
         backoff = self.spec["retry"]["backoff"]
         base = min(backoff["maxSeconds"], backoff["initialSeconds"] * backoff["factor"] ** (failures - 1))
-        return base * (1 - backoff["jitter"]), base
+        # Never under the floor, not even for initialSeconds 0 (a job stored before the floor).
+        return max(api.MIN_RETRY_SECONDS, base * (1 - backoff["jitter"])), max(api.MIN_RETRY_SECONDS, base)
 
     def check_backoff_was_waited(self, status: dict[str, Any], number: int, failures: int) -> None:
         """Attempt `number` starts now, after `failures` attempts of its round: a failure before

@@ -740,3 +740,62 @@ def test_a_retry_whose_first_status_shows_it_done_keeps_its_count() -> None:
     book.observe(replace(retries[0], standing=None, attempts=2))  # r0's attempt 2 recorded as it succeeded
     assert book.window_counts(QK, T0) == (3, 3)
     assert book.dispatch(QK, T0 + 1).start == (), "the floor is spent: r3 waits"
+
+
+# ------------------------------------------------------------- the cluster-wide default policy
+
+
+def default_job(name: str, created: float = 0.0) -> QueueEntry:
+    return waiting(name, created=created, queue=DEFAULT_QUEUE)
+
+
+def test_without_a_default_policy_a_namespace_without_a_default_queue_runs_unlimited() -> None:
+    book = QueueBook()
+    for i in range(3):
+        book.observe(default_job(f"j{i}"))
+    assert book.dispatch((NS, DEFAULT_QUEUE), T0).start == ()
+    assert book.permit(NS, "j2", T0).reason == "NoQueue"
+
+
+def test_the_default_policy_caps_a_namespace_without_a_default_queue() -> None:
+    book = QueueBook(QueueSpec(max_running=2, retry_budget=0.2))
+    for i in range(5):
+        book.observe(default_job(f"j{i}", created=i))
+    assert names(book.dispatch((NS, DEFAULT_QUEUE), T0).start) == ["j0", "j1"]
+    refused = book.permit(NS, "j2", T0)
+    assert (refused.may_start, refused.reason) == (False, "QueueSaturated")
+    assert "cluster-wide default policy" in refused.message
+    assert f"no VigilQueue {DEFAULT_QUEUE} in {NS}" in refused.message
+    assert book.permit(NS, "j0", T0).reason == "Admitted"
+
+
+def test_the_default_policy_budgets_retries_and_first_attempts_go_past_them() -> None:
+    book = QueueBook(QueueSpec(max_running=1000, retry_budget=0.2))
+    floor = retry_floor(1000)  # 100
+    retries = [replace(default_job(f"r{i}"), is_retry=True, attempts=1) for i in range(floor + 5)]
+    for view in retries:
+        book.observe(view)
+    started = names(book.dispatch((NS, DEFAULT_QUEUE), T0).start)
+    assert len(started) == floor  # the budget's floor, no more
+    book.observe(default_job("new", created=10))
+    assert names(book.dispatch((NS, DEFAULT_QUEUE), T0).start) == ["new"]
+    (left, *_) = sorted({view.name for view in retries} - set(started))
+    assert book.permit(NS, left, T0).reason == "RetryBudgetExhausted"
+
+
+def test_a_default_vigilqueue_overrides_the_default_policy_and_its_deletion_restores_it() -> None:
+    book = QueueBook(QueueSpec(max_running=1))
+    for i in range(3):
+        book.observe(default_job(f"j{i}", created=i))
+    book.set_queue(NS, DEFAULT_QUEUE, QueueSpec(max_running=3), T0)
+    assert names(book.dispatch((NS, DEFAULT_QUEUE), T0).start) == ["j0", "j1", "j2"]
+    assert book.policy((NS, DEFAULT_QUEUE)) == QueueSpec(max_running=3)
+    book.set_queue(NS, DEFAULT_QUEUE, None, T0)
+    assert book.policy((NS, DEFAULT_QUEUE)) == QueueSpec(max_running=1)
+    assert book.spec((NS, DEFAULT_QUEUE)) is None  # no VigilQueue: no status, no maxQueued at admission
+
+
+def test_the_default_policy_is_only_for_the_default_queue() -> None:
+    book = QueueBook(QueueSpec(max_running=1))
+    book.observe(waiting("j"))  # names queue batch, which does not exist
+    assert book.permit(NS, "j", T0).reason == "QueueNotFound"

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.support.clock import FakeClock, settle
-from vigil.runtime.workqueue import WorkQueue
+from vigil.runtime.workqueue import WorkQueue, namespace_of
 
 pytestmark = pytest.mark.unit
 
@@ -134,3 +134,137 @@ def test_concurrent_workers_never_hold_one_key_twice_and_see_every_last_add(adds
             assert processed_after.get(key, -1) > added, f"{key}'s last add was never processed"
 
     run(scenario())
+
+
+def namespaced(namespace: str, name: str) -> tuple[str, str]:
+    return (namespace, name)
+
+
+def test_a_namespaces_one_key_waits_one_round_behind_another_namespaces_ten_thousand():
+    async def scenario():
+        queue: WorkQueue[tuple[str, str]] = WorkQueue(FakeClock(), tenant=namespace_of)
+        for i in range(10_000):
+            queue.add(("flood", f"job-{i}"))
+        first = await queue.get()
+        queue.add(("quiet", "job"))
+        assert first == ("flood", "job-0")
+        assert [await queue.get(), await queue.get()] == [("flood", "job-1"), ("quiet", "job")]
+
+    run(scenario())
+
+
+def test_without_a_tenant_the_queue_is_fifo():
+    async def scenario():
+        queue: WorkQueue[tuple[str, str]] = WorkQueue(FakeClock())
+        for key in [("a", "1"), ("a", "2"), ("b", "1")]:
+            queue.add(key)
+        assert [await queue.get() for _ in range(3)] == [("a", "1"), ("a", "2"), ("b", "1")]
+
+    run(scenario())
+
+
+def test_a_worker_cancelled_after_it_was_woken_passes_the_key_on():
+    async def scenario():
+        queue: WorkQueue[str] = WorkQueue(FakeClock())
+        first, second = asyncio.ensure_future(queue.get()), asyncio.ensure_future(queue.get())
+        await settle()
+        queue.add("a")  # wakes the first worker
+        first.cancel()  # which is stopped before it runs
+        await settle()
+        assert second.result() == "a"
+
+    run(scenario())
+
+
+# Each step: add (key, or None: take a key), with its namespace drawn from three.
+queue_steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.sampled_from(["flood"] * 3 + ["a", "b"]), st.integers(0, 40)),
+        st.tuples(st.just("later"), st.sampled_from(["flood", "a", "b"]), st.integers(0, 5)),
+        st.tuples(st.just("take"), st.none(), st.none()),
+        st.tuples(st.just("take"), st.none(), st.none()),
+        st.tuples(st.just("done"), st.none(), st.integers(0, 3)),
+        st.tuples(st.just("tick"), st.none(), st.none()),
+    ),
+    max_size=120,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(queue_steps)
+@example([("add", "flood", 1), ("add", "flood", 2), ("add", "a", 1), ("take", None, None), ("take", None, None)])
+def test_tenants_keep_the_guarantees_and_wait_at_most_one_round(script):
+    """Adds (now and delayed), takes and dones interleaved across namespaces: a key is held by
+    one worker at a time, waits at most once, comes back after done when added while held, every
+    last add is processed; and a key of a namespace with nothing else ready waits for at most
+    one key of each other namespace."""
+
+    async def scenario():
+        clock = FakeClock()
+        holding: list[tuple[str, int]] = []
+        ready: set[tuple[str, int]] = set()  # what the model says waits
+        dirty: set[tuple[str, int]] = set()
+        ahead: dict[tuple[str, int], dict[str, int]] = {}
+        owed: set[tuple[str, int]] = set()  # added, not processed since
+
+        def added(key):
+            owed.add(key)
+            if key in holding:
+                dirty.add(key)
+            elif key not in ready:
+                if key[0] not in {k[0] for k in ready}:
+                    ahead[key] = {}
+                ready.add(key)
+
+        queue = _Noted(clock, added)
+        for op, namespace, number in script:
+            if op == "add":
+                queue.add((namespace, number))
+            elif op == "later":
+                queue.add_after((namespace, number), number * 0.1)
+            elif op == "tick":
+                clock.tick(0.2)
+            elif op == "take" and ready:
+                key = await queue.get()
+                assert key in ready and key not in holding
+                ready.discard(key)
+                ahead.pop(key, None)
+                owed.discard(key)
+                for waiting, served in ahead.items():
+                    served[key[0]] = served.get(key[0], 0) + 1
+                    assert served[key[0]] <= 1, f"{key[0]} served twice ahead of {waiting}"
+                holding.append(key)
+            elif op == "done" and holding:
+                key = holding.pop(number % len(holding))
+                queue.done(key)
+                if key in dirty:
+                    dirty.discard(key)
+                    added(key)
+            assert len(queue) == len(ready) + len(dirty)
+        while holding:
+            key = holding.pop()
+            queue.done(key)
+            if key in dirty:
+                dirty.discard(key)
+                added(key)
+        await clock.advance(10)  # every delayed add fires
+        while ready:
+            key = await queue.get()
+            ready.discard(key)
+            owed.discard(key)
+            queue.done(key)
+        assert not owed, f"added but never processed: {sorted(owed)}"
+
+    run(scenario())
+
+
+class _Noted(WorkQueue[tuple[str, int]]):
+    """Tells the model of every add, the delayed ones as they fire too."""
+
+    def __init__(self, clock, note):
+        super().__init__(clock, tenant=namespace_of)
+        self.note = note
+
+    def add(self, key):
+        self.note(key)
+        super().add(key)

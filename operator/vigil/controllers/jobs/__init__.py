@@ -33,15 +33,17 @@ from vigil.kube.events import EventRecorder
 from vigil.kube.operations import Kube
 from vigil.metrics import CONTROLLER, Metrics
 from vigil.runtime.clock import Clock
-from vigil.runtime.workqueue import WorkQueue
+from vigil.runtime.workqueue import WorkQueue, namespace_of
 
 
 def job_queue(clock: Clock, metrics: Metrics) -> WorkQueue[Key]:
-    """The job controller's work queue (the dispatcher wakes jobs into it too)."""
+    """The job controller's work queue (the dispatcher wakes jobs into it too), fair across
+    namespaces: one namespace's flood of jobs does not hold back another's."""
     return WorkQueue(
         clock,
         on_add=metrics.workqueue_adds.labels(CONTROLLER).inc,
         on_wait=metrics.workqueue_queue_duration.labels(CONTROLLER).observe,
+        tenant=namespace_of,
     )
 
 

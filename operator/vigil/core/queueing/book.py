@@ -243,7 +243,11 @@ class QueueBook:
     Not thread-safe; meant for one event loop, where each call runs to completion.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, default_policy: QueueSpec | None = None) -> None:
+        """`default_policy`: the limits of a namespace's `default` queue while no VigilQueue of
+        that name exists (the operator's --default-queue-* flags, set by the chart); None: such
+        jobs run unlimited."""
+        self.default_policy = default_policy
         self._queues: dict[QueueKey, _Queue] = {}
         self._where: dict[JobKey, QueueKey] = {}
         self._changed: set[QueueKey] = set()
@@ -353,9 +357,9 @@ class QueueBook:
         retries) budget. Costs O(log n) per job started or come due, O(1) otherwise. Call it after
         each observation of a job of the queue, after `set_queue` and `release`, and at wake_at."""
         queue = self._queues.get(queue_key)
-        if queue is None or queue.spec is None:
+        spec = self._policy(queue_key, queue)
+        if queue is None or spec is None:
             return Dispatch()
-        spec = queue.spec
         self._promote_due(queue, now)
         if spec.paused:
             return Dispatch()
@@ -391,7 +395,9 @@ class QueueBook:
         if qkey is None:
             return StartPermit(False, "WaitingForQueue", "the job waits to be seen by its queue")
         queue, job = self._queues[qkey], self._queues[qkey].jobs[name]
-        entry, spec, label = job.entry, self._queues[qkey].spec, f"queue {qkey[1]}"
+        entry, spec, label = job.entry, self._policy(qkey, queue), f"queue {qkey[1]}"
+        if queue.spec is None and spec is not None:
+            label = f"the cluster-wide default policy of queue {qkey[1]} (no VigilQueue {qkey[1]} in {namespace})"
         if job.hold is not None:
             return StartPermit(True, "Admitted", f"{label} admitted it")
         if spec is None:
@@ -447,6 +453,16 @@ class QueueBook:
     def spec(self, queue_key: QueueKey) -> QueueSpec | None:
         queue = self._queues.get(queue_key)
         return queue.spec if queue is not None else None
+
+    def policy(self, queue_key: QueueKey) -> QueueSpec | None:
+        """The limits the queue's jobs start under: its VigilQueue's spec, else for a namespace's
+        `default` queue the cluster-wide default policy, else none (unlimited or QueueNotFound)."""
+        return self._policy(queue_key, self._queues.get(queue_key))
+
+    def _policy(self, queue_key: QueueKey, queue: _Queue | None) -> QueueSpec | None:
+        if queue is not None and queue.spec is not None:
+            return queue.spec
+        return self.default_policy if queue_key[1] == DEFAULT_QUEUE else None
 
     def count(self, queue_key: QueueKey, standing: Standing) -> int:
         """Jobs of the queue in `standing`; a job holding a start counts as running."""
