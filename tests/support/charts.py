@@ -44,13 +44,16 @@ def helm(*args: str) -> str:
     return result.stdout
 
 
-def helm_template(*sets: str, strings: tuple[str, ...] = ()) -> list[dict]:
-    """The chart rendered for release `vigil` in vigil-system, with `--set` and `--set-string` values."""
+def helm_template(*sets: str, strings: tuple[str, ...] = (), jsons: tuple[str, ...] = ()) -> list[dict]:
+    """The chart rendered for release `vigil` in vigil-system, with `--set`, `--set-string` and
+    `--set-json` values (`--set` reads 0.5 as a string: fractions go through `jsons`)."""
     args = ["template", "vigil", str(CHART), "--namespace", "vigil-system", "--kube-version", KUBE_VERSION]
     for value in sets:
         args += ["--set", value]
     for value in strings:
         args += ["--set-string", value]
+    for value in jsons:
+        args += ["--set-json", value]
     result = run_helm(*args)
     assert result.returncode == 0, f"helm template failed:\n{result.stderr}"
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
