@@ -511,7 +511,7 @@ def owned_pod(name: str, job_name: str, job_uid: str, namespace: str = "ns") -> 
     held = finished_deleting_pod(1)
     held["metadata"].update(name=name, namespace=namespace, uid=f"uid-{name}")
     held["metadata"]["labels"] = {"vigil.dev/job-uid": job_uid}
-    held["metadata"]["ownerReferences"] = [{"apiVersion": "vigil.dev/v1alpha1", "kind": "VigilJob", "name": job_name, "uid": job_uid, "controller": True}]
+    held["metadata"]["ownerReferences"] = [{**OWNER, "name": job_name, "uid": job_uid}]
     return held
 
 

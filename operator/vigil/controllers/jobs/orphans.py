@@ -32,7 +32,7 @@ Pod = Mapping[str, Any]
 
 
 class Releaser:
-    """`knows_job(uid)`: whether the operator holds that job (its pods are then its looks').
+    """`knows_job((namespace, uid))`: whether the operator holds that job (its pods are then its looks').
     `scopes` and `accept`: where the sweep lists pods and which it keeps, as the watches do
     (`vigil.manager.watch_scopes`)."""
 
@@ -43,7 +43,7 @@ class Releaser:
         clock: Clock,
         rng: random.Random | None = None,
         *,
-        knows_job: Callable[[str], bool] = lambda uid: False,
+        knows_job: Callable[[tuple[str, str]], bool] = lambda job: False,
         scopes: Iterable[str | None] = (None,),
         accept: Callable[[Pod], bool] = lambda pod: True,
         sweep_seconds: float = orphans.SWEEP_SECONDS,
