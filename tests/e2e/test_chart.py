@@ -82,7 +82,8 @@ def test_the_chart_lints_and_grants_no_wildcard(tmp_path: Path):
     everything = values_file(tmp_path / "everything.yaml", EVERYTHING_ON)
     helm("lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION, "-f", str(everything))
     roles = {doc["metadata"]["name"]: doc for doc in render("vigil-system") if doc["kind"] == "ClusterRole"}
-    assert set(roles) == {"vigil", "vigil-metrics-reader"}  # the operator's, and the one Prometheus binds
+    # The operator's, the one Prometheus binds, and the uninstall hook's (it strips Vigil's finalizer)
+    assert set(roles) == {"vigil", "vigil-metrics-reader", "vigil-release-finalizers"}
     for role in roles.values():
         for rule in role["rules"]:
             for field in ("verbs", "resources", "apiGroups", "nonResourceURLs"):
