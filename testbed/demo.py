@@ -92,9 +92,11 @@ def run_examples(cluster: testbed.Cluster, timeout: float) -> bool:
     testbed.kubectl(cluster, "apply", "-f", examples)
     deadline, shown = time.monotonic() + timeout, ""
     while time.monotonic() < deadline:
-        table = testbed.kubectl(cluster, "get", "vj") + "\n" + testbed.kubectl(cluster, "get", "vq")
+        # The objects first, then the tables: a table read after the objects shows at least their
+        # state (a final phase stays final), so the last table printed is a finished one.
         jobs = json.loads(testbed.kubectl(cluster, "get", "vj", "-o", "json"))["items"]
         queues = json.loads(testbed.kubectl(cluster, "get", "vq", "-o", "json"))["items"]
+        table = testbed.kubectl(cluster, "get", "vj") + "\n" + testbed.kubectl(cluster, "get", "vq")
         # Finished: every job in a final phase, and every queue's counts caught up with them.
         finished = (
             bool(jobs)
