@@ -37,7 +37,10 @@ SERVICE_CIDR = "10.0.0.0/24"
 POD_CIDR = "10.244.0.1/16"
 FAKE_NODE = "kwok.x-k8s.io/node"  # the annotation (and taint key) of the nodes kwok manages
 FAKE_NODE_TAINT = {"key": FAKE_NODE, "value": "fake", "effect": "NoSchedule"}
-NODE_LEASE_SECONDS = 40  # how long a fake node's Lease lasts without renewal (kwok renews every 10 s)
+# How long a fake node's Lease lasts without renewal (kwok renews it every quarter of that). A
+# restarted kwok waits that long to take its nodes over; kube-controller-manager marks a node not
+# Ready only after 50 s without a renewal.
+NODE_LEASE_SECONDS = 15
 # Start order; `down` stops them in reverse.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 

@@ -283,8 +283,8 @@ def test_down_stops_every_process_it_started():
 
 
 def test_a_restarted_kwok_runs_pods_as_soon_as_restart_returns():
-    """kwok takes its nodes' Leases over only once they expire (40 s): `restart` waits for that,
-    so that a benchmark or test that follows does not stall on pods nobody moves."""
+    """kwok takes its nodes' Leases over only once they expire (NODE_LEASE_SECONDS): `restart`
+    waits for that, so that a benchmark or test that follows does not stall on pods nobody moves."""
     from kubernetes import config
 
     from testbed import cluster as testbed

@@ -42,6 +42,7 @@ from vigil.kube.errors import ApiError, Expired, Stalled
 from vigil.kube.freshness import Freshness
 from vigil.kube.seen import Delta, SeenObjects
 from vigil.runtime.clock import SYSTEM, Clock
+from vigil.runtime.memory import give_back
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +160,8 @@ class Informer:
             self.path, self.params, page=self.page, keep=self._keep, page_bytes=self.page_bytes
         )
         deltas = self.seen.relist(items)
+        del items
+        give_back()  # what the pages' parse grew the heap by
         if self.synced.is_set():
             self.relists += 1
             self.on_relist()
