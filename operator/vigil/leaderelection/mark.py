@@ -88,8 +88,10 @@ class LeaderMark:
     async def drop(self) -> None:
         """Removes this pod's mark, once, before the Lease is released."""
         try:
-            own = await self.kube.read_pod(*self.pod.key)
-            if own is not None and LEADER_LABEL in (own["metadata"].get("labels") or {}):
+            # By the selector, as `claim` reads: a pod as Vigil keeps it (strip_pod) has no mark.
+            listed = await self.kube.list_labelled_pods(self.pod.namespace, f"{LEADER_LABEL}={self.lease}")
+            own = next((pod for pod in listed if pod["metadata"]["name"] == self.pod.name), None)
+            if own is not None:
                 await self._label(own, None)
         except Exception as err:  # noqa: BLE001 - the next leader clears it
             log.warning("could not remove the leader mark from this pod: %s", err)

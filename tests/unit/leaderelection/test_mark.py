@@ -8,6 +8,7 @@ import pytest
 
 from tests.support.clock import FakeClock
 from vigil.core.election import mark_changes
+from vigil.core.podstate import strip_pod
 from vigil.kube.errors import Conflict
 from vigil.leaderelection.mark import LEADER_LABEL, LeaderMark, OwnPod
 
@@ -34,7 +35,8 @@ def test_the_own_pod_comes_from_the_downward_api_or_is_none():
 
 class MarkApi:
     """Pods by name with a resourceVersion each; a label write refused (409) unless it names the
-    pod's current uid and version, as the API server refuses a patch carrying stale ones."""
+    pod's current uid and version, as the API server refuses a patch carrying stale ones. Reads
+    answer as Kube's do: stripped to what Vigil keeps of a pod (no leader mark among it)."""
 
     def __init__(self, pods: dict[str, dict]) -> None:
         self.pods = pods
@@ -43,10 +45,10 @@ class MarkApi:
 
     async def list_labelled_pods(self, namespace: str, selector: str) -> list[dict]:
         key, _, value = selector.partition("=")
-        return [copy.deepcopy(p) for p in self.pods.values() if p["metadata"]["labels"].get(key) == value]
+        return [strip_pod(copy.deepcopy(p)) for p in self.pods.values() if p["metadata"]["labels"].get(key) == value]
 
     async def read_pod(self, namespace: str, name: str) -> dict | None:
-        return copy.deepcopy(self.pods.get(name))
+        return strip_pod(copy.deepcopy(self.pods[name])) if name in self.pods else None
 
     async def label_pod(self, namespace: str, name: str, uid: str, rv: str, labels: dict) -> None:
         meta = self.pods[name]["metadata"]
