@@ -55,7 +55,8 @@ def render_policy(release: str, namespaces: list[str], values: Path) -> list[dic
     )
     docs = [doc for doc in yaml.safe_load_all(out) if doc]
     # Helm orders what it renders by kind, so the two policies come before their bindings.
-    assert sorted(d["kind"] for d in docs) == ["ValidatingAdmissionPolicy"] * 2 + ["ValidatingAdmissionPolicyBinding"] * 2
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == ["ValidatingAdmissionPolicy"] * 2 + ["ValidatingAdmissionPolicyBinding"] * 2
     return docs
 
 
