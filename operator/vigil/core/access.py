@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vigil.core.ratelimit import TokenBucket
+
 METRICS_PATH = "/metrics"
 ALLOWED_TTL_SECONDS = 60.0
 FORBIDDEN_TTL_SECONDS = 30.0
@@ -125,21 +127,8 @@ class VerdictCache:
 
 
 @dataclass
-class ReviewBudget:
+class ReviewBudget(TokenBucket):
     """A token bucket of reviews: `rate` a second, at most `burst` at once."""
 
     rate: float = REVIEWS_PER_SECOND
     burst: int = REVIEW_BURST
-    _tokens: float = float("nan")
-    _at: float = float("nan")
-
-    def take(self, now: float) -> bool:
-        """Whether one review may be made at `now` (and it is counted if so)."""
-        if self._tokens != self._tokens:  # first use: full
-            self._tokens, self._at = float(self.burst), now
-        self._tokens = min(float(self.burst), self._tokens + max(0.0, now - self._at) * self.rate)
-        self._at = max(self._at, now)
-        if self._tokens < 1.0:
-            return False
-        self._tokens -= 1.0
-        return True
