@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vigil.core.lru import Lru
 from vigil.core.ratelimit import TokenBucket
 
 METRICS_PATH = "/metrics"
@@ -103,7 +103,10 @@ class VerdictCache:
     """Verdicts by token key, each until it expires; at most `entries`, least recently used out."""
 
     entries: int = CACHE_ENTRIES
-    _held: OrderedDict[str, tuple[Verdict, float]] = field(default_factory=OrderedDict)
+    _held: Lru[str, tuple[Verdict, float]] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._held = Lru(self.entries)
 
     def get(self, key: str, now: float) -> Verdict | None:
         held = self._held.get(key)
@@ -111,16 +114,12 @@ class VerdictCache:
             return None
         verdict, until = held
         if now >= until:
-            del self._held[key]
+            self._held.discard(key)
             return None
-        self._held.move_to_end(key)
         return verdict
 
     def put(self, key: str, verdict: Verdict, now: float) -> None:
-        self._held[key] = (verdict, now + TTL[verdict])
-        self._held.move_to_end(key)
-        while len(self._held) > self.entries:
-            self._held.popitem(last=False)
+        self._held.put(key, (verdict, now + TTL[verdict]))
 
     def __len__(self) -> int:
         return len(self._held)

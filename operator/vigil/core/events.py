@@ -30,12 +30,12 @@ so one namespace's flood fills its own share and drops only its own events. The 
 from __future__ import annotations
 
 import random
-from collections import OrderedDict
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Any
 
+from vigil.core.lru import Lru
 from vigil.core.ratelimit import TokenBucket
 
 CACHE_ENTRIES = 4096  # maxLruCacheEntries
@@ -47,9 +47,6 @@ COMBINED = "(combined from similar events): "  # EventAggregatorByReasonMessageF
 MAX_EVENT_NAME = 253  # a DNS subdomain
 
 Involved = tuple[str, str, str]  # the job's namespace, name and uid
-
-K = TypeVar("K", bound=Hashable)
-V = TypeVar("V")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,29 +93,6 @@ def event_name(job_name: str, suffix: str) -> str:
     """A unique event name that is valid for any job name (up to 253 characters)."""
     suffix = f".{suffix}"
     return job_name[: MAX_EVENT_NAME - len(suffix)].rstrip(".-") + suffix
-
-
-class Lru(Generic[K, V]):
-    """At most `entries` values, the least recently used (read or written) going first."""
-
-    def __init__(self, entries: int) -> None:
-        self.entries = entries
-        self._held: OrderedDict[K, V] = OrderedDict()
-
-    def get(self, key: K) -> V | None:
-        value = self._held.get(key)
-        if value is not None:
-            self._held.move_to_end(key)
-        return value
-
-    def put(self, key: K, value: V) -> None:
-        self._held[key] = value
-        self._held.move_to_end(key)
-        while len(self._held) > self.entries:
-            self._held.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._held)
 
 
 @dataclass
