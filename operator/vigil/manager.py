@@ -218,7 +218,12 @@ class Operator:
         queue = job_queue(clock, metrics)
         self.queues = QueueStatusController(kube, book, clock=clock, metrics=metrics)
         self.dispatcher = Dispatcher(book, wake=queue.add, clock=clock, metrics=metrics, on_changed=self.queues.changed)
-        self.events = EventRecorder(kube.post_event, on_drop=metrics.events_dropped.inc, clock=clock)
+        self.events = EventRecorder(
+            kube.post_event,
+            kube.patch_event,
+            on_drop=lambda cause: metrics.events_dropped.labels(cause).inc(),
+            clock=clock,
+        )
         self.jobs = JobController(
             kube,
             queue,

@@ -30,6 +30,6 @@ def job_controller(kube: Any = None, clock: FakeClock | None = None, **options: 
     queue = job_queue(clock, metrics)
     dispatcher = Dispatcher(QueueBook(), wake=queue.add, clock=clock, metrics=metrics)
     dispatcher.listed()  # no VigilQueue: a job's default queue runs unlimited
-    events = EventRecorder(lambda *event: kube.post_event(*event), clock=clock)
+    events = EventRecorder(lambda *event: kube.post_event(*event), lambda *event: kube.patch_event(*event), clock=clock)
     options.setdefault("rng", random.Random(0))
     return JobController(kube, queue, dispatcher, events, clock=clock, metrics=metrics, **options)

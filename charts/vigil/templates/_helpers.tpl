@@ -108,10 +108,11 @@ namespaces (RBAC has no patterns: a Role needs a namespace's name), so the grant
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# An Event for every transition of a job (always created, never updated).
+# An Event for every transition of a job: created, and patched (its count) when it repeats,
+# as client-go's event correlator does.
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create"]
+  verbs: ["create", "patch"]
 {{- end -}}
 
 {{- /* What secure metrics need: who a scraper's token names, and whether it may get /metrics. */ -}}

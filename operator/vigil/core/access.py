@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from vigil.core.lru import Lru
+from vigil.core.ratelimit import TokenBucket
 
 METRICS_PATH = "/metrics"
 ALLOWED_TTL_SECONDS = 60.0
@@ -101,7 +103,10 @@ class VerdictCache:
     """Verdicts by token key, each until it expires; at most `entries`, least recently used out."""
 
     entries: int = CACHE_ENTRIES
-    _held: OrderedDict[str, tuple[Verdict, float]] = field(default_factory=OrderedDict)
+    _held: Lru[str, tuple[Verdict, float]] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._held = Lru(self.entries)
 
     def get(self, key: str, now: float) -> Verdict | None:
         held = self._held.get(key)
@@ -109,37 +114,20 @@ class VerdictCache:
             return None
         verdict, until = held
         if now >= until:
-            del self._held[key]
+            self._held.discard(key)
             return None
-        self._held.move_to_end(key)
         return verdict
 
     def put(self, key: str, verdict: Verdict, now: float) -> None:
-        self._held[key] = (verdict, now + TTL[verdict])
-        self._held.move_to_end(key)
-        while len(self._held) > self.entries:
-            self._held.popitem(last=False)
+        self._held.put(key, (verdict, now + TTL[verdict]))
 
     def __len__(self) -> int:
         return len(self._held)
 
 
 @dataclass
-class ReviewBudget:
+class ReviewBudget(TokenBucket):
     """A token bucket of reviews: `rate` a second, at most `burst` at once."""
 
     rate: float = REVIEWS_PER_SECOND
     burst: int = REVIEW_BURST
-    _tokens: float = float("nan")
-    _at: float = float("nan")
-
-    def take(self, now: float) -> bool:
-        """Whether one review may be made at `now` (and it is counted if so)."""
-        if self._tokens != self._tokens:  # first use: full
-            self._tokens, self._at = float(self.burst), now
-        self._tokens = min(float(self.burst), self._tokens + max(0.0, now - self._at) * self.rate)
-        self._at = max(self._at, now)
-        if self._tokens < 1.0:
-            return False
-        self._tokens -= 1.0
-        return True

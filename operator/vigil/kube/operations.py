@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from vigil.api import FINALIZER_ATTEMPT_TRACKING, GROUP, LABEL_JOB_UID, PLURAL, QUEUE_PLURAL, VERSION
+from vigil.core.events import Write
 from vigil.core.objects import strip, strip_job
 from vigil.core.podstate import strip_pod
 from vigil.kube.client import JSON, MERGE_PATCH, STRATEGIC_MERGE_PATCH, ApiClient, resource_path
@@ -23,7 +23,7 @@ from vigil.runtime.clock import SYSTEM, Clock
 
 log = logging.getLogger(__name__)
 
-MAX_EVENT_NAME = 253  # a DNS subdomain
+MAX_EVENT_MESSAGE = 1024  # as events.k8s.io/v1 bounds an event's note
 JOBS = f"/apis/{GROUP}/{VERSION}/namespaces/{{namespace}}/{PLURAL}"
 QUEUES = f"/apis/{GROUP}/{VERSION}/namespaces/{{namespace}}/{QUEUE_PLURAL}"
 PODS = "/api/v1/namespaces/{namespace}/pods"
@@ -258,10 +258,10 @@ class Kube:
 
     # --- events -------------------------------------------------------------------------
 
-    async def post_event(self, job: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-        """A Kubernetes Event on the job. Best effort: an event lost is never worth a retry loop."""
+    async def post_event(self, job: Mapping[str, Any], event: Write) -> None:
+        """Creates the Event `event` on the job. Best effort: an event lost is never worth a
+        retry loop."""
         meta = job["metadata"]
-        now = self.clock.wall().isoformat()  # as the official client sent it
         involved = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "VigilJob",
@@ -271,28 +271,40 @@ class Kube:
         }
         if meta.get("resourceVersion") is not None:
             involved["resourceVersion"] = meta["resourceVersion"]
-        event = {
+        body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": _event_name(meta["name"]), "namespace": meta["namespace"]},
+            "metadata": {"name": event.name, "namespace": meta["namespace"]},
             "involvedObject": involved,
-            "type": type_,
-            "reason": reason,
-            "message": message[:1024],
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
+            "type": event.type_,
+            "reason": event.reason,
+            "message": event.message[:MAX_EVENT_MESSAGE],
+            "firstTimestamp": event.first.isoformat(),  # as the official client sent them
+            "lastTimestamp": event.last.isoformat(),
+            "count": event.count,
             "source": {"component": "vigil"},
             "reportingComponent": "vigil.dev/operator",
             "reportingInstance": "vigil",
         }
         try:
-            await self._call("create", "events", "POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=event)
+            await self._call("create", "events", "POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=body)
         except ApiError as err:
-            log.warning("could not post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], err)
+            log.warning("could not post event %s on %s/%s: %s", event.reason, meta["namespace"], meta["name"], err)
 
-
-def _event_name(job_name: str) -> str:
-    """A unique event name that is valid for any job name (up to 253 characters)."""
-    suffix = f".{uuid.uuid4().hex[:16]}"
-    return job_name[: MAX_EVENT_NAME - len(suffix)].rstrip(".-") + suffix
+    async def patch_event(self, namespace: str, event: Write) -> bool:
+        """The Event `event.name` happened again: its count, lastTimestamp and message, as
+        client-go patches a repeat. False if the Event is gone (events live an hour): the caller
+        creates it again. Best effort otherwise: a refusal is logged."""
+        body = {
+            "count": event.count,
+            "lastTimestamp": event.last.isoformat(),
+            "message": event.message[:MAX_EVENT_MESSAGE],
+        }
+        path = f"/api/v1/namespaces/{namespace}/events/{event.name}"
+        try:
+            await self._call("patch", "events", "PATCH", path, body=body, content_type=MERGE_PATCH)
+        except NotFound:
+            return False
+        except ApiError as err:
+            log.warning("could not update event %s in %s: %s", event.name, namespace, err)
+        return True

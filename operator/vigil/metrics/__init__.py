@@ -166,9 +166,13 @@ class Metrics:
         )
         self.events_dropped = Counter(
             "vigil_events_dropped_total",
-            "Kubernetes Events not posted because too many waited already (vigil.kube.events).",
+            "Kubernetes Events not written (vigil.kube.events), by cause: rate-limit, past a job's budget "
+            "(25, then one every 5 minutes); backlog, its namespace's share or the whole backlog taken.",
+            ["cause"],
             registry=r,
         )
+        for cause in ("rate-limit", "backlog"):  # both series from the start, so the first drop shows in a rate
+            self.events_dropped.labels(cause)
 
     def forget_queue(self, namespace: str, queue: str) -> None:
         """Removes the series of a deleted VigilQueue (its gauges go with it from the queue book)."""

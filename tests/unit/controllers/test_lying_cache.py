@@ -86,8 +86,11 @@ class FakeApi:
     async def release_pod(self, namespace, name, uid):
         pass
 
-    async def post_event(self, job, type_, reason, message):
+    async def post_event(self, job, event):
         pass
+
+    async def patch_event(self, namespace, event):
+        return True
 
     async def patch_job_labels(self, namespace, name, resource_version, labels):
         return None

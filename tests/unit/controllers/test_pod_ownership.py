@@ -64,6 +64,9 @@ class FakeApi:
     async def post_event(self, *event):
         pass
 
+    async def patch_event(self, *event):
+        return True
+
     async def release_pod(self, namespace, name, uid):
         pass
 

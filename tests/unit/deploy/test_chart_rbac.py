@@ -36,6 +36,7 @@ def test_the_operator_may_update_its_jobs_finalizers_wherever_it_may_create_pods
         for role in operator_roles(docs):
             assert "create" in grants(role["rules"], "pods")
             assert grants(role["rules"], "vigiljobs/finalizers") == {"update"}, role["metadata"]
+            assert grants(role["rules"], "events") == {"create", "patch"}, "a repeat patches its Event's count"
 
 
 def test_named_watch_namespaces_get_roles_there_and_nothing_cluster_wide():

@@ -9,12 +9,14 @@ import json
 import socket
 import threading
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from aiohttp import web
 from kubernetes import client
 
+from vigil.core.events import Create, Patch
 from vigil.kube import client as apiclient
 from vigil.kube.client import ApiClient
 from vigil.kube.config import Credentials
@@ -78,6 +80,9 @@ def run(scenario: Callable[[Server, Kube], Awaitable[None]], metrics: Metrics | 
 
 
 JOB = {"metadata": {"name": "ledger", "namespace": "work", "uid": "job-uid", "resourceVersion": "7"}}
+FIRST = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+EVENT = Create("ledger.0123456789abcdef", "Normal", "AttemptStarted", "attempt 1", 1, FIRST, FIRST)
+REPEAT = Patch(EVENT.name, "Normal", "AttemptStarted", "attempt 1", 2, FIRST, FIRST + timedelta(seconds=30))
 
 
 def test_a_pod_round_trips_as_the_api_servers_json():
@@ -175,7 +180,8 @@ def test_content_types_and_bodies_are_those_the_official_client_sent():
         await kube.delete_pod("work", "ledger-1", "u1", grace_seconds=0)
         await kube.delete_pod("work", "ledger-2", None)
         await kube.delete_job("work", "ledger", "job-uid")
-        await kube.post_event(JOB, "Normal", "AttemptStarted", "attempt 1")
+        await kube.post_event(JOB, EVENT)
+        assert await kube.patch_event("work", REPEAT)
         wire = [(r["method"], r["path"], r["headers"].get("Content-Type"), r["body"]) for r in server.seen]
         pods, jobs = "/api/v1/namespaces/work/pods", "/apis/vigil.dev/v1alpha1/namespaces/work/vigiljobs"
         smp, mp = "application/strategic-merge-patch+json", "application/merge-patch+json"
@@ -240,15 +246,22 @@ def test_content_types_and_bodies_are_those_the_official_client_sent():
             "uid": "job-uid",
             "resourceVersion": "7",
         }
-        assert event["metadata"]["name"].startswith("ledger.") and event["metadata"]["namespace"] == "work"
+        assert event["metadata"] == {"name": "ledger.0123456789abcdef", "namespace": "work"}
         assert (event["type"], event["reason"], event["message"], event["count"]) == (
             "Normal",
             "AttemptStarted",
             "attempt 1",
             1,
         )
-        assert event["firstTimestamp"] == event["lastTimestamp"] and event["firstTimestamp"].endswith("+00:00")
+        assert event["firstTimestamp"] == event["lastTimestamp"] == "2026-03-01T12:00:00+00:00"
         assert event["source"] == {"component": "vigil"} and "eventTime" not in event
+        # A repeat: the count, the last time and the message of the Event, merged.
+        assert wire[10] == (
+            "PATCH",
+            "/api/v1/namespaces/work/events/ledger.0123456789abcdef",
+            mp,
+            {"count": 2, "lastTimestamp": "2026-03-01T12:00:30+00:00", "message": "attempt 1"},
+        )
 
     run(scenario)
 
@@ -263,6 +276,7 @@ def test_error_statuses_become_the_outcomes_callers_tell_apart():
         assert await kube.read_job("work", "gone") is None
         assert await kube.patch_queue_status("work", "gone", "1", {}) is None
         await kube.delete_pod("work", "gone", "u1")  # already gone: done
+        assert await kube.patch_event("work", REPEAT) is False, "the Event is gone: the recorder creates it again"
         with pytest.raises(NotFound):
             await kube.patch_job_status("work", "gone", "1", {})
         server.answer = lambda method, path: (409, {"kind": "Status", "reason": "AlreadyExists"})
@@ -283,7 +297,8 @@ def test_error_statuses_become_the_outcomes_callers_tell_apart():
         error = failed.value
         assert (error.status, error.reason, error.message) == (500, "InternalServerError", "etcd is sad")
         assert (failed.value.verb, failed.value.resource) == ("get", "pods")  # named by the call
-        await kube.post_event(JOB, "Warning", "X", "y")  # best effort: logged, not raised
+        await kube.post_event(JOB, EVENT)  # best effort: logged, not raised
+        assert await kube.patch_event("work", REPEAT), "refused: given up, not created again"
 
     run(scenario, metrics)
     assert metrics.api_errors.labels("get", "pods", "500")._value.get() == 1
