@@ -135,10 +135,14 @@ def test_uninstalling_with_running_jobs_leaves_no_pod_or_namespace_stuck(kube: K
         hook_rbac = [doc for doc in objects if doc["kind"] in RBAC_KINDS and is_hook(doc)]
         [hook_job] = [doc for doc in objects if doc["kind"] == "Job" and is_hook(doc)]
         # watchNamespaces names the namespace: nothing of the operator's is cluster-wide but the
-        # metrics' token and access reviews, which no Role can grant.
+        # metrics' token and access reviews, which no Role can grant (and the role a scraper is
+        # bound to, which grants a GET of /metrics alone).
         cluster_wide = [doc for doc in operator_rbac if doc["kind"].startswith("Cluster")]
-        assert {doc["metadata"]["name"] for doc in cluster_wide} == {f"{fullname}-metrics-auth"}, cluster_wide
-        [reviews] = [doc for doc in cluster_wide if doc["kind"] == "ClusterRole"]
+        names = {doc["metadata"]["name"] for doc in cluster_wide}
+        assert names == {f"{fullname}-metrics-auth", f"{fullname}-metrics-reader"}, cluster_wide
+        roles = {doc["metadata"]["name"]: doc for doc in cluster_wide if doc["kind"] == "ClusterRole"}
+        assert roles[f"{fullname}-metrics-reader"]["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+        reviews = roles[f"{fullname}-metrics-auth"]
         assert reviews["rules"] == [
             {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
             {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
