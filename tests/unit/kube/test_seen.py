@@ -62,12 +62,43 @@ steps = st.lists(
 )
 
 
+class World:
+    """The API server's truth for a few names: each object a UID per incarnation, and the names
+    whose current version the consumer's transform refuses ("disown"). `step` applies one
+    operation and returns the watch event it makes, if any."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict] = {}
+        self.refused: set[str] = set()
+        self.incarnation = self.version = 0
+
+    def step(self, op: str, name: str) -> tuple[str, dict] | None:
+        self.version += 1
+        if op == "create" and name not in self.objects:
+            self.incarnation += 1
+            self.objects[name] = obj(name, f"{name}{self.incarnation}", self.version)
+            self.refused.discard(name)
+            return "ADDED", self.objects[name]
+        if op in ("update", "disown") and name in self.objects:
+            self.objects[name] = obj(name, self.objects[name]["metadata"]["uid"], self.version)
+            (self.refused.add if op == "disown" else self.refused.discard)(name)
+            return "MODIFIED", self.objects[name]
+        if op == "delete" and name in self.objects:
+            return "DELETED", obj(name, self.objects.pop(name)["metadata"]["uid"], self.version)
+        return None
+
+    def kept(self) -> list[dict]:
+        return [o for n, o in self.objects.items() if n not in self.refused]
+
+
+def uids(objects) -> dict[str, str]:
+    return {o["metadata"]["name"]: o["metadata"]["uid"] for o in objects}
+
+
 @settings(max_examples=300, deadline=None)
 @given(steps, st.lists(st.booleans(), min_size=40, max_size=40))
 def test_deltas_track_the_truth_whatever_the_watch_drops(script, delivered):
-    world: dict[str, dict] = {}
-    incarnation, version = 0, 0
-    seen, view, deleted_uids = SeenObjects(), {}, set()
+    world, seen, view, deleted_uids = World(), SeenObjects(), {}, set()
 
     def apply(deltas):
         for delta in deltas:
@@ -81,28 +112,13 @@ def test_deltas_track_the_truth_whatever_the_watch_drops(script, delivered):
                 view[meta["name"]] = delta.obj
 
     for (op, name), heard in zip(script, delivered, strict=False):
-        version += 1
         if op == "relist":
-            apply(seen.relist(list(world.values())))
-            assert {n: o["metadata"]["uid"] for n, o in view.items()} == {
-                n: o["metadata"]["uid"] for n, o in world.items()
-            }
-            continue
-        if op == "create" and name not in world:
-            incarnation += 1
-            world[name] = obj(name, f"{name}{incarnation}", version)
-            event = ("ADDED", world[name])
-        elif op == "update" and name in world:
-            world[name] = obj(name, world[name]["metadata"]["uid"], version)
-            event = ("MODIFIED", world[name])
-        elif op == "delete" and name in world:
-            event = ("DELETED", obj(name, world.pop(name)["metadata"]["uid"], version))
-        else:
-            continue
-        if heard:
+            apply(seen.relist(world.kept()))
+            assert uids(view.values()) == uids(world.kept())
+        elif (event := world.step(op, name)) is not None and heard:
             apply(seen.event(*event))
-    apply(seen.relist(list(world.values())))
-    assert {n: o["metadata"]["uid"] for n, o in view.items()} == {n: o["metadata"]["uid"] for n, o in world.items()}
+    apply(seen.relist(world.kept()))
+    assert uids(view.values()) == uids(world.kept())
 
 
 ops_with_refusals = st.lists(
@@ -123,10 +139,7 @@ def test_objects_a_transform_refuses_are_reported_gone_once_whatever_the_watch_d
     """The informer hands a refused version to `dropped` and a relist only what it keeps: the
     consumer's view is then the kept part of the world after every relist, every delete names
     what it was shown, and a refused object is deleted once until it is shown again."""
-    world: dict[str, dict] = {}
-    refused: set[str] = set()
-    incarnation, version = 0, 0
-    seen, view = SeenObjects(), {}
+    world, seen, view = World(), SeenObjects(), {}
 
     def apply(deltas):
         for delta in deltas:
@@ -136,29 +149,11 @@ def test_objects_a_transform_refuses_are_reported_gone_once_whatever_the_watch_d
             else:
                 view[meta["name"]] = delta.obj
 
-    def kept_world():
-        return {n: o["metadata"]["uid"] for n, o in world.items() if n not in refused}
-
     for (op, name), heard in zip(script, delivered, strict=False):
-        version += 1
         if op == "relist":
-            apply(seen.relist([o for n, o in world.items() if n not in refused]))
-            assert {n: o["metadata"]["uid"] for n, o in view.items()} == kept_world()
-            continue
-        if op == "create" and name not in world:
-            incarnation += 1
-            world[name] = obj(name, f"{name}{incarnation}", version)
-            refused.discard(name)
-            event = ("ADDED", world[name])
-        elif op in ("update", "disown") and name in world:
-            world[name] = obj(name, world[name]["metadata"]["uid"], version)
-            (refused.add if op == "disown" else refused.discard)(name)
-            event = ("MODIFIED", world[name])
-        elif op == "delete" and name in world:
-            event = ("DELETED", obj(name, world.pop(name)["metadata"]["uid"], version))
-        else:
-            continue
-        if heard:
-            apply(seen.dropped(event[1]) if name in refused else seen.event(*event))
-    apply(seen.relist([o for n, o in world.items() if n not in refused]))
-    assert {n: o["metadata"]["uid"] for n, o in view.items()} == kept_world()
+            apply(seen.relist(world.kept()))
+            assert uids(view.values()) == uids(world.kept())
+        elif (event := world.step(op, name)) is not None and heard:
+            apply(seen.dropped(event[1]) if name in world.refused else seen.event(*event))
+    apply(seen.relist(world.kept()))
+    assert uids(view.values()) == uids(world.kept())
