@@ -48,8 +48,7 @@ def job_queue(clock: Clock, metrics: Metrics) -> WorkQueue[Key]:
 
 
 class JobController:
-    """`on_job(namespace, name, uid)` hears of every job version the view takes, and of each
-    deletion (uid None); `pods_fresh()` and `repair(reason)` are the pod watches' (see
+    """`pods_fresh()` and `repair(reason)` are the pod watches' (see
     `JobReconciler`); `sweep_scopes` and `accept`, the watches' scopes and filter, say where
     the orphan sweep lists pods (`Releaser`)."""
 
@@ -66,14 +65,12 @@ class JobController:
         rng: random.Random | None = None,
         pods_fresh: Callable[[], bool] = lambda: True,
         repair: Callable[[str], None] = lambda reason: None,
-        on_job: Callable[[str, str, str | None], None] = lambda namespace, name, uid: None,
         pod_batch_seconds: float = POD_BATCH_SECONDS,
         sweep_scopes: Iterable[str | None] = (None,),
         accept: Callable[[Mapping[str, Any]], bool] = lambda obj: True,
         sweep_seconds: float = SWEEP_SECONDS,
     ) -> None:
         self.kube, self.dispatcher, self.events, self.metrics = kube, dispatcher, events, metrics
-        self.on_job = on_job
         rng = rng or random.Random()
         self.view = ClusterView()
         self.queue = queue
@@ -95,7 +92,6 @@ class JobController:
             clock=clock,
             metrics=metrics,
             forget=self.forget,
-            on_job=on_job,
             pod_batch_seconds=pod_batch_seconds,
         )
         self.executor = Executor(
@@ -123,7 +119,6 @@ class JobController:
         job = self.view.drop(key)
         if job is not None:
             self.dispatcher.job_gone(*key)
-            self.on_job(*key, None)
         self.queue.forget(key)
         self.reconciler.forget(key)
         self.executor.forget(key)

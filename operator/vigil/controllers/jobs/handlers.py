@@ -54,9 +54,7 @@ def _annotations_but_the_beat(metadata: Mapping[str, Any]) -> dict[str, str]:
 
 
 class JobEvents:
-    """`forget(key)` drops everything known of a job (the controller's, across its parts);
-    `on_job(namespace, name, uid)` hears of every job version taken into the view, and of each
-    deletion (uid None): the admission webhook's count of jobs admitted but not yet watched."""
+    """`forget(key)` drops everything known of a job (the controller's, across its parts)."""
 
     def __init__(
         self,
@@ -68,12 +66,11 @@ class JobEvents:
         clock: Clock,
         metrics: Metrics,
         forget: Callable[[Key], None],
-        on_job: Callable[[str, str, str | None], None] = lambda namespace, name, uid: None,
         pod_batch_seconds: float = POD_BATCH_SECONDS,
     ) -> None:
         self.view, self.queue, self.dispatcher, self.releaser = view, queue, dispatcher, releaser
         self.clock, self.metrics = clock, metrics
-        self.forget, self.on_job = forget, on_job
+        self.forget = forget
         self.pod_batch_seconds = pod_batch_seconds
         self.listed = False  # every watch has listed: an unknown job is then really unknown
 
@@ -95,7 +92,6 @@ class JobEvents:
             self.dispatcher.job_seen(body)
             for pod in self.view.pods.of_job((key[0], body["metadata"]["uid"])):
                 self._note_start(key, body, pod)
-            self.on_job(*key, body["metadata"]["uid"])
         if look:
             self.queue.add(key)
 
