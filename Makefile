@@ -39,15 +39,17 @@ lint: venv
 unit: venv
 	$(BIN)/pytest -m unit
 
-# Every test. The pure ones (-m unit: no cluster, about 2 minutes of one core) run beside the
-# cluster's at the lowest CPU priority, so they take what the test bed leaves idle rather than
-# adding their time to the suite's; their report follows the cluster tests' report.
+# Every test. The lint and the pure tests (-m unit: no cluster, about 2 minutes of one core) run
+# beside the cluster's at the lowest CPU priority, so they take what the test bed leaves idle
+# rather than adding their time to the suite's; their report follows the cluster tests' report.
 PURE_LOG := .pure-tests.log
-test: venv testbed lint
-	@nice -n 19 $(BIN)/pytest -m unit -p no:cacheprovider > $(PURE_LOG) 2>&1 & pure=$$!; \
+test: venv testbed
+	@(nice -n 19 $(BIN)/ruff check . && nice -n 19 $(BIN)/mypy && \
+	  nice -n 19 $(BIN)/pytest -m unit -p no:cacheprovider) > $(PURE_LOG) 2>&1 & pure=$$!; \
 	$(BIN)/pytest -m 'not unit'; cluster=$$?; \
 	wait $$pure; pure=$$?; \
-	echo "::: the pure tests (pytest -m unit), run beside the cluster's: exit $$pure"; cat $(PURE_LOG); \
+	echo "::: the lint and the pure tests (ruff, mypy, pytest -m unit), run beside the cluster's: exit $$pure"; \
+	cat $(PURE_LOG); \
 	[ $$cluster -eq 0 ] && [ $$pure -eq 0 ]
 
 clean:

@@ -86,9 +86,9 @@ def batch(prefix: str, count: int, poison: bool, run_for: str = "1s") -> list[di
     return jobs
 
 
-# Labels whose values come from fixed vocabularies (phases, outcomes, verbs, HTTP codes...) or
+# Labels whose values come from fixed vocabularies (phases, outcomes, verbs, HTTP codes, why an event was dropped...) or
 # from names people choose for a handful of objects (namespace, queue): never one per job.
-BOUNDED_LABELS = {"name", "controller", "result", "outcome", "reason", "verb", "resource", "code"}
+BOUNDED_LABELS = {"name", "controller", "result", "outcome", "reason", "verb", "resource", "code", "cause"}
 BOUNDED_LABELS |= {"namespace", "queue", "phase", "le"}
 
 
