@@ -40,7 +40,7 @@ FAKE_NODE_TAINT = {"key": FAKE_NODE, "value": "fake", "effect": "NoSchedule"}
 # How long a fake node's Lease lasts without renewal (kwok renews it every quarter of that). A
 # restarted kwok waits that long to take its nodes over; kube-controller-manager marks a node not
 # Ready only after 50 s without a renewal.
-NODE_LEASE_SECONDS = 15
+NODE_LEASE_SECONDS = 10
 # Start order; `down` stops them in reverse.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 
