@@ -123,14 +123,6 @@ async def top(api: Api, namespace: str | None, args: argparse.Namespace, clock: 
 
 
 async def redrive(api: Api, namespace: str, args: argparse.Namespace, clock: Clock) -> tuple[int, str]:
-    if args.all_dead_letters == bool(args.jobs):
-        raise Failed(EXIT_CANNOT_ASK, "redrive takes job names or --all-dead-letters, not both nor neither")
-    if args.selector and not args.all_dead_letters:
-        raise Failed(EXIT_CANNOT_ASK, "-l/--selector goes with --all-dead-letters")
-    if not 0 < args.rate <= MAX_RATE:
-        raise Failed(EXIT_CANNOT_ASK, f"--rate must be above 0 and at most {MAX_RATE:g} redrives a second")
-    if args.max < 1:
-        raise Failed(EXIT_CANNOT_ASK, "--max must be at least 1")
     if args.all_dead_letters:
         selector = ",".join(filter(None, [f"{LABEL_DEAD_LETTER}=true", args.selector]))
         jobs = {job["metadata"]["name"]: job for job in await api.jobs(namespace, selector)}
@@ -248,6 +240,21 @@ def explain(err: ApiError, server: str) -> tuple[int, str]:
     return EXIT_FAILED, str(err)
 
 
+def usage_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with flags argparse cannot check alone, before anything is asked."""
+    if args.command != "redrive":
+        return None
+    if args.all_dead_letters == bool(args.jobs):
+        return "redrive takes job names or --all-dead-letters, not both nor neither"
+    if args.selector and not args.all_dead_letters:
+        return "-l/--selector goes with --all-dead-letters"
+    if not 0 < args.rate <= MAX_RATE:
+        return f"--rate must be above 0 and at most {MAX_RATE:g} redrives a second"
+    if args.max < 1:
+        return "--max must be at least 1"
+    return None
+
+
 def parser() -> argparse.ArgumentParser:
     # The common flags go on the top level and on every command, with no defaults of their
     # own (SUPPRESS), so that `kubectl vigil -n X top` and `kubectl vigil top -n X` both work.
@@ -318,6 +325,9 @@ def main(argv: list[str] | None = None, clock: Clock = SYSTEM) -> int:
 
     args = parser().parse_args(argv)
     args.output = getattr(args, "output", "table")
+    if problem := usage_error(args):
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_CANNOT_ASK
     kubeconfig, context = getattr(args, "kubeconfig", None), getattr(args, "context", None)
     namespace = getattr(args, "namespace", None) or config.context_namespace(kubeconfig, context) or "default"
     try:
