@@ -60,7 +60,9 @@ class Api:
         return self.pods_
 
     async def pod(self, namespace, name):
-        return None
+        if "pod" in self.refuse:
+            raise self.refuse["pod"]
+        return next((p for p in self.pods_ if p["metadata"]["name"] == name), None)
 
     async def log(self, namespace, pod, container, tail):
         if isinstance(self.log_, Exception):
@@ -199,6 +201,20 @@ def test_status_json_and_yaml():
     assert code == 0 and '"phase": "DeadLettered"' in out
     code, out = run(api, clock, "-o", "yaml", "status", "poison")  # the common flags go before the command too
     assert code == 0 and "phase: DeadLettered" in out
+
+
+def test_status_reads_the_beats_from_the_attempts_pod_and_does_without_it_if_forbidden():
+    clock = FakeClock()
+    current = {"number": 1, "podName": "long-1", "phase": "Running", "startedAt": "2026-03-01T11:59:00Z"}
+    api = Api(
+        clock,
+        jobs=[sample_job("long", phase="Running", attempts=1, currentAttempt=current)],
+        pods=[{"metadata": {"name": "long-1", "annotations": {"vigil.dev/heartbeat": "12:abcdef01"}}}],
+    )
+    assert "12 beats sent by the agent" in run(api, clock, "status", "long")[1]
+    api.refuse = {"pod": from_status(403, {"reason": "Forbidden", "message": "cannot get pods"})}
+    code, out = run(api, clock, "status", "long")
+    assert code == 0 and "beats sent" not in out and "Attempt 1:    pod long-1, Running" in out
 
 
 def test_dlq_and_top_across_namespaces():
