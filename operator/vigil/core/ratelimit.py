@@ -15,6 +15,14 @@ class TokenBucket:
     _tokens: float = float("nan")
     _at: float = float("nan")
 
+    def delay(self, now: float) -> float:
+        """Seconds from `now` until `take` would let one more go (0: at once); counts nothing.
+        A waiter sleeps this long instead of polling (`kubectl vigil redrive`)."""
+        if self._tokens != self._tokens:  # never used: full
+            return 0.0
+        tokens = min(float(self.burst), self._tokens + max(0.0, now - self._at) * self.rate)
+        return max(0.0, (1.0 - tokens) / self.rate)
+
     def take(self, now: float) -> bool:
         """Whether one more may go at `now` (and it is counted if so)."""
         if self._tokens != self._tokens:  # first use: full

@@ -174,13 +174,17 @@ class ApiClient:
         fence: Fence | None = None,
         timeout: float | None = None,
         max_bytes: int | None = None,
+        as_bytes: bool = False,
     ) -> Any:
         """One request; the decoded answer (None for an empty one). `fence`, for a write, is
         called before the request is queued and again as its body is written; the time it says
         is left bounds the whole request. `timeout` bounds the whole request instead of the
         client's per-read timeout. `max_bytes`: an answer longer than that is not read on
-        (TooLarge)."""
+        (TooLarge). `as_bytes`: the answer's bytes as sent, whatever their type (a pod's log is
+        plain text, the one answer that is not JSON)."""
         headers = self._headers()
+        if as_bytes:
+            headers["Accept"] = "*/*"
         data: bytes | _FencedBody | None = None
         if body is not None:
             raw = orjson.dumps(body)
@@ -199,6 +203,8 @@ class ApiClient:
                 text = await (response.read() if max_bytes is None else _read_at_most(response, max_bytes))
                 if response.status >= 400:
                     raise from_status(response.status, text)
+                if as_bytes:
+                    return text
                 return orjson.loads(text) if text else None
         except _TRANSPORT as err:
             if isinstance(data, _FencedBody) and data.refused is not None:

@@ -49,19 +49,30 @@ class Credentials:
         return context
 
 
-def load(kubeconfig: str | None = None) -> Credentials:
+def load(kubeconfig: str | None = None, context: str | None = None) -> Credentials:
     """In a pod, its service account; elsewhere the kubeconfig (`kubeconfig`, else $KUBECONFIG,
-    else ~/.kube/config). NoCredentials when there is neither."""
+    else ~/.kube/config), at its current context or `context`. NoCredentials when there is
+    neither."""
     configuration = client.Configuration()
-    if kubeconfig is None:
+    if kubeconfig is None and context is None:
         try:
             config.load_incluster_config(client_configuration=configuration)
             return Credentials(configuration)
         except config.ConfigException:
             pass
     try:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
     except (config.ConfigException, OSError) as err:
         raise NoCredentials(f"no credentials: not in a cluster, and no usable kubeconfig ({err})") from None
     return Credentials(configuration)
 
+
+def context_namespace(kubeconfig: str | None = None, context: str | None = None) -> str | None:
+    """The namespace the kubeconfig's context names (the current one, or `context`), as kubectl
+    reads it for a command given no -n; None if it names none, or there is no kubeconfig."""
+    try:
+        contexts, current = config.list_kube_config_contexts(config_file=kubeconfig)
+    except (config.ConfigException, OSError):
+        return None
+    chosen = next((c for c in contexts if c.get("name") == context), None) if context else current
+    return ((chosen or {}).get("context") or {}).get("namespace") or None

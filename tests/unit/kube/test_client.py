@@ -568,3 +568,16 @@ def test_pages_are_sized_by_bytes_so_large_items_come_a_few_at_a_time():
     assert apiclient.next_page_limit(40, 40, 40 * 1_500_000, 500, apiclient.PAGE_BYTES) == 2
     assert apiclient.next_page_limit(40, 1, 50_000_000, 500, apiclient.PAGE_BYTES) == 1
     assert apiclient.next_page_limit(400, 400, 4_000, 500, apiclient.PAGE_BYTES) == 500
+
+
+def test_an_answer_asked_for_as_bytes_comes_as_sent_and_an_error_still_raises():
+    async def scenario(server: Server, kube: Kube) -> None:
+        server.answer = lambda method, path: (200, "a log line")  # this server sends it JSON-encoded
+        body = await kube.http.request("GET", "/api/v1/namespaces/work/pods/p/log", as_bytes=True)
+        assert body == b'"a log line"'  # the bytes as sent, not decoded
+        assert server.seen[-1]["headers"]["Accept"] == "*/*"  # a log is text/plain
+        server.answer = lambda method, path: (404, {"reason": "NotFound", "message": 'pods "p" not found'})
+        with pytest.raises(NotFound):
+            await kube.http.request("GET", "/api/v1/namespaces/work/pods/p/log", as_bytes=True)
+
+    run(scenario)

@@ -1,0 +1,9 @@
+"""`kubectl vigil`, the day-two tool (the console script `kubectl-vigil`, which kubectl finds on
+PATH): why a job waits, the dead-letter queue, a paced redrive, pausing a queue, the queues at a
+glance, an attempt's log.
+
+In the house's two parts: `report` decides what to show and what a redrive does, pure, on
+objects as dicts and a time handed in; `render` turns its rows into a table, JSON or YAML; `cli`
+is the thin part, reading and writing through `vigil.kube.client.ApiClient` with the
+kubeconfig's credentials (`vigil.kube.config`), pacing its writes on the one clock.
+"""

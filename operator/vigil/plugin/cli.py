@@ -1,0 +1,366 @@
+"""`kubectl vigil COMMAND`: the thin part of the plugin. Each command reads through `Api` (the
+one client, `vigil.kube.client.ApiClient`), asks `report` what it means, and returns its exit
+code and what to print (`render`); writes are few: a redrive's annotation, paced by a token bucket
+on the one clock, and a queue's `spec.paused`.
+
+Exit codes: 0 done; 1 what was asked is not there or was refused (a job or queue not found, an
+attempt's pod gone, its log unavailable, a redrive refused, a request forbidden); 2 nothing could
+be asked (bad usage, no usable kubeconfig, the API server unreachable or refusing the credentials).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from vigil.api import GROUP, LABEL_ATTEMPT, LABEL_DEAD_LETTER, LABEL_JOB_UID, PLURAL, QUEUE_PLURAL, VERSION
+from vigil.core.ratelimit import TokenBucket
+from vigil.kube.client import MERGE_PATCH, ApiClient, resource_path, user_agent
+from vigil.kube.errors import ApiError, Conflict, NotFound, Refused, Unauthorized, Unreachable
+from vigil.plugin import render, report
+from vigil.runtime.clock import SYSTEM, Clock
+
+EXIT_OK, EXIT_FAILED, EXIT_CANNOT_ASK = 0, 1, 2
+DEFAULT_RATE = 5.0  # redrives a second: each is a new round of attempts, queued at once
+MAX_RATE = 50.0  # a bulk redrive is paced whatever is asked: it must not become a retry storm
+DEFAULT_MAX = 100  # jobs redriven in one run; the rest wait for the next run
+DEFAULT_CONTAINER = "kubectl.kubernetes.io/default-container"  # the annotation kubectl logs reads
+
+
+class Failed(Exception):
+    """The command cannot do what was asked: `code` and a message saying what to fix."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+class Api:
+    """The plugin's reads and writes of VigilJobs, VigilQueues and pods, through the one client."""
+
+    def __init__(self, http: ApiClient) -> None:
+        self.http = http
+
+    async def _get(self, path: str) -> dict | None:
+        try:
+            return await self.http.request("GET", path)
+        except NotFound:
+            return None
+
+    async def job(self, namespace: str, name: str) -> dict | None:
+        return await self._get(f"{resource_path(GROUP, VERSION, PLURAL, namespace)}/{name}")
+
+    async def jobs(self, namespace: str | None, selector: str) -> list[dict]:
+        items, _ = await self.http.list_all(
+            resource_path(GROUP, VERSION, PLURAL, namespace), {"labelSelector": selector}
+        )
+        return items
+
+    async def queue(self, namespace: str, name: str) -> dict | None:
+        return await self._get(f"{resource_path(GROUP, VERSION, QUEUE_PLURAL, namespace)}/{name}")
+
+    async def queues(self, namespace: str | None) -> list[dict]:
+        items, _ = await self.http.list_all(resource_path(GROUP, VERSION, QUEUE_PLURAL, namespace), {})
+        return items
+
+    async def patch_job(self, namespace: str, name: str, patch: dict) -> dict:
+        path = f"{resource_path(GROUP, VERSION, PLURAL, namespace)}/{name}"
+        return await self.http.request("PATCH", path, body=patch, content_type=MERGE_PATCH)
+
+    async def patch_queue(self, namespace: str, name: str, patch: dict) -> dict:
+        path = f"{resource_path(GROUP, VERSION, QUEUE_PLURAL, namespace)}/{name}"
+        return await self.http.request("PATCH", path, body=patch, content_type=MERGE_PATCH)
+
+    async def pods(self, namespace: str, selector: str) -> list[dict]:
+        items, _ = await self.http.list_all(resource_path("", "v1", "pods", namespace), {"labelSelector": selector})
+        return items
+
+    async def pod(self, namespace: str, name: str) -> dict | None:
+        return await self._get(f"{resource_path('', 'v1', 'pods', namespace)}/{name}")
+
+    async def log(self, namespace: str, pod: str, container: str | None, tail: int | None) -> bytes:
+        params = {"container": container} if container else {}
+        if tail is not None:
+            params["tailLines"] = str(tail)
+        path = f"{resource_path('', 'v1', 'pods', namespace)}/{pod}/log"
+        return await self.http.request("GET", path, params=params, as_bytes=True)
+
+
+def _not_found(kind: str, name: str, namespace: str) -> Failed:
+    return Failed(EXIT_FAILED, f"{kind} {name} not found in namespace {namespace}")
+
+
+async def _read_job(api: Api, namespace: str, name: str) -> dict:
+    job = await api.job(namespace, name)
+    if job is None:
+        raise _not_found("vigiljob", name, namespace)
+    return job
+
+
+# --- the commands: each (exit code, what to print) -------------------------------------------
+
+
+async def status(api: Api, namespace: str, args: argparse.Namespace, clock: Clock) -> tuple[int, str]:
+    job = await _read_job(api, namespace, args.job)
+    current = (job.get("status") or {}).get("currentAttempt") or {}
+    pod = None
+    if current.get("podName"):
+        # The beats the agent sent are a detail: one who may not read pods sees the rest.
+        with contextlib.suppress(Refused):
+            pod = await api.pod(namespace, current["podName"])
+    now = clock.wall()
+    return EXIT_OK, render.job_status(report.job_status(job, now, pod), now, args.output)
+
+
+async def dlq(api: Api, namespace: str | None, args: argparse.Namespace, clock: Clock) -> tuple[int, str]:
+    selector = ",".join(filter(None, [f"{LABEL_DEAD_LETTER}=true", args.selector]))
+    rows = report.dead_letters(await api.jobs(namespace, selector), clock.wall())
+    return EXIT_OK, render.listing(rows, render.DLQ_COLUMNS, args.output, namespaces=namespace is None)
+
+
+async def top(api: Api, namespace: str | None, args: argparse.Namespace, clock: Clock) -> tuple[int, str]:
+    rows = report.queue_rows(await api.queues(namespace))
+    return EXIT_OK, render.top(rows, args.output, namespaces=namespace is None)
+
+
+async def redrive(api: Api, namespace: str, args: argparse.Namespace, clock: Clock) -> tuple[int, str]:
+    if args.all_dead_letters:
+        selector = ",".join(filter(None, [f"{LABEL_DEAD_LETTER}=true", args.selector]))
+        jobs = {job["metadata"]["name"]: job for job in await api.jobs(namespace, selector)}
+        listed = report.dead_letters(jobs.values(), clock.wall())  # the longest dead first
+        requested: list[tuple[str, Mapping[str, Any] | None]] = [(row["name"], jobs[row["name"]]) for row in listed]
+    else:
+        requested = [(name, await api.job(namespace, name)) for name in args.jobs]
+    steps = report.plan_redrive(requested, namespace, clock.wall(), args.max)
+    done: dict[str, str] = {}
+    code = EXIT_OK
+    if not args.dry_run:
+        code = await apply_redrive(api, steps, TokenBucket(args.rate, 1), clock, done)
+    if any(step.value is None or done.get(step.name, "") for step in steps) and code == EXIT_OK:
+        code = EXIT_FAILED
+    return code, render.redrive(steps, done, args.output, args.dry_run)
+
+
+async def apply_redrive(
+    api: Api, steps: list[report.RedriveStep], bucket: TokenBucket, clock: Clock, done: dict[str, str]
+) -> int:
+    """Writes each planned redrive, no faster than `bucket` lets one go, recording in `done`
+    "" or why it failed; stops at the first write that cannot reach the API server
+    (EXIT_CANNOT_ASK: the rest are not reached), else EXIT_OK."""
+    for step in steps:
+        if step.value is None:
+            continue
+        while not bucket.take(clock.monotonic()):
+            await clock.sleep(bucket.delay(clock.monotonic()))
+        try:
+            await api.patch_job(step.namespace, step.name, report.redrive_patch(step))
+            done[step.name] = ""
+        except Conflict:
+            done[step.name] = "the job changed since it was read (redriven by someone else?): run again"
+        except NotFound:
+            done[step.name] = "the job was deleted since it was read"
+        except (Unreachable, Unauthorized) as err:
+            done[step.name] = f"not written: {err}"
+            return EXIT_CANNOT_ASK
+        except ApiError as err:
+            done[step.name] = f"refused by the API server: {err}"
+    return EXIT_OK
+
+
+async def pause(api: Api, namespace: str, args: argparse.Namespace, clock: Clock) -> tuple[int, str]:
+    paused = args.command == "pause"
+    queue = await api.queue(namespace, args.queue)
+    if queue is None:
+        raise _not_found("vigilqueue", args.queue, namespace)
+    changed = bool((queue.get("spec") or {}).get("paused", False)) != paused
+    if changed:
+        await api.patch_queue(namespace, args.queue, {"spec": {"paused": paused}})
+    row = {"name": args.queue, "namespace": namespace, "paused": paused, "changed": changed}
+    if args.output != "table":
+        return EXIT_OK, render.dump(row, args.output)
+    what = "paused: no new attempt starts, running ones finish" if paused else "resumed: attempts start again"
+    return EXIT_OK, f"vigilqueue {namespace}/{args.queue} {what}" + ("" if changed else " (it already was)")
+
+
+async def logs(api: Api, namespace: str, args: argparse.Namespace, clock: Clock) -> tuple[int, str]:
+    job = await _read_job(api, namespace, args.job)
+    status_ = job.get("status") or {}
+    number = args.attempt or (status_.get("currentAttempt") or {}).get("number") or status_.get("attempts")
+    if not number:
+        raise Failed(EXIT_FAILED, f"vigiljob {args.job} has started no attempt yet: no log to show")
+    selector = f"{LABEL_JOB_UID}={job['metadata']['uid']},{LABEL_ATTEMPT}={number}"
+    pods = await api.pods(namespace, selector)
+    if not pods:
+        raise Failed(
+            EXIT_FAILED,
+            f"the pod of attempt {number} of vigiljob {args.job} is gone (deleted with its attempt, or never "
+            f"created): its log went with it; `kubectl vigil status {args.job}` lists the attempts",
+        )
+    pod = pods[0]
+    name, node = pod["metadata"]["name"], (pod.get("spec") or {}).get("nodeName") or "no node"
+    container = args.container or _default_container(pod)
+    try:
+        text = await api.log(namespace, name, container, args.tail)
+    except (Unreachable, Unauthorized):
+        raise
+    except ApiError as err:
+        raise Failed(
+            EXIT_FAILED,
+            f"no log for pod {name} (attempt {number}) on {node}: the API server answered {err} "
+            "(the node's kubelet keeps the log: a node gone, or one that runs no containers, has none)",
+        ) from None
+    return EXIT_OK, text.decode(errors="replace").rstrip("\n")
+
+
+def _default_container(pod: Mapping[str, Any]) -> str | None:
+    """As kubectl logs picks one: the pod's default-container annotation, else its first."""
+    named = ((pod.get("metadata") or {}).get("annotations") or {}).get(DEFAULT_CONTAINER)
+    containers = (pod.get("spec") or {}).get("containers") or []
+    return named or (containers[0].get("name") if containers else None)
+
+
+COMMANDS = {"status": status, "dlq": dlq, "top": top, "redrive": redrive, "pause": pause, "resume": pause, "logs": logs}
+
+
+# --- the process ------------------------------------------------------------------------------
+
+
+def explain(err: ApiError, server: str) -> tuple[int, str]:
+    """The exit code and message of an API error no command handled itself."""
+    if isinstance(err, Unreachable):
+        return EXIT_CANNOT_ASK, (
+            f"cannot reach the API server at {server} ({err}): is the cluster up, and are --kubeconfig "
+            "and --context the ones you meant?"
+        )
+    if isinstance(err, Unauthorized):
+        return EXIT_CANNOT_ASK, f"the API server at {server} refused the credentials ({err}): log in again"
+    if isinstance(err, Refused) and err.status == 403:
+        return EXIT_FAILED, f"forbidden: {err.message}"
+    if isinstance(err, NotFound):  # a collection, not an object: the resource is not served
+        return EXIT_FAILED, f"{err.message}: are Vigil's CRDs installed (kubectl apply -f crds/)?"
+    return EXIT_FAILED, str(err)
+
+
+def usage_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with flags argparse cannot check alone, before anything is asked."""
+    if args.command != "redrive":
+        return None
+    if args.all_dead_letters == bool(args.jobs):
+        return "redrive takes job names or --all-dead-letters, not both nor neither"
+    if args.selector and not args.all_dead_letters:
+        return "-l/--selector goes with --all-dead-letters"
+    if not 0 < args.rate <= MAX_RATE:
+        return f"--rate must be above 0 and at most {MAX_RATE:g} redrives a second"
+    if args.max < 1:
+        return "--max must be at least 1"
+    return None
+
+
+def parser() -> argparse.ArgumentParser:
+    # The common flags go on the top level and on every command, with no defaults of their
+    # own (SUPPRESS), so that `kubectl vigil -n X top` and `kubectl vigil top -n X` both work.
+    common = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    common.add_argument("-n", "--namespace", help="default: the kubeconfig context's namespace, else default")
+    common.add_argument("--kubeconfig", help="default: $KUBECONFIG, else ~/.kube/config")
+    common.add_argument("--context", help="the kubeconfig context to use (default: its current one)")
+    common.add_argument("-o", "--output", choices=render.FORMATS, help="default: table")
+    top_level = argparse.ArgumentParser(
+        prog="kubectl vigil",
+        parents=[common],
+        description="Day two with Vigil: why a job waits, the dead-letter queue, redrives, queues. "
+        "Exit codes: 0 done; 1 not found or refused; 2 bad usage, no kubeconfig, or the API server unreachable.",
+    )
+    commands = top_level.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return commands.add_parser(name, parents=[common], help=help, description=help)
+
+    command("status", "a job's phase, attempts, why it waits, its beats, checkpoint and recent attempts").add_argument(
+        "job"
+    )
+    for name, help in (
+        ("dlq", "the dead-letter queue: jobs labelled vigil.dev/dead-letter=true"),
+        ("top", "the queues at a glance: depth, running, oldest wait, retry budget, paused"),
+    ):
+        sub = command(name, help)
+        sub.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
+        if name == "dlq":
+            sub.add_argument("-l", "--selector", help="only the jobs this label selector picks too")
+    sub = command(
+        "redrive",
+        "start a new round of attempts of dead-lettered jobs (the vigil.dev/redrive annotation), paced",
+    )
+    sub.add_argument("jobs", nargs="*", metavar="JOB")
+    sub.add_argument("--all-dead-letters", action="store_true", help="every dead-lettered job of the namespace")
+    sub.add_argument("-l", "--selector", help="with --all-dead-letters: only those this label selector picks")
+    sub.add_argument(
+        "--rate",
+        type=float,
+        default=DEFAULT_RATE,
+        help=f"redrives a second (default {DEFAULT_RATE:g}, at most {MAX_RATE:g})",
+    )
+    sub.add_argument("--max", type=int, default=DEFAULT_MAX, help=f"redrive at most N jobs (default {DEFAULT_MAX})")
+    sub.add_argument("--dry-run", action="store_true", help="say what would be redriven, write nothing")
+    for name, help in (
+        ("pause", "stop a queue starting attempts (spec.paused: true); running ones finish"),
+        ("resume", "let a paused queue start attempts again (spec.paused: false)"),
+    ):
+        command(name, help).add_argument("queue")
+    sub = command("logs", "the log of an attempt's pod (default: the latest attempt)")
+    sub.add_argument("job")
+    sub.add_argument("--attempt", type=int, metavar="N", help="the attempt (default: the latest)")
+    sub.add_argument("-c", "--container", help="default: the pod's default container, else its first")
+    sub.add_argument("--tail", type=int, metavar="LINES", help="only the last LINES lines")
+    return top_level
+
+
+async def run(api: Api, args: argparse.Namespace, namespace: str, clock: Clock) -> tuple[int, str]:
+    """The command `args` names, in `namespace`, or in all of them with -A (dlq and top)."""
+    scope: Any = None if getattr(args, "all_namespaces", False) else namespace
+    return await COMMANDS[args.command](api, scope, args, clock)
+
+
+def main(argv: list[str] | None = None, clock: Clock = SYSTEM) -> int:
+    # Imported here: --help and a usage error need none of the client's libraries.
+    from vigil.kube import config
+
+    args = parser().parse_args(argv)
+    args.output = getattr(args, "output", "table")
+    if problem := usage_error(args):
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_CANNOT_ASK
+    kubeconfig, context = getattr(args, "kubeconfig", None), getattr(args, "context", None)
+    namespace = getattr(args, "namespace", None) or config.context_namespace(kubeconfig, context) or "default"
+    try:
+        credentials = config.load(kubeconfig, context)
+    except config.NoCredentials as err:
+        print(f"error: {err}: give --kubeconfig, or set KUBECONFIG", file=sys.stderr)
+        return EXIT_CANNOT_ASK
+
+    async def ask() -> tuple[int, str]:
+        http = ApiClient(credentials, user_agent(None, "kubectl-vigil"))
+        try:
+            return await run(Api(http), args, namespace, clock)
+        finally:
+            await http.close()
+
+    try:
+        code, out = asyncio.run(ask())
+    except Failed as err:
+        print(f"error: {err.message}", file=sys.stderr)
+        return err.code
+    except ApiError as err:
+        code, message = explain(err, credentials.host)
+        print(f"error: {message}", file=sys.stderr)
+        return code
+    if out:
+        print(out)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""`kubectl vigil` end to end: the plugin as a process, as a user runs it, against the real
+operator (its own, for a namespace of its own) on the bed: a job's status and why it waits, the
+dead-letter queue, a redrive that gives the job a new attempt, pause and resume, top, and an
+attempt's log (kwok runs no containers: the plugin must say there is none, and why)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.cluster import Kube, free_port
+from tests.support.jobs import (
+    GROUP,
+    QUEUE_PLURAL,
+    VERSION,
+    create,
+    get,
+    vigil_job,
+    vigil_queue,
+    wait_dead_letter_label,
+    wait_phase,
+)
+from tests.support.waits import deadline, wait_until
+
+pytestmark = pytest.mark.e2e  # the operator end to end, as a process, on a real cluster
+
+
+def plugin_command() -> list[str]:
+    """The installed console script next to the interpreter, as kubectl finds it on PATH; in an
+    environment installed before the script existed, the same `main` through `python -m`."""
+    script = Path(sys.executable).with_name("kubectl-vigil")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "vigil.plugin"]
+
+
+def plugin(kube: Kube, namespace: str, *args: str, kubeconfig: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*plugin_command(), "--kubeconfig", str(kubeconfig or kube.kubeconfig), "-n", namespace, *args],
+        capture_output=True,
+        text=True,
+        timeout=deadline(30),
+        env=os.environ.copy(),
+    )
+
+
+def as_json(result: subprocess.CompletedProcess) -> dict:
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_kubectl_vigil_day_two(kube: Kube, own_namespace: str, own_operator, tmp_path: Path):
+    ns = own_namespace
+    own_operator()
+    kube.custom.create_namespaced_custom_object(GROUP, VERSION, ns, QUEUE_PLURAL, vigil_queue("nightly", maxRunning=1))
+    create(kube, ns, vigil_job("poison", "7", "1s", retry={"maxAttempts": 3, "nonRetryableExitCodes": [7]}))
+    create(kube, ns, vigil_job("long", None, None, queue="nightly"))  # runs until deleted
+    create(kube, ns, vigil_job("waiter", "0", "1s", queue="nightly"))
+    wait_phase(kube, ns, "poison", "DeadLettered", timeout=30)
+    wait_dead_letter_label(kube, ns, "poison")
+
+    # status: the phase, the attempts, the recent attempts
+    done = plugin(kube, ns, "status", "poison")
+    assert done.returncode == 0, done.stderr
+    assert "Phase:        DeadLettered (NonRetryableExitCode)" in done.stdout
+    assert "Attempts:     1 (1 of 3 this round), redrives 0" in done.stdout
+    assert "poison-1" in done.stdout and "Failed" in done.stdout
+    # why it waits: the queue's limit, as the job's status says it
+    wait_until(
+        lambda: (
+            [w["reason"] for w in as_json(plugin(kube, ns, "status", "waiter", "-o", "json"))["waiting"]]
+            == ["QueueSaturated"]
+        ),
+        20,
+        "waiter to say it waits for its saturated queue",
+    )
+    missing = plugin(kube, ns, "status", "nope")
+    assert (missing.returncode, missing.stderr.strip()) == (1, f"error: vigiljob nope not found in namespace {ns}")
+
+    # dlq
+    rows = as_json(plugin(kube, ns, "dlq", "-o", "json"))["items"]
+    assert [(r["name"], r["reason"], r["attempts"]) for r in rows] == [("poison", "NonRetryableExitCode", 1)]
+    assert plugin(kube, ns, "dlq").stdout.splitlines()[1].split()[:2] == ["poison", "default"]
+
+    # top: the queue's status as Vigil writes it (at most every 2 s)
+    def nightly() -> dict:
+        return as_json(plugin(kube, ns, "top", "-o", "json"))["items"][0]
+
+    wait_until(lambda: (nightly()["running"], nightly()["queued"]) == (1, 1), 20, "nightly to run 1 and queue 1")
+    row = nightly()
+    assert (row["name"], row["maxRunning"], row["paused"], row["retryBudget"]) == ("nightly", 1, False, "0.2 ok")
+    assert row["oldestWaitSeconds"] is not None and row["headOfLine"] == ["waiter"]
+    assert plugin(kube, ns, "top").stdout.splitlines()[0].split()[:3] == ["QUEUE", "PAUSED", "QUEUED"]
+
+    # pause and resume: spec.paused
+    def paused() -> bool:
+        return kube.custom.get_namespaced_custom_object(GROUP, VERSION, ns, QUEUE_PLURAL, "nightly")["spec"]["paused"]
+
+    done = plugin(kube, ns, "pause", "nightly")
+    assert done.returncode == 0 and f"vigilqueue {ns}/nightly paused" in done.stdout and paused()
+    done = plugin(kube, ns, "resume", "nightly")
+    assert done.returncode == 0 and "resumed" in done.stdout and not paused()
+    assert plugin(kube, ns, "pause", "gone").returncode == 1
+
+    # logs: kwok's nodes run no containers; the plugin says so, with what the API server answered
+    done = plugin(kube, ns, "logs", "poison")
+    print("logs of a kwok pod:", done.returncode, done.stdout, done.stderr)
+    assert done.returncode == 1, done.stdout
+    assert "error: no log for pod poison-1 (attempt 1) on kwok-node-" in done.stderr
+    gone = plugin(kube, ns, "logs", "poison", "--attempt", "9")
+    assert gone.returncode == 1 and "the pod of attempt 9 of vigiljob poison is gone" in gone.stderr
+
+    # redrive: a dry run writes nothing; the redrive gives the job a new round, attempt 2
+    dry = plugin(kube, ns, "redrive", "--all-dead-letters", "--dry-run")
+    assert dry.returncode == 0 and "would redrive" in dry.stdout
+    assert "vigil.dev/redrive" not in (get(kube, ns, "poison")["metadata"].get("annotations") or {})
+    refused = plugin(kube, ns, "redrive", "long")
+    assert refused.returncode == 1 and "not dead-lettered (phase Running)" in refused.stdout
+    done = plugin(kube, ns, "redrive", "--all-dead-letters", "--rate", "5")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[1].split()[:2] == ["poison", "redriven"]
+    value = get(kube, ns, "poison")["metadata"]["annotations"]["vigil.dev/redrive"]
+    wait_until(lambda: (get(kube, ns, "poison")["status"].get("attempts") or 0) >= 2, 20, "poison's attempt 2")
+    job = wait_phase(kube, ns, "poison", "DeadLettered", timeout=20)  # exit 7 again
+    assert (job["status"]["redrives"], job["status"]["lastRedrive"], job["status"]["attempts"]) == (1, value, 2)
+
+    # an API server that does not answer: exit 2, saying where it looked
+    dead = tmp_path / "dead.kubeconfig"
+    dead.write_text(kube.kubeconfig.read_text().replace(kube.host_port.split(":")[1], str(free_port())))
+    unreachable = plugin(kube, ns, "top", kubeconfig=dead)
+    assert unreachable.returncode == 2 and "cannot reach the API server" in unreachable.stderr
