@@ -7,6 +7,7 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 
 from vigil import __version__
 from vigil.core.election import (
@@ -16,6 +17,7 @@ from vigil.core.election import (
     ElectionConfig,
     InvalidTimings,
 )
+from vigil.core.manifest import BeatChannel
 from vigil.core.queueing.book import QueueSpec
 from vigil.kube.informer import MAX_POD_WATCH_PACE_SECONDS, POD_WATCH_PACE_SECONDS
 
@@ -94,6 +96,26 @@ def _operator(args: argparse.Namespace) -> int:
             print("vigil operator: --webhook-address needs --webhook-cert-file and --webhook-key-file", file=sys.stderr)
             return 2
         webhook = (args.webhook_address, args.webhook_cert_file, args.webhook_key_file)
+    beat_channel = None
+    if args.heartbeat_url:
+        if webhook is None:
+            print(
+                "vigil operator: --heartbeat-url needs --webhook-address: beats are served on the webhook's HTTPS "
+                "server (the Service that selects the leader)",
+                file=sys.stderr,
+            )
+            return 2
+        if not args.heartbeat_url.startswith("https://"):
+            print(f"vigil operator: --heartbeat-url {args.heartbeat_url!r} must be an https:// URL", file=sys.stderr)
+            return 2
+        ca_pem = ""
+        if args.heartbeat_ca_file:
+            try:
+                ca_pem = Path(args.heartbeat_ca_file).read_text()
+            except (OSError, UnicodeDecodeError) as err:
+                print(f"vigil operator: cannot read --heartbeat-ca-file: {err}", file=sys.stderr)
+                return 2
+        beat_channel = BeatChannel(args.heartbeat_url, ca_pem, args.heartbeat_audience)
     metrics_tls = None
     if args.metrics_address and not args.metrics_insecure:
         if not (args.metrics_cert_file and args.metrics_key_file):
@@ -124,6 +146,7 @@ def _operator(args: argparse.Namespace) -> int:
         metrics_tls=metrics_tls,
         metrics_insecure=args.metrics_insecure,
         webhook=webhook,
+        beat_channel=beat_channel,
         lease=lease,
         pod_watch_pace=args.pod_watch_pace,
         default_queue=default_queue,
@@ -257,6 +280,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     operator.add_argument("--webhook-cert-file", metavar="FILE", help="the webhook's TLS certificate (PEM)")
     operator.add_argument("--webhook-key-file", metavar="FILE", help="the webhook's TLS key (PEM)")
+    operator.add_argument(
+        "--heartbeat-url",
+        metavar="URL",
+        default=None,
+        help="where the pods' agents post their beats: the webhook Service's /v1/heartbeat, served by the "
+        "webhook's server (default: none, every beat patches its pod; see docs/heartbeats.md)",
+    )
+    operator.add_argument(
+        "--heartbeat-ca-file",
+        metavar="FILE",
+        help="the CA of the webhook's certificate (PEM), given to the pods to check the leader's",
+    )
+    operator.add_argument(
+        "--heartbeat-audience",
+        default="vigil.dev",
+        help="the audience of the pods' projected tokens for beats (default: vigil.dev)",
+    )
     operator.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default: info"
     )

@@ -34,6 +34,7 @@ from vigil.controllers.dispatcher import Dispatcher
 from vigil.controllers.jobs import JobController, job_queue
 from vigil.controllers.queues import QueueStatusController
 from vigil.core.election import ElectionConfig
+from vigil.core.manifest import BeatChannel
 from vigil.core.objects import strip, strip_job
 from vigil.core.podstate import keep_job_pod
 from vigil.core.queueing.book import QueueBook, QueueSpec, Standing
@@ -42,6 +43,7 @@ from vigil.kube.client import ApiClient, pool_size, resource_path, user_agent
 from vigil.kube.config import Credentials
 from vigil.kube.events import EventRecorder
 from vigil.kube.informer import POD_WATCH_PACE_SECONDS, Informer, Watches
+from vigil.kube.issuer import IssuerKeySource
 from vigil.kube.operations import Kube
 from vigil.leaderelection.elector import LeaderElector, default_identity
 from vigil.leaderelection.mark import LeaderMark, OwnPod
@@ -50,6 +52,7 @@ from vigil.metrics.collectors import StateCollector
 from vigil.runtime.clock import SYSTEM, Clock
 from vigil.servers import health
 from vigil.servers import metrics as metrics_server
+from vigil.servers.beats import BeatEndpoint
 from vigil.servers.http import Server, serve
 from vigil.servers.webhook import WebhookServer
 
@@ -81,6 +84,8 @@ class OperatorSettings:
     metrics_tls: tuple[str, str] | None = None
     metrics_insecure: bool = False
     webhook: tuple[str, str, str] | None = None  # (HOST:PORT, certificate file, key file)
+    # Where pods post beats (served on the webhook's server); None: every beat patches its pod.
+    beat_channel: BeatChannel | None = None
     lease: tuple[ElectionConfig, str, str] | None = None  # (timings, namespace, name); None: act alone
     pod_watch_pace: float = POD_WATCH_PACE_SECONDS
     # The limits of a namespace's `default` queue while it has no VigilQueue `default`; None:
@@ -174,11 +179,11 @@ class _Served:
 
 
 class _Webhook:
-    def __init__(self, server: WebhookServer, where: tuple[str, str, str]) -> None:
-        self.server, self.where = server, where
+    def __init__(self, server: WebhookServer, where: tuple[str, str, str], also: list) -> None:
+        self.server, self.where, self.also = server, where, also
 
     async def start(self) -> None:
-        await self.server.start(*self.where)
+        await self.server.start(*self.where, also=self.also)
 
     async def stop(self) -> None:
         await self.server.stop()
@@ -236,6 +241,7 @@ class Operator:
             repair=self.pods_watch.repair,
             # The orphan sweep lists pods where the watches do, and keeps what they keep.
             sweep_scopes=watch_scopes(settings.namespaces)[0],
+            beat_channel=settings.beat_channel,
             accept=watch_scopes(settings.namespaces)[1],
         )
         self.jobs_watch.add_handler(self.jobs.handlers.job_delta)
@@ -280,7 +286,22 @@ class Operator:
                 on_refused=lambda namespace, queue: metrics.queue_refusals.labels(namespace, queue).inc(),
                 clock=clock,
             )
-            self.always.append(_Webhook(self.webhook, settings.webhook))
+            routes = []
+            if settings.beat_channel is not None:
+                jobs, elector_or_none = self.jobs, self.elector
+                keys = IssuerKeySource(work, clock)
+                self.beats = BeatEndpoint(
+                    # The leader alone counts beats; it leads while its elector's fence holds.
+                    leading=lambda: jobs.reconciling and (elector_or_none is None or elector_or_none.deadline_ok()),
+                    keys=keys.keys,
+                    pod_of=jobs.view.pods.by_uid,
+                    heard=jobs.handlers.beat_heard,
+                    count=lambda outcome: metrics.heartbeat_posts.labels(outcome).inc(),
+                    audience=settings.beat_channel.audience,
+                    clock=clock,
+                )
+                routes = self.beats.routes()
+            self.always.append(_Webhook(self.webhook, settings.webhook, routes))
 
         mark: list[Runnable] = []
         if (elector := self.elector) is not None and settings.lease is not None:

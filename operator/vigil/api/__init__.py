@@ -228,6 +228,14 @@ class Heartbeat(WireModel):
         120, ge=0, description="Allowance for the first beat after the container starts."
     )
     required: bool = Field(True, description="false: no agent; liveness is the pod phase alone.")
+    via: Literal["Leader", "Annotation"] = Field(
+        "Leader",
+        description=(
+            "Leader: the agent posts each beat to the leading operator (no API-server write per beat) and "
+            "falls back to its pod's annotation when it cannot reach it. Annotation: every beat patches the "
+            "pod's vigil.dev/heartbeat annotation (docs/heartbeats.md)."
+        ),
+    )
 
     cel_rules = (
         Rule(

@@ -52,7 +52,7 @@ from vigil.core.actions import (
 from vigil.core.backoff import attempt_delay
 from vigil.core.conditions import find_condition, remove_condition, set_condition
 from vigil.core.liveness import Liveness, beat_stamp_due
-from vigil.core.manifest import attempt_pod_manifest, attempt_pod_name
+from vigil.core.manifest import BeatChannel, attempt_pod_manifest, attempt_pod_name
 
 # How often a job blocked by a pod it does not own looks again: that pod's deletion is not an
 # event Vigil sees, as the pod does not carry the job's label. Such a job waits for someone to
@@ -82,6 +82,7 @@ def decide(
     may_start: bool = True,
     waiting: tuple[str, str] | None = None,
     liveness: Mapping[str, Liveness] | None = None,
+    beat_channel: BeatChannel | None = None,
 ) -> Decision:
     """The actions that move `job` on, given every pod observed for it at time `now`.
 
@@ -105,7 +106,7 @@ def decide(
     observed = _ObservedPods.of(parsed.metadata.namespace, parsed.metadata.uid, pods)
     if parsed.metadata.deletion_timestamp is not None:
         return _release_all(parsed, observed)  # the garbage collector deletes the pods
-    draft = _Draft(parsed, now, liveness=liveness or {})
+    draft = _Draft(parsed, now, liveness=liveness or {}, beat_channel=beat_channel)
 
     _adopt_newer_attempt(draft, observed)
     _honour_redrive(draft)
@@ -210,6 +211,7 @@ class _Draft:
     job: VigilJob
     now: datetime
     liveness: Mapping[str, Liveness] = field(default_factory=dict)
+    beat_channel: BeatChannel | None = None  # where new pods beat besides their annotation
     status: VigilJobStatus = field(init=False)
     pod_actions: list[CreatePod | DeletePod | AnnotatePod] = field(default_factory=list)
     releases: list[ReleasePod] = field(default_factory=list)
@@ -255,7 +257,7 @@ class _Draft:
         self.requeue_after.append(max(0.0, (moment - self.now).total_seconds()))
 
     def create_pod(self, attempt: int) -> None:
-        manifest = attempt_pod_manifest(self.job, attempt, self.status.last_checkpoint, self.now)
+        manifest = attempt_pod_manifest(self.job, attempt, self.status.last_checkpoint, self.now, self.beat_channel)
         self.pod_actions.append(CreatePod(manifest))
 
     def delete_pod(self, pod: podstate.Pod) -> None:

@@ -9,7 +9,8 @@ Silence is measured on Vigil's side. Every time here is the operator's MONOTONIC
 as `now` (a float, in seconds); no timestamp written by a pod or a node is ever read, so clock
 skew between nodes cannot make an attempt look lost:
 
-- A beat is a new value of the pod's `vigil.dev/heartbeat` annotation. The value itself is
+- A beat is a beat posted to the leader (`heard`), or a new value of the pod's
+  `vigil.dev/heartbeat` annotation (the fallback channel): either counts. The value itself is
   opaque; the same value seen again (a duplicate or an unrelated change to the pod) is no beat,
   and a snapshot with a resourceVersion not above the last one seen is ignored (a stale or
   reordered delivery must not pass for a beat).
@@ -170,6 +171,22 @@ class HeartbeatTracker:
             seen.beat_wall = wall
             changed = True
         return changed
+
+    def heard(self, uid: str, now: float, wall: datetime | None = None) -> bool:
+        """A beat that came to the operator directly (`vigil.servers.beats`), not through the
+        pod: counted like a new annotation value. Only for a pod `observe` has seen (the caller
+        answers the others "not known yet"), so no beat makes the tracker remember a new pod.
+        Returns False, recording nothing, for an unknown UID."""
+        seen = self._pods.get(uid)
+        if seen is None:
+            return False
+        if seen.running_since is None:
+            seen.running_since = now  # it beats, so its container runs
+        self.last_gap = now - seen.beat_at if seen.beat_at is not None else None
+        self.beats += 1
+        seen.beat_at = now if seen.beat_at is None else max(now, seen.beat_at)
+        seen.beat_wall = wall
+        return True
 
     def forget(self, uid: str) -> None:
         """Drop a pod (deleted, or its job is gone). Unknown UIDs are fine."""

@@ -108,7 +108,13 @@ class Metrics:
         self.dead_letters = Counter(
             "vigil_dead_letters_total", "Jobs dead-lettered, by reason.", ["reason"], registry=r
         )
-        self.heartbeats = Counter("vigil_heartbeats_total", "Heartbeats observed (new annotation values).", registry=r)
+        self.heartbeats = Counter(
+            "vigil_heartbeats_total", "Heartbeats observed (posted to the leader, or annotation values).", registry=r
+        )
+        # outcome: counted, or why not (bounded: see vigil.servers.beats.OUTCOMES).
+        self.heartbeat_posts = Counter(
+            "vigil_heartbeat_posts_total", "Heartbeats posted to this operator, by outcome.", ["outcome"], registry=r
+        )
         self.heartbeat_gap = Histogram(
             "vigil_heartbeat_gap_seconds",
             "Seconds between two beats of one attempt, on the operator's clock: the leading indicator "

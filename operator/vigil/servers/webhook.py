@@ -171,13 +171,16 @@ class WebhookServer:
         self._server: Server | None = None
         self._reloader: asyncio.Task | None = None
 
-    async def start(self, address: str, cert_file: str | Path, key_file: str | Path) -> None:
-        """Serves on `address` ("HOST:PORT"; port 0 picks a free one, see `port`)."""
+    async def start(
+        self, address: str, cert_file: str | Path, key_file: str | Path, also: Iterable[web.RouteDef] = ()
+    ) -> None:
+        """Serves on `address` ("HOST:PORT"; port 0 picks a free one, see `port`); `also`: more
+        routes on the same server (the heartbeat endpoint, `vigil.servers.beats`)."""
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.load_cert_chain(str(cert_file), str(key_file))
         self._server = await serve(
-            [web.post(PATH, self._handle)], address, ssl_context=context, max_body=MAX_REQUEST_BYTES
+            [web.post(PATH, self._handle), *also], address, ssl_context=context, max_body=MAX_REQUEST_BYTES
         )
         self._reloader = asyncio.create_task(self._reload(context, Path(cert_file), Path(key_file)))
         log.info("admission webhook serving https://%s:%d%s", split_address(address)[0], self.port, PATH)

@@ -1,5 +1,6 @@
 """The layout's one rule: `vigil.core` (every pure decision) imports only the standard library,
-pydantic and `vigil.api`. So the core can be read, tested and reasoned about without a cluster,
+pydantic, `vigil.api` and PyJWT with its cryptography (pure computation: verifying a token's
+signature reads nothing and sends nothing). So the core can be read, tested and reasoned about without a cluster,
 a network or an event loop, and importing it costs none of the I/O libraries."""
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def test_importing_the_core_loads_no_io_library():
 def test_the_core_needs_nothing_but_the_standard_library_pydantic_and_the_api():
     allowed = set(sys.stdlib_module_names) | {"pydantic", "pydantic_core", "typing_extensions", "annotated_types"}
     allowed |= {"typing_inspection", "_pytest", "__main__"}
+    allowed |= {"jwt", "cryptography", "cffi", "_cffi_backend", "_openssl"}  # vigil.core.beats verifies tokens
     outside = sorted(
         {
             name.split(".")[0]

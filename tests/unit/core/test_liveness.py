@@ -315,3 +315,31 @@ def test_the_deadline_is_exactly_when_the_verdict_next_changes(
         assert due > now
         assert tracker.liveness("p1", heartbeat, due).state != verdict.state
         assert tracker.liveness("p1", heartbeat, now + (due - now) / 2).state == verdict.state
+
+
+# ---------------------------------------------------------------------- beats posted to the leader
+
+
+def test_a_beat_posted_to_the_leader_counts_like_a_new_annotation_value() -> None:
+    tracker = HeartbeatTracker()
+    tracker.observe(pod(1, beat="a"), 100.0)
+    assert tracker.heard("p1", 150.0, T0)
+    assert states(tracker, [150, 179.9, 180, 210]) == ["Healthy", "Healthy", "Uncertain", "Lost"]
+    assert tracker.last_gap == 50.0 and tracker.beats == 2 and tracker.last_beat_at("p1") == T0
+    # The annotation channel still counts after it: either channel's beats move the deadline.
+    tracker.observe(pod(2, beat="b"), 200.0)
+    assert tracker.deadline("p1", HB, 200.0) == 230.0
+
+
+def test_a_posted_beat_before_any_annotation_ends_the_startup_grace() -> None:
+    tracker = HeartbeatTracker()
+    tracker.observe(pod(1, phase="Pending"), 100.0)
+    assert tracker.deadline("p1", HB, 100.0) is None  # not running: no deadline yet
+    assert tracker.heard("p1", 110.0)  # it beats, so it runs: judged from this beat, no grace
+    assert tracker.deadline("p1", HB, 110.0) == 140.0
+
+
+def test_a_posted_beat_for_a_pod_never_observed_is_not_remembered() -> None:
+    tracker = HeartbeatTracker()
+    assert not tracker.heard("stranger", 100.0)
+    assert len(tracker) == 0 and tracker.beats == 0

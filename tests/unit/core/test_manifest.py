@@ -11,7 +11,14 @@ from hypothesis import strategies as st
 
 from tests.support.builders import JOB_UID, make_job
 from vigil import api
-from vigil.core.manifest import MAX_POD_NAME, attempt_pod_manifest, attempt_pod_name
+from vigil.core.manifest import (
+    BEAT_TOKEN_DIR,
+    BEAT_TOKEN_VOLUME,
+    MAX_POD_NAME,
+    BeatChannel,
+    attempt_pod_manifest,
+    attempt_pod_name,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -164,3 +171,61 @@ def test_the_agent_learns_the_guarantee_and_timeout_it_fences_by() -> None:
     pod = manifest(spec={"guarantee": "NoOverlap", "heartbeat": {"intervalSeconds": 5, "timeoutSeconds": 45}})
     env = env_of(pod["spec"]["containers"][0])
     assert (env["VIGIL_GUARANTEE"], env["VIGIL_HEARTBEAT_TIMEOUT"]) == ("NoOverlap", "45")
+
+
+# --- beats to the leader ---------------------------------------------------------------------------
+
+CHANNEL = BeatChannel(
+    "https://vigil-webhook.vigil-system.svc/v1/heartbeat", "-----BEGIN CERTIFICATE-----\n", "vigil.dev"
+)
+
+
+def beating(heartbeat: dict | None = None, template: dict | None = None) -> dict:
+    job = make_job(spec={"heartbeat": heartbeat or {}})
+    if template is not None:
+        job["spec"]["template"] = template
+    return attempt_pod_manifest(api.VigilJob.model_validate(job), 2, None, beat_channel=CHANNEL)
+
+
+def test_with_the_leader_channel_every_container_gets_the_url_the_ca_and_its_own_projected_token() -> None:
+    template = {
+        "spec": {
+            "initContainers": [{"name": "setup", "image": "busybox"}],
+            "containers": [{"name": "main", "image": "app", "volumeMounts": [{"name": "data", "mountPath": "/d"}]}],
+            "volumes": [{"name": "data", "emptyDir": {}}],
+        }
+    }
+    pod = beating(template=template)
+    (token_volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == BEAT_TOKEN_VOLUME]
+    assert token_volume["projected"]["sources"] == [
+        {"serviceAccountToken": {"audience": "vigil.dev", "expirationSeconds": 3600, "path": "token"}}
+    ]
+    assert {v["name"] for v in pod["spec"]["volumes"]} == {"data", BEAT_TOKEN_VOLUME}
+    for container in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]]:
+        env = env_of(container)
+        assert env["VIGIL_HEARTBEAT_URL"] == CHANNEL.url and env["VIGIL_HEARTBEAT_CA"] == CHANNEL.ca_pem
+        assert env["VIGIL_HEARTBEAT_TOKEN_FILE"] == f"{BEAT_TOKEN_DIR}/token"
+        assert env["POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+        assert {"name": BEAT_TOKEN_VOLUME, "mountPath": BEAT_TOKEN_DIR, "readOnly": True} in container["volumeMounts"]
+    assert pod["spec"]["containers"][0]["volumeMounts"][0] == {"name": "data", "mountPath": "/d"}
+
+
+def test_no_leader_channel_for_the_annotation_channel_or_without_an_agent() -> None:
+    for heartbeat in ({"via": "Annotation"}, {"required": False}):
+        pod = beating(heartbeat)
+        assert "VIGIL_HEARTBEAT_URL" not in env_of(pod["spec"]["containers"][0])
+        assert BEAT_TOKEN_VOLUME not in {v["name"] for v in pod["spec"].get("volumes") or []}
+    plain = manifest()
+    assert "VIGIL_HEARTBEAT_URL" not in env_of(plain["spec"]["containers"][0])
+
+
+def test_a_template_cannot_swap_the_token_volume_or_the_url() -> None:
+    template = {
+        "spec": {
+            "containers": [{"name": "main", "image": "app", "env": [{"name": "VIGIL_HEARTBEAT_URL", "value": "https://evil"}]}],
+            "volumes": [{"name": BEAT_TOKEN_VOLUME, "emptyDir": {}}],
+        }
+    }
+    pod = beating(template=template)
+    assert env_of(pod["spec"]["containers"][0])["VIGIL_HEARTBEAT_URL"] == CHANNEL.url
+    assert [v for v in pod["spec"]["volumes"] if v["name"] == BEAT_TOKEN_VOLUME][0]["projected"]

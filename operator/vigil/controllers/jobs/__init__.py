@@ -27,6 +27,7 @@ from vigil.controllers.jobs.orphans import Releaser
 from vigil.controllers.jobs.reconciler import JobReconciler
 from vigil.controllers.jobs.view import ClusterView
 from vigil.controllers.worker import Worker
+from vigil.core.manifest import BeatChannel
 from vigil.core.objects import Key
 from vigil.core.orphans import SWEEP_SECONDS
 from vigil.kube.events import EventRecorder
@@ -69,9 +70,11 @@ class JobController:
         sweep_scopes: Iterable[str | None] = (None,),
         accept: Callable[[Mapping[str, Any]], bool] = lambda obj: True,
         sweep_seconds: float = SWEEP_SECONDS,
+        beat_channel: BeatChannel | None = None,
     ) -> None:
         self.kube, self.dispatcher, self.events, self.metrics = kube, dispatcher, events, metrics
         rng = rng or random.Random()
+        self.reconciling = False  # between start() and stop(): this process leads (beats count)
         self.view = ClusterView()
         self.queue = queue
         self.releaser = Releaser(
@@ -109,6 +112,7 @@ class JobController:
             rng=rng,
             pods_fresh=pods_fresh,
             repair=repair,
+            beat_channel=beat_channel,
         )
         self.worker = Worker(
             CONTROLLER, self.queue, self.reconciler, workers=workers, clock=clock, metrics=metrics, rng=rng
@@ -129,6 +133,7 @@ class JobController:
         listed yet would look as if its pods had vanished). Pods whose job is not known are
         released once the API server confirms their job is gone."""
         self.handlers.listed = True
+        self.reconciling = True
         self.worker.start()
         pods = self.view.pods
         orphans = [pod for job in pods.jobs() if not self.view.knows_job(job) for pod in pods.of_job(job)]
@@ -136,6 +141,7 @@ class JobController:
         self.releaser.start_sweeping()
 
     async def stop(self) -> None:
+        self.reconciling = False
         await self.worker.stop()
         await self.releaser.stop()
         self.queue.shutdown()

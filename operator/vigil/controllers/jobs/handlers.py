@@ -154,6 +154,21 @@ class JobEvents:
         if key is not None:
             self.queue.add_batched(key, self.pod_batch_seconds)
 
+    def beat_heard(self, pod: Mapping[str, Any]) -> None:
+        """A verified beat posted to the leader for `pod` (held in the view): as a new
+        annotation value would be, without the pod having changed."""
+        view = self.view
+        uid = pod["metadata"]["uid"]
+        tracker = view.tracker
+        if not tracker.heard(uid, self.clock.monotonic(), self.clock.wall()):
+            return  # the pod is held but not tracked yet: its first watch event tracks it
+        self.metrics.heartbeats.inc()
+        if tracker.last_gap is not None:
+            self.metrics.heartbeat_gap.observe(tracker.last_gap)
+        key = podstate.owner_key(pod)
+        if key is not None and self._beat_matters(key, uid):
+            self.queue.add_batched(key, self.pod_batch_seconds)
+
     def _note_start(self, key: Key, job: Mapping[str, Any], pod: Mapping[str, Any]) -> None:
         """A pod of an attempt the job's status does not hold yet is a start made (its pod came
         first): its queue counts it as running until status shows it, after a restart too."""

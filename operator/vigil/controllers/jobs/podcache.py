@@ -41,6 +41,7 @@ class PodCache:
     def __init__(self) -> None:
         self._by_job: dict[JobRef, dict[str, Pod]] = {}
         self._unseen: dict[str, float] = {}  # pod UID -> monotonic time this operator created it
+        self._job_of: dict[str, JobRef] = {}  # pod UID -> its job: a heartbeat names the pod alone
 
     def __len__(self) -> int:
         return sum(len(pods) for pods in self._by_job.values())
@@ -53,6 +54,11 @@ class PodCache:
 
     def get(self, job: JobRef, uid: str) -> Pod | None:
         return self._by_job.get(job, {}).get(uid)
+
+    def by_uid(self, uid: str) -> Pod | None:
+        """The pod of that UID, whichever job's it is (a heartbeat to the leader names its pod)."""
+        job = self._job_of.get(uid)
+        return None if job is None else self._by_job.get(job, {}).get(uid)
 
     def watched(self, pod: Pod) -> bool:
         """The watch showed `pod` (ADDED or MODIFIED). Returns False if it was older than the
@@ -78,6 +84,8 @@ class PodCache:
         if pods is None:
             return None
         pod = pods.pop(uid, None)
+        if pod is not None:
+            self._job_of.pop(uid, None)
         if not pods:
             del self._by_job[job]
         return pod
@@ -98,6 +106,7 @@ class PodCache:
         pods = list(self._by_job.pop(job, {}).values())
         for pod in pods:
             self._unseen.pop(pod["metadata"]["uid"], None)
+            self._job_of.pop(pod["metadata"]["uid"], None)
         return pods
 
     def unseen(self, job: JobRef) -> list[tuple[Pod, float]]:
@@ -116,4 +125,10 @@ class PodCache:
         if held is not None and is_older(pod, held):
             return False
         pods[uid] = pod
+        filed = self._job_of.setdefault(uid, job)
+        if filed != job:  # its owner changed (only a forgery could do that): filed once, under the newest
+            self._by_job.get(filed, {}).pop(uid, None)
+            if not self._by_job.get(filed, True):
+                del self._by_job[filed]
+            self._job_of[uid] = job
         return True

@@ -33,6 +33,7 @@ from vigil.controllers.jobs.view import ClusterView
 from vigil.controllers.worker import AfterFailure
 from vigil.core import actions, doubt, failures, lifecycle, podstate
 from vigil.core.liveness import actionable
+from vigil.core.manifest import BeatChannel
 from vigil.core.objects import Key
 from vigil.core.queueing.book import StartPermit
 from vigil.kube.errors import Conflict, NotFound, Refused
@@ -90,12 +91,14 @@ class JobReconciler:
         rng: random.Random | None = None,
         pods_fresh: Callable[[], bool] = lambda: True,
         repair: Callable[[str], None] = lambda reason: None,
+        beat_channel: BeatChannel | None = None,
     ) -> None:
         self.kube, self.view, self.queue, self.dispatcher = kube, view, queue, dispatcher
         self.handlers, self.executor, self.events = handlers, executor, events
         self.clock = clock
         self.rng = rng or random.Random()
         self.pods_fresh, self.repair = pods_fresh, repair
+        self.beat_channel = beat_channel
         self.alarms: SilenceAlarms[Key] = SilenceAlarms(self._silence, queue.add, clock)
         self.rechecks: StartingRechecks[Key] = StartingRechecks(queue.add, clock, STARTING_RECHECK_SECONDS)
 
@@ -181,6 +184,7 @@ class JobReconciler:
             waiting=(permit.reason, permit.message),
             rng=self.rng,
             liveness=liveness,
+            beat_channel=self.beat_channel,
         )
         self.dispatcher.decided(job, permit, decision)
         return Decided(decision, held_back, permit, states)

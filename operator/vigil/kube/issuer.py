@@ -1,0 +1,72 @@
+"""The cluster's service-account issuer and its public keys, as the API server publishes them
+(service-account issuer discovery, KEP-1393): /.well-known/openid-configuration names the issuer,
+/openid/v1/jwks holds the keys. Every service account may read both (the default ClusterRole
+binding system:service-account-issuer-discovery), so the operator needs no extra grant.
+
+Fetched once at start, again every REFRESH_SECONDS (key rotation), and on demand when a token
+names a key id not held (at most every `beats.KEY_REFRESH_SECONDS`: a flood of made-up key ids
+costs at most one request per period).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from vigil.core import beats
+from vigil.kube.client import ApiClient
+from vigil.kube.errors import ApiError
+from vigil.runtime.clock import SYSTEM, Clock
+
+log = logging.getLogger(__name__)
+
+REFRESH_SECONDS = 3600.0  # the API server's keys change when its signing key is rotated
+MAX_DOCUMENT_BYTES = 256 * 1024
+
+
+class IssuerKeySource:
+    def __init__(self, client: ApiClient, clock: Clock = SYSTEM) -> None:
+        self.client, self.clock = client, clock
+        self.current: beats.IssuerKeys | None = None
+        self.fetched_at: float | None = None
+        self.fetches = 0
+        self._lock = asyncio.Lock()  # a burst of beats at start fetches once
+
+    async def keys(self, unknown_kid: str | None = None) -> beats.IssuerKeys | None:
+        """The keys, fetched when none are held, when they are older than REFRESH_SECONDS, or
+        when `unknown_kid` is not among them and the last fetch is older than the refresh
+        period for unknown keys. None while they cannot be fetched."""
+        async with self._lock:
+            return await self._keys(unknown_kid)
+
+    async def _keys(self, unknown_kid: str | None) -> beats.IssuerKeys | None:
+        age = None if self.fetched_at is None else self.clock.monotonic() - self.fetched_at
+        retry_ok = age is None or age >= beats.KEY_REFRESH_SECONDS  # failures and floods wait
+        if self.current is None:
+            due = retry_ok
+        elif age is not None and age >= REFRESH_SECONDS:
+            due = True
+        else:
+            due = unknown_kid is not None and unknown_kid not in self.current.keys and retry_ok
+        if due:
+            await self._fetch()
+        return self.current
+
+    async def _fetch(self) -> None:
+        self.fetched_at = self.clock.monotonic()
+        self.fetches += 1
+        try:
+            discovery = await self.client.request(
+                "GET", "/.well-known/openid-configuration", max_bytes=MAX_DOCUMENT_BYTES
+            )
+            document = await self.client.request("GET", "/openid/v1/jwks", max_bytes=MAX_DOCUMENT_BYTES)
+            issuer = (discovery or {}).get("issuer")
+            if not isinstance(issuer, str) or not issuer:
+                raise ValueError("the discovery document names no issuer")
+            fetched = beats.parse_jwks(issuer, document or {})
+        except (ApiError, ValueError) as err:
+            log.warning("heartbeats: cannot fetch the service-account issuer's keys (%s); beats fall back to pods", err)
+            return
+        if self.current is None or dict(self.current.keys).keys() != dict(fetched.keys).keys():
+            log.info("heartbeats: service-account issuer %s, %d key(s)", fetched.issuer, len(fetched.keys))
+        self.current = fetched

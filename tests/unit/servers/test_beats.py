@@ -1,0 +1,153 @@
+"""POST /v1/heartbeat on the webhook's HTTPS server, on loopback (real TLS, no cluster): a pod's
+beat is counted without any request to an API server; a beat from anyone else, to a standby, or
+for a pod the leader does not hold is refused and counts nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.support.clock import FakeClock
+from tests.support.tokens import KEYS, OTHER_KEY, claims, token
+from vigil import api
+from vigil.core import beats
+from vigil.core.queueing.book import QueueSpec
+from vigil.servers.beats import BeatEndpoint
+from vigil.servers.webhook import WebhookServer, make_self_signed
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("certs")
+    make_self_signed(directory)
+    return directory
+
+
+class Leader:
+    """What the endpoint is given: the cache's pods, the beats heard, the key fetches."""
+
+    def __init__(self) -> None:
+        self.clock = FakeClock()
+        self.now = self.clock.wall().timestamp()
+        self.leading = True
+        self.pods = {"pod-uid-1": {"metadata": {"namespace": "team-a", "name": "ledger-1", "uid": "pod-uid-1"}}}
+        self.heard: list[str] = []
+        self.outcomes: Counter[str] = Counter()
+        self.key_requests: list[str | None] = []
+        self.keys: beats.IssuerKeys | None = KEYS
+
+    async def fetch(self, kid: str | None) -> beats.IssuerKeys | None:
+        self.key_requests.append(kid)
+        return self.keys
+
+    def endpoint(self) -> BeatEndpoint:
+        return BeatEndpoint(
+            leading=lambda: self.leading,
+            keys=self.fetch,
+            pod_of=self.pods.get,
+            heard=lambda pod: self.heard.append(pod["metadata"]["uid"]),
+            count=lambda outcome: self.outcomes.update([outcome]),
+            clock=self.clock,
+        )
+
+    def good_token(self, **over: Any) -> str:
+        return token(claims(self.now, **over))
+
+
+BODY = {"namespace": "team-a", "name": "ledger-1", "uid": "pod-uid-1", "beat": "7:abcd"}
+
+
+def beat_all(certs: Path, leader: Leader, requests: list[tuple[str | None, Any]]) -> list[tuple[int, dict]]:
+    """Posts each (token, body) in turn to a real server; returns (status, JSON answer) of each."""
+    server = WebhookServer(lambda namespace, queue: (QueueSpec(), 0))
+    answers: list[tuple[int, dict]] = []
+
+    async def main() -> None:
+        await server.start("127.0.0.1:0", certs / "tls.crt", certs / "tls.key", also=leader.endpoint().routes())
+        context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+        try:
+            async with aiohttp.ClientSession() as session:
+                for bearer, body in requests:
+                    headers = {"Authorization": f"Bearer {bearer}"} if bearer is not None else {}
+                    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+                    url = f"https://127.0.0.1:{server.port}{beats.PATH}"
+                    async with session.post(url, data=data, headers=headers, ssl=context) as response:
+                        answers.append((response.status, await response.json()))
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
+    return answers
+
+
+def test_a_pods_beat_is_counted_and_answered_with_its_state(certs: Path) -> None:
+    leader = Leader()
+    superseded = {"metadata": {**leader.pods["pod-uid-1"]["metadata"], "annotations": {api.ANNOTATION_SUPERSEDED: "2"}}}
+    first, = beat_all(certs, leader, [(leader.good_token(), BODY)])
+    assert first == (200, {"state": "Renewed"}) and leader.heard == ["pod-uid-1"]
+    leader.pods["pod-uid-1"] = superseded
+    assert beat_all(certs, leader, [(leader.good_token(), BODY)]) == [(200, {"state": "Superseded"})]
+    assert leader.outcomes["counted"] == 2
+
+
+def test_forged_beats_are_refused_and_count_nothing(certs: Path) -> None:
+    leader = Leader()
+    now = leader.now
+    leader.pods["pod-uid-2"] = {"metadata": {"namespace": "team-a", "name": "ledger-2", "uid": "pod-uid-2"}}
+    other_pods = token(claims(now, name="ledger-2", uid="pod-uid-2"))
+    answers = beat_all(
+        certs,
+        leader,
+        [
+            (other_pods, BODY),  # another pod's token, beating for ledger-1
+            (token(claims(now, namespace="team-b")), BODY),  # a pod of another namespace
+            (token(claims(now, exp=int(now) - 3600)), BODY),  # expired
+            (token(claims(now, aud=["https://kubernetes.default.svc"])), BODY),  # a token for the API server
+            (token(claims(now), key=OTHER_KEY), BODY),  # signed by a key not the issuer's
+            (None, BODY),  # no token at all
+            (leader.good_token(), b"{"),  # not JSON
+        ],
+    )
+    assert [status for status, _ in answers] == [403, 403, 401, 401, 401, 401, 400]
+    assert all("error" in answer for _, answer in answers)
+    assert leader.heard == [] and leader.outcomes["counted"] == 0
+    assert leader.outcomes == Counter({"wrong-pod": 2, "unauthenticated": 4, "bad-request": 1})
+
+
+def test_a_standby_counts_no_beat_and_says_so(certs: Path) -> None:
+    leader = Leader()
+    leader.leading = False
+    (status, answer), = beat_all(certs, leader, [(leader.good_token(), BODY)])
+    assert status == 503 and "does not lead" in answer["error"] and leader.heard == []
+
+
+def test_a_pod_the_leader_does_not_hold_is_not_counted(certs: Path) -> None:
+    leader = Leader()
+    leader.pods.clear()  # deleted, or its watch event not seen yet: the agent falls back to its annotation
+    (status, answer), = beat_all(certs, leader, [(leader.good_token(), BODY)])
+    assert status == 404 and leader.heard == []
+
+
+def test_a_rotated_key_is_fetched_once_then_the_beat_counts(certs: Path) -> None:
+    leader = Leader()
+    rotated = token(claims(leader.now), kid="k-new")
+    assert beat_all(certs, leader, [(rotated, BODY)])[0][0] == 401  # the fetch brought no such key
+    assert leader.key_requests == [None, "k-new"]
+    leader.keys = beats.IssuerKeys(KEYS.issuer, {**KEYS.keys, "k-new": KEYS.keys["k1"]})
+    assert beat_all(certs, leader, [(rotated, BODY)]) == [(200, {"state": "Renewed"})]
+
+
+def test_without_keys_a_beat_is_turned_away_to_retry(certs: Path) -> None:
+    leader = Leader()
+    leader.keys = None
+    (status, answer), = beat_all(certs, leader, [(leader.good_token(), BODY)])
+    assert status == 503 and "keys" in answer["error"] and leader.heard == []
