@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vigil.agent import ENV_CHECKPOINT_FILE, CheckpointTooLarge, InvalidCheckpoint, validate_checkpoint
-from vigil.agent.channel import ChannelError, LeaderBeat, LeaderChannel, check_url
+from vigil.agent.channel import ChannelError, LeaderAnswer, LeaderBeat, LeaderChannel, check_url
 from vigil.api import ANNOTATION_CHECKPOINT, ANNOTATION_HEARTBEAT, ANNOTATION_SUPERSEDED, Guarantee
 from vigil.core.fencing import (
     EXIT_FENCED,
@@ -330,7 +330,10 @@ class Heart(threading.Thread):
         """The leader's verdict on this beat, or None to beat by annotation; logs the switch
         between the channels once each way, never per beat."""
         assert self.leader is not None
-        answer = self.leader.post(value)
+        try:
+            answer = self.leader.post(value)
+        except Exception as err:  # a bug of the leader channel must not cost the beat: the annotation stays
+            answer = LeaderAnswer(None, f"{type(err).__name__}: {err}")
         if answer.observed is not None:
             if self.falling_back:
                 log("heartbeat endpoint answering again: beating by the operator")
