@@ -68,6 +68,7 @@ from vigil.agent import ENV_CHECKPOINT_FILE, CheckpointTooLarge, InvalidCheckpoi
 from vigil.agent.channel import ChannelError, LeaderAnswer, LeaderBeat, LeaderChannel, check_url
 from vigil.api import ANNOTATION_CHECKPOINT, ANNOTATION_HEARTBEAT, ANNOTATION_SUPERSEDED, Guarantee
 from vigil.core.fencing import (
+    CHECKPOINT_MIN_SECONDS,
     EXIT_FENCED,
     Fencer,
     Observed,
@@ -260,6 +261,7 @@ class Heart(threading.Thread):
         self.halt = threading.Event()
         self.failures = 0
         self.checkpoint_sent_at = CLOCK()  # the rate limit runs from the start: short jobs write at exit only
+        self.checkpoint_failing = False  # the last checkpoint patch failed (logged once)
         self.falling_back = False  # the leader channel failed on the last beat that tried it (logged once)
 
     def run(self) -> None:
@@ -297,12 +299,17 @@ class Heart(threading.Thread):
             now = CLOCK()
             if text is not None and (flush or checkpoint_due(self.checkpoint_sent_at, now)):
                 # The checkpoint's patch carries the heartbeat too: it is this beat, and the
-                # leader is asked only if it fails (an API server down must not cost the beat).
+                # leader is asked only if it fails (an API server down must not cost the beat;
+                # after the child's exit, a last beat is worth nothing without its checkpoint).
                 self.checkpoint_sent_at = now
                 observed, detail = self.pod.patch({**annotations, ANNOTATION_CHECKPOINT: text})
-                if observed in (Observed.API_ERROR, Observed.UNAUTHORIZED):
+                if observed in (Observed.API_ERROR, Observed.UNAUTHORIZED) and not flush:
                     verdict = self.ask_leader(value)
                     if verdict is not None:
+                        # The beat counts; the checkpoint is written again once due (told once).
+                        if not self.checkpoint_failing:
+                            log(f"checkpoint not published ({detail}): retrying in {CHECKPOINT_MIN_SECONDS:g}s")
+                        self.checkpoint_failing = True
                         observed, raw = verdict, None
             else:
                 verdict = self.ask_leader(value)
@@ -318,7 +325,7 @@ class Heart(threading.Thread):
                 log(f"heartbeat renewed again after {self.failures} failed attempt(s)")
             self.failures = 0
             if raw is not None:
-                self.published = raw
+                self.published, self.checkpoint_failing = raw, False
         elif observed in (Observed.API_ERROR, Observed.UNAUTHORIZED):
             self.failures += 1
             # The first failure and then every tenth: enough to see it, not a flood.

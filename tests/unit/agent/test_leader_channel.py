@@ -499,3 +499,30 @@ def test_the_heart_beats_through_a_real_operator_and_falls_back_when_it_is_busy(
         assert json.loads(operator.requests[1][1])["beat"] == f"2:{h.boot}"
     finally:
         leader.close()
+
+
+def test_a_checkpoint_write_that_fails_is_told_once_until_one_gets_through(tmp_path: Path, clock: Clock, capsys):
+    pod, leader = FakePod(Observed.API_ERROR), FakeLeader(LeaderAnswer(Observed.RENEWED))
+    h = heart(tmp_path, pod, leader)
+    for step in (1, 2, 3):
+        h.checkpoint_file.write_text(f'{{"step":{step}}}')
+        clock.now += CHECKPOINT_MIN_SECONDS
+        assert h.beat() is Observed.RENEWED
+    pod.answer = Observed.RENEWED
+    clock.now += CHECKPOINT_MIN_SECONDS
+    h.beat()
+    pod.answer = Observed.API_ERROR
+    h.checkpoint_file.write_text('{"step":4}')
+    clock.now += CHECKPOINT_MIN_SECONDS
+    h.beat()
+    told = [line for line in capsys.readouterr().err.splitlines() if "checkpoint not published" in line]
+    assert told == ["vigil-agent: checkpoint not published (503 ServiceUnavailable: busy): retrying in 30s"] * 2
+    assert h.published == b'{"step":3}'
+
+
+def test_the_final_flush_asks_no_leader_when_its_patch_fails(tmp_path: Path, clock: Clock):
+    pod, leader = FakePod(Observed.API_ERROR), FakeLeader(LeaderAnswer(Observed.RENEWED))
+    h = heart(tmp_path, pod, leader)
+    h.checkpoint_file.write_text('{"step":1}')
+    assert h.beat(flush=True) is Observed.API_ERROR
+    assert len(pod.patches) == 1 and leader.beats == [] and h.published is None
