@@ -4,7 +4,7 @@
 
     done = previous_checkpoint() or {"offset": 0}   # where an earlier attempt got to
     ...
-    checkpoint({"offset": 1200})                    # published by the agent with its next beat
+    checkpoint({"offset": 1200})                    # published by the agent within 30 s, and at exit
 
 A checkpoint is small JSON (at most 2 KiB). It is written to a file the agent watches, never
 sent to the API server from here: the job's code needs no credentials and no network.
@@ -85,8 +85,9 @@ def validate_checkpoint(raw: bytes) -> str:
 
 def checkpoint(data: Any) -> None:
     """Records `data` (JSON-serialisable, at most 2048 bytes as compact JSON) as this attempt's
-    checkpoint. The agent publishes it with its next heartbeat; the next attempt gets the last
-    one published as previous_checkpoint()."""
+    checkpoint. The agent publishes it with its next heartbeat when it beats by the pod's
+    annotation, and at most every 30 s when it beats to the operator (always at once when the
+    command exits); the next attempt gets the last one published as previous_checkpoint()."""
     text = encode_checkpoint(data)  # refuse before touching the file: a bad call keeps the old one
     path = os.environ.get(ENV_CHECKPOINT_FILE)
     if not path:

@@ -1,19 +1,41 @@
 """`vigil-agent [--] CMD ARGS...`: runs a job's command and keeps its pod's heartbeat.
 
-The agent starts CMD as its child (same stdin, stdout and stderr), and every
-VIGIL_HEARTBEAT_INTERVAL seconds (with +-10% jitter) patches its own pod (POD_NAME,
-POD_NAMESPACE) with a JSON merge patch: `vigil.dev/heartbeat` set to a value that changes on
-every beat, and `vigil.dev/checkpoint` when the child recorded a new one. The answer to that
-patch is also how the agent learns it must stop (see vigil.core.fencing).
+The agent starts CMD as its child (same stdin, stdout and stderr), and beats every
+VIGIL_HEARTBEAT_INTERVAL seconds (with +-10% jitter) with a value that changes on every beat
+(`<sequence>:<boot>`). The answer to a beat is also how the agent learns it must stop (see
+vigil.core.fencing). Two channels (issue 26):
+
+- The leader channel, when VIGIL_HEARTBEAT_URL is set: the beat is POSTed over HTTPS to the
+  leading operator, authenticated by the pod's projected service-account token (re-read on
+  every beat), and costs the API server nothing (see vigil.agent.channel). Every beat tries it
+  first, so agents find a new leader within one interval.
+- The annotation channel: a JSON merge patch of the agent's own pod (POD_NAME, POD_NAMESPACE)
+  setting `vigil.dev/heartbeat`. It is the only channel when VIGIL_HEARTBEAT_URL is unset or
+  empty, and the fallback of the other: a beat the operator does not answer with a verdict
+  (an error status, not the leader, unreachable, a TLS error, a timeout) is sent as a patch at
+  once, so an agent cut off from the operator but not from the API server keeps beating.
+
+A new checkpoint from the child goes into `vigil.dev/checkpoint`: with the next beat on the
+annotation channel alone; on the leader channel by a patch (with the heartbeat, so it counts
+as that beat) at most every CHECKPOINT_MIN_SECONDS (vigil.core.fencing). The last one is
+published at once when the child exits either way.
 
 Environment:
   POD_NAME, POD_NAMESPACE          the pod the agent runs in (required)
+  POD_UID                          the pod's UID (downward API metadata.uid), sent to the leader
   VIGIL_HEARTBEAT_INTERVAL         seconds between beats (default 10)
   VIGIL_HEARTBEAT_TIMEOUT          seconds without a renewal after which the attempt may have
                                    been replaced (default 60)
+  VIGIL_HEARTBEAT_URL              https:// URL of the operator's heartbeat endpoint (unset:
+                                   beats by annotation only)
+  VIGIL_HEARTBEAT_CA               PEM of the CA of that endpoint's certificate (empty: the
+                                   system's trust store)
+  VIGIL_HEARTBEAT_TOKEN_FILE       the projected service-account token (required with the URL)
   VIGIL_GUARANTEE                  AtLeastOnce (default) or NoOverlap
   VIGIL_STOP_GRACE_SECONDS         SIGTERM -> SIGKILL grace when the agent stops its child (default 10)
   KUBECONFIG                       used when not in a cluster (else the pod's service account)
+A leader channel set up wrongly (an URL that is not https, no or an unreadable token file, a
+CA that is not PEM) is a warning, not an error: the agent then beats by annotation alone.
 Given to the child: VIGIL_CHECKPOINT_FILE, where `vigil.agent.checkpoint()` writes.
 
 Exit status: the child's (128+N when signal N killed it, as shells report it); 75 when the
@@ -43,11 +65,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vigil.agent import ENV_CHECKPOINT_FILE, CheckpointTooLarge, InvalidCheckpoint, validate_checkpoint
+from vigil.agent.channel import ChannelError, LeaderAnswer, LeaderBeat, LeaderChannel, check_url
 from vigil.api import ANNOTATION_CHECKPOINT, ANNOTATION_HEARTBEAT, ANNOTATION_SUPERSEDED, Guarantee
 from vigil.core.fencing import (
+    CHECKPOINT_MIN_SECONDS,
     EXIT_FENCED,
     Fencer,
     Observed,
+    checkpoint_due,
+    leader_timeout,
     next_beat_delay,
     request_timeout,
     retry_delay,
@@ -84,6 +110,11 @@ class Settings:
     timeout: float = 60.0
     guarantee: Guarantee = "AtLeastOnce"
     grace: float = 10.0
+    pod_uid: str = ""
+    heartbeat_url: str = ""  # empty: the annotation channel alone
+    heartbeat_ca: str = ""
+    token_file: str = ""
+    leader_problem: str = ""  # why the leader channel is off although VIGIL_HEARTBEAT_URL is set
 
     @classmethod
     def from_env(cls, env: dict[str, str]) -> Settings:
@@ -106,6 +137,15 @@ class Settings:
         guarantee = env.get("VIGIL_GUARANTEE", "").strip() or "AtLeastOnce"
         if guarantee != "AtLeastOnce" and guarantee != "NoOverlap":
             raise ConfigError(f"VIGIL_GUARANTEE={guarantee!r} must be AtLeastOnce or NoOverlap")
+        url, problem = env.get("VIGIL_HEARTBEAT_URL", "").strip(), ""
+        token_file = env.get("VIGIL_HEARTBEAT_TOKEN_FILE", "").strip()
+        if url:
+            try:
+                url = check_url(url)
+                if not token_file:
+                    raise ChannelError("VIGIL_HEARTBEAT_URL is set but VIGIL_HEARTBEAT_TOKEN_FILE is not")
+            except ChannelError as err:  # the annotation channel still works: not worth a crash
+                url, problem = "", str(err)
         return cls(
             pod_name=env["POD_NAME"],
             namespace=env["POD_NAMESPACE"],
@@ -113,6 +153,11 @@ class Settings:
             timeout=seconds("VIGIL_HEARTBEAT_TIMEOUT", 60.0),
             guarantee=guarantee,  # type: ignore[arg-type]  # checked against both values above
             grace=seconds("VIGIL_STOP_GRACE_SECONDS", 10.0),
+            pod_uid=env.get("POD_UID", "").strip(),
+            heartbeat_url=url,
+            heartbeat_ca=env.get("VIGIL_HEARTBEAT_CA", "") if url else "",
+            token_file=token_file if url else "",
+            leader_problem=problem,
         )
 
 
@@ -193,17 +238,31 @@ class PodHeartbeat:
 
 
 class Heart(threading.Thread):
-    """Beats until stopped; reports every outcome as ("observed", Observed, sent_at) to `events`."""
+    """Beats until stopped; reports every outcome as ("observed", Observed, sent_at) to `events`.
 
-    def __init__(self, settings: Settings, pod: PodHeartbeat, checkpoint_file: Path, events: queue.Queue):
+    With a `leader` channel, each beat is posted there first and patched on the pod only when
+    the leader gives no verdict, or when a new checkpoint is due (see the module's docstring)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        pod: PodHeartbeat,
+        checkpoint_file: Path,
+        events: queue.Queue,
+        leader: LeaderChannel | None = None,
+    ):
         super().__init__(name="vigil-heartbeat", daemon=True)
         self.settings, self.pod, self.checkpoint_file, self.events = settings, pod, checkpoint_file, events
+        self.leader = leader
         self.boot = secrets.token_hex(4)  # tells this agent's beats from an earlier one's
         self.sequence = 0
         self.published: bytes | None = None
         self.rejected: bytes | None = None  # warned about once, not on every beat
         self.halt = threading.Event()
         self.failures = 0
+        self.checkpoint_sent_at = CLOCK()  # the rate limit runs from the start: short jobs write at exit only
+        self.checkpoint_failing = False  # the last checkpoint patch failed (logged once)
+        self.falling_back = False  # the leader channel failed on the last beat that tried it (logged once)
 
     def run(self) -> None:
         while not self.halt.is_set():
@@ -220,25 +279,76 @@ class Heart(threading.Thread):
                 delay = retry_delay(self.failures, self.settings.interval, self.settings.timeout, random.random())
             self.halt.wait(delay)
 
-    def beat(self) -> Observed:
+    def longest_beat(self) -> float:
+        """How long one beat can take: the leader's limit and then the patch's."""
+        return (self.leader.timeout if self.leader is not None else 0.0) + self.pod.timeout
+
+    def beat(self, flush: bool = False) -> Observed:
+        """One beat on the channels' rules; `flush` (the last one, after the child exited) patches
+        a new checkpoint at once whatever the rate limit."""
         self.sequence += 1
-        annotations = {ANNOTATION_HEARTBEAT: f"{self.sequence}:{self.boot}"}
+        value = f"{self.sequence}:{self.boot}"
+        annotations = {ANNOTATION_HEARTBEAT: value}
         raw, text = self.new_checkpoint()
-        if text is not None:
-            annotations[ANNOTATION_CHECKPOINT] = text
-        observed, detail = self.pod.patch(annotations)
+        detail = ""
+        if self.leader is None:  # the annotation channel alone: as before issue 26
+            if text is not None:
+                annotations[ANNOTATION_CHECKPOINT] = text
+            observed, detail = self.pod.patch(annotations)
+        else:
+            now = CLOCK()
+            if text is not None and (flush or checkpoint_due(self.checkpoint_sent_at, now)):
+                # The checkpoint's patch carries the heartbeat too: it is this beat, and the
+                # leader is asked only if it fails (an API server down must not cost the beat;
+                # after the child's exit, a last beat is worth nothing without its checkpoint).
+                self.checkpoint_sent_at = now
+                observed, detail = self.pod.patch({**annotations, ANNOTATION_CHECKPOINT: text})
+                if observed in (Observed.API_ERROR, Observed.UNAUTHORIZED) and not flush:
+                    verdict = self.ask_leader(value)
+                    if verdict is not None:
+                        # The beat counts; the checkpoint is written again once due (told once).
+                        if not self.checkpoint_failing:
+                            log(f"checkpoint not published ({detail}): retrying in {CHECKPOINT_MIN_SECONDS:g}s")
+                        self.checkpoint_failing = True
+                        observed, raw = verdict, None
+            else:
+                verdict = self.ask_leader(value)
+                if verdict is not None:
+                    observed, raw = verdict, None
+                else:
+                    if text is not None:  # a patch is sent anyway: carrying the checkpoint costs nothing more
+                        annotations[ANNOTATION_CHECKPOINT] = text
+                        self.checkpoint_sent_at = now
+                    observed, detail = self.pod.patch(annotations)
         if observed is Observed.RENEWED:
             if self.failures:
                 log(f"heartbeat renewed again after {self.failures} failed attempt(s)")
             self.failures = 0
             if raw is not None:
-                self.published = raw
+                self.published, self.checkpoint_failing = raw, False
         elif observed in (Observed.API_ERROR, Observed.UNAUTHORIZED):
             self.failures += 1
             # The first failure and then every tenth: enough to see it, not a flood.
             if self.failures == 1 or self.failures % 10 == 0:
                 log(f"heartbeat failed ({self.failures} in a row), retrying: {detail}")
         return observed
+
+    def ask_leader(self, value: str) -> Observed | None:
+        """The leader's verdict on this beat, or None to beat by annotation; logs the switch
+        between the channels once each way, never per beat."""
+        assert self.leader is not None
+        try:
+            answer = self.leader.post(value)
+        except Exception as err:  # a bug of the leader channel must not cost the beat: the annotation stays
+            answer = LeaderAnswer(None, f"{type(err).__name__}: {err}")
+        if answer.observed is not None:
+            if self.falling_back:
+                log("heartbeat endpoint answering again: beating by the operator")
+                self.falling_back = False
+        elif not self.falling_back:
+            log(f"heartbeat endpoint unavailable ({answer.why}): beating by pod annotation")
+            self.falling_back = True
+        return answer.observed
 
     def new_checkpoint(self) -> tuple[bytes | None, str | None]:
         """The checkpoint file's contents when they changed since the last published ones and
@@ -302,6 +412,28 @@ def exit_status(returncode: int) -> int:
 # --- main -------------------------------------------------------------------------------------------
 
 
+def leader_channel(settings: Settings) -> LeaderBeat | None:
+    """The leader channel the settings ask for, or None (with a warning when it was asked for
+    but cannot work: the annotation channel alone then)."""
+    if settings.leader_problem:
+        log(f"warning: {settings.leader_problem}: beating by pod annotation")
+    if not settings.heartbeat_url:
+        return None
+    try:
+        return LeaderBeat(
+            settings.heartbeat_url,
+            settings.heartbeat_ca,
+            settings.token_file,
+            namespace=settings.namespace,
+            name=settings.pod_name,
+            uid=settings.pod_uid,
+            timeout=leader_timeout(request_timeout(settings.timeout), settings.interval),
+        )
+    except ChannelError as err:
+        log(f"warning: {err}: beating by pod annotation")
+        return None
+
+
 def run_agent(argv: list[str], env: dict[str, str]) -> int:
     try:
         settings = Settings.from_env(env)
@@ -309,6 +441,7 @@ def run_agent(argv: list[str], env: dict[str, str]) -> int:
     except ConfigError as err:
         log(f"error: {err}")
         return EXIT_USAGE
+    leader = leader_channel(settings)
 
     events: queue.Queue = queue.Queue()
     pending: list[int] = []
@@ -336,7 +469,7 @@ def run_agent(argv: list[str], env: dict[str, str]) -> int:
             return EXIT_CANNOT_RUN
         for early in pending:
             child.signal(early)
-        heart = Heart(settings, pod, checkpoint_file, events)
+        heart = Heart(settings, pod, checkpoint_file, events, leader)
         try:
             return supervise(settings, child, heart, events)
         finally:
@@ -344,6 +477,8 @@ def run_agent(argv: list[str], env: dict[str, str]) -> int:
                 heart.join(timeout=1.0)
             if not heart.is_alive():
                 pod.close()
+                if leader is not None:
+                    leader.close()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -410,9 +545,9 @@ def flush_checkpoint(heart: Heart) -> None:
             return
     except OSError:
         return  # no checkpoint at all
-    heart.join(timeout=heart.pod.timeout + 1)
+    heart.join(timeout=heart.longest_beat() + 1)
     if not heart.is_alive():  # else still stuck in a request: the job's exit must not wait longer
-        heart.beat()
+        heart.beat(flush=True)  # by annotation at once on either channel: the rate limit does not apply
 
 
 def main(argv: list[str] | None = None) -> int:

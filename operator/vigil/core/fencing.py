@@ -39,10 +39,22 @@ JITTER = 0.1  # 10% of every delay, so that agents started together do not beat 
 # that has just restarted refuses valid pod-bound tokens until it can look their pods up again
 # (the test bed saw this for a few seconds after each restart); a deleted pod's, for ever.
 UNAUTHORIZED_GRACE_SECONDS = 30.0
+# When beats go to the leading operator (issue 26), a new checkpoint is still carried to the next
+# attempt by the pod's annotation, but written at most this often (and at once when the child
+# exits: the final flush). The next attempt resumes from the last published checkpoint, so the
+# limit adds at most this much lost progress when an attempt dies without its flush (its node
+# lost, the agent SIGKILLed); the operator waits a whole heartbeat timeout (60 s by default)
+# before it replaces such an attempt anyway, so 30 s is the same order as what is lost already.
+# Against the API server: one write per 30 s per attempt that checkpoints continuously, a third
+# of today's one per beat at the default 10 s interval; an attempt shorter than 30 s writes only
+# its final flush. It bounds the cost, it does not remove it: N attempts checkpointing without
+# pause still write N/30 times a second.
+CHECKPOINT_MIN_SECONDS = 30.0
 
 
 class Observed(enum.Enum):
-    """What the last renewal attempt (a PATCH of the pod's heartbeat annotation) found."""
+    """What the last renewal attempt found: the leading operator's answer to a beat posted to it,
+    or the pod returned by (or the error of) a PATCH of the pod's heartbeat annotation."""
 
     RENEWED = "renewed"
     SUPERSEDED = "superseded"  # the pod carries vigil.dev/superseded
@@ -191,3 +203,16 @@ def request_timeout(timeout: float) -> float:
     """Limit of one API request: a hung API server costs at most this before the next try,
     a quarter of the timeout (1 to 10 s)."""
     return max(1.0, min(10.0, timeout / RETRIES_PER_TIMEOUT))
+
+
+def leader_timeout(request_timeout: float, interval: float) -> float:
+    """Limit of one beat posted to the leading operator, connect included: the request timeout,
+    but no more than a quarter of the interval (at least 1 s), so a black-holed operator leaves
+    most of the beat's interval to the annotation patch that follows it."""
+    return min(request_timeout, max(1.0, interval / 4))
+
+
+def checkpoint_due(last_written_at: float, now: float, min_seconds: float = CHECKPOINT_MIN_SECONDS) -> bool:
+    """Whether a new checkpoint may be written to the pod's annotation now (the leader channel's
+    rate limit): `last_written_at` is when the last one was sent, or when the agent started."""
+    return now - last_written_at >= min_seconds
