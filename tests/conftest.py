@@ -88,18 +88,21 @@ def own_namespace(kube: Kube) -> Iterator[str]:
 def own_operator(
     kube: Kube, own_namespace: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[Callable[..., tuple[OperatorProcess, FaultProxy | None]]]:
-    """`start(proxied=False)` -> (operator, proxy or None): `vigil operator` for `own_namespace`,
-    directly or through a fault proxy of its own; the CRDs installed first. Stopped at the end,
+    """`start(proxied=False, extra_args=())` -> (operator, proxy or None): `vigil operator` for
+    `own_namespace` (with more flags), directly or through a fault proxy of its own; the CRDs
+    installed first. Stopped at the end,
     its proxy healed first and stopped after, and its log shown if the test failed."""
     install_crds(kube)
     started: list[tuple[OperatorProcess, FaultProxy | None]] = []
 
-    def start(proxied: bool = False) -> tuple[OperatorProcess, FaultProxy | None]:
+    def start(proxied: bool = False, extra_args: tuple[str, ...] = ()) -> tuple[OperatorProcess, FaultProxy | None]:
         proxy, kubeconfig = None, None
         if proxied:
             proxy = proxy_to_api_server(kube, f"operator-{own_namespace}")
             kubeconfig = kubeconfig_via(proxy, kube.kubeconfig, tmp_path / "operator-via-proxy.kubeconfig")
-        operator = OperatorProcess(kube, [own_namespace], tmp_path / "operator.log", kubeconfig=kubeconfig)
+        operator = OperatorProcess(
+            kube, [own_namespace], tmp_path / "operator.log", kubeconfig=kubeconfig, extra_args=extra_args
+        )
         operator.start()
         started.append((operator, proxy))
         return operator, proxy

@@ -69,13 +69,16 @@ def create_job_pod(kube: Kube, namespace: str, name: str, account: str = JOB_ACC
     return {"name": pod.metadata.name, "uid": pod.metadata.uid}
 
 
-def pod_token(kube: Kube, namespace: str, pod: dict | None, account: str = JOB_ACCOUNT) -> str:
-    """A token of the account, bound to the pod (as the kubelet mounts it), or unbound when pod is None."""
+def pod_token(
+    kube: Kube, namespace: str, pod: dict | None, account: str = JOB_ACCOUNT, audiences: tuple[str, ...] = ()
+) -> str:
+    """A token of the account, bound to the pod (as the kubelet mounts it), or unbound when pod is
+    None; for the API server, or for `audiences` (a projected token's, e.g. Vigil's beats)."""
     bound = None
     if pod:
         bound = client.V1BoundObjectReference(kind="Pod", api_version="v1", name=pod["name"], uid=pod["uid"])
     request = client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600, bound_object_ref=bound)
+        spec=client.V1TokenRequestSpec(audiences=list(audiences), expiration_seconds=3600, bound_object_ref=bound)
     )
     return kube.core.create_namespaced_service_account_token(account, namespace, request).status.token
 

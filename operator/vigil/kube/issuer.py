@@ -59,7 +59,8 @@ class IssuerKeySource:
             discovery = await self.client.request(
                 "GET", "/.well-known/openid-configuration", max_bytes=MAX_DOCUMENT_BYTES
             )
-            document = await self.client.request("GET", "/openid/v1/jwks", max_bytes=MAX_DOCUMENT_BYTES)
+            # Served only as application/jwk-set+json: a JSON Accept header is refused with 406.
+            document = await self.client.request("GET", "/openid/v1/jwks", max_bytes=MAX_DOCUMENT_BYTES, as_bytes=True)
             issuer = (discovery or {}).get("issuer")
             if not isinstance(issuer, str) or not issuer:
                 raise ValueError("the discovery document names no issuer")
