@@ -1,9 +1,9 @@
-# The Vigil image: `vigil operator` (the chart's default command) and `vigil-agent`.
-#   docker build -t vigil:dev . && kind load docker-image vigil:dev --name vigil
-#   helm install vigil charts/vigil -n vigil-system --create-namespace \
-#     --set image.repository=vigil --set image.tag=dev
-# testbed/kind/setup.sh does the first line for the kind path (IMAGE=vigil:dev).
-# testbed/image.sh builds it with podman, with no Docker engine and no registry (`make image`).
+# The Vigil image: `vigil operator` (the chart's default command), `vigil-agent` and
+# `kubectl-vigil`. Tagged as the chart's default image, localhost/vigil:<version>:
+#   docker build -t localhost/vigil:0.1.0 . && kind load docker-image localhost/vigil:0.1.0 --name vigil
+#   helm install vigil charts/vigil -n vigil-system --create-namespace
+# testbed/kind/setup.sh does the first line for the kind path. `make image` (testbed/image.sh)
+# builds it with podman instead, with no Docker engine and, if need be, no registry.
 #
 # The base is pinned by tag; for reproducible builds pin it by digest too, e.g.
 #   docker build --build-arg PYTHON_IMAGE=python:3.11.14-slim-bookworm@sha256:<digest> .
