@@ -150,6 +150,9 @@ fi
 mapfile -t old < <("${PODMAN[@]}" images --format '{{.CreatedAt}} {{.Repository}}:{{.Tag}}' "$REPOSITORY" \
   | grep ':src-' | LC_ALL=C sort -r | awk '{print $NF}' | tail -n +$((KEEP + 1)))
 for name in "${old[@]}"; do "${PODMAN[@]}" rmi "$name" >/dev/null 2>&1 || true; done
+# And the untagged images our builds leave (the first stage, the layers of earlier builds): a
+# rebuild then starts from the base again, a few seconds more, rather than the disk filling up.
+"${PODMAN[@]}" image prune --force --filter label=vigil.dev/source-hash >/dev/null 2>&1 || true
 
 say "built $IMAGE (also $REPOSITORY:$VERSION, the chart's default image) in $((SECONDS - began))s"
 echo "$IMAGE"
