@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: up down status test unit lint testbed venv clean
+.PHONY: up down status test unit lint testbed image venv clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -18,6 +18,12 @@ $(STAMP): pyproject.toml
 # the prometheus-operator CRDs) from the Go module proxy into ~/.cache/vigil (once).
 testbed:
 	testbed/build.sh all
+
+# Vigil's image from the Dockerfile, with podman (installed with apt-get when missing), on a base
+# from Debian's packages when no registry answers: localhost/vigil:<version>, the chart's default
+# image, and localhost/vigil:src-<hash>. Nothing is rebuilt while its sources are unchanged.
+image:
+	testbed/image.sh
 
 # The cluster, Vigil's CRDs and operator, and the example jobs run until each has finished. It
 # builds only what the demo needs (etcd, Kubernetes, kwok). VIGIL_CLUSTER and VIGIL_PORT_BASE
@@ -43,7 +49,7 @@ unit: venv
 # beside the cluster's at the lowest CPU priority, so they take what the test bed leaves idle
 # rather than adding their time to the suite's; their report follows the cluster tests' report.
 PURE_LOG := .pure-tests.log
-test: venv testbed
+test: venv testbed image
 	@(nice -n 19 $(BIN)/ruff check . && nice -n 19 $(BIN)/mypy && \
 	  nice -n 19 $(BIN)/pytest -m unit -p no:cacheprovider) > $(PURE_LOG) 2>&1 & pure=$$!; \
 	$(BIN)/pytest -m 'not unit'; cluster=$$?; \

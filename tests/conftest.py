@@ -5,7 +5,7 @@ cluster, say) when that is set, or else the local test bed, started here when it
 running and stopped again at the end if this session started it. `namespace` is a fresh
 namespace per test, deleted after it, watched by the session's operator (`vigil`);
 `own_namespace` is one that operator leaves alone, for a test that runs operators of its own
-(`own_operator`).
+(`own_operator`). `image` is Vigil's image of the checkout, built with podman (testbed/image.sh).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from tests.support.cluster import (
     proxy_to_api_server,
     show_log,
 )
+from tests.support.images import build_image
 from tests.support.operators import OperatorProcess
 
 
@@ -119,6 +120,13 @@ def own_operator(
                 proxy.stop()
         if started and request.session.testsfailed > failed_before:  # CI keeps no files: show what it said
             show_log(started[0][0].log_path)  # one log for all of them
+
+
+@pytest.fixture(scope="session")
+def image() -> str:
+    """Vigil's image of the checkout as it is, by testbed/image.sh (`make test` has built it
+    already, so this finds it in a fraction of a second); its name."""
+    return build_image()
 
 
 @pytest.fixture

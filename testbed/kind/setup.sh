@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Prepares the cluster of the current kubeconfig (a kind cluster, say) for Vigil's test suite:
 # kwok with the project's stages, and fake nodes; and, when Docker and kind are there, Vigil's
-# image built from the Dockerfile and loaded into the kind cluster (to run the chart in it:
-# helm install vigil charts/vigil -n vigil-system --create-namespace --set image.repository=vigil
-# --set image.tag=dev). Then: KUBECONFIG=... make test
-#   NODES=3 KIND_CLUSTER=vigil IMAGE=vigil:dev testbed/kind/setup.sh    (IMAGE= skips the image)
+# image built from the Dockerfile and loaded into the kind cluster as the chart's default image,
+# localhost/vigil:<version> (to run the chart in it: helm install vigil charts/vigil -n
+# vigil-system --create-namespace). Then: KUBECONFIG=... make test
+#   NODES=3 KIND_CLUSTER=vigil IMAGE=localhost/vigil:0.1.0 testbed/kind/setup.sh    (IMAGE= skips the image)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 NODES=${NODES:-3}
 KIND_CLUSTER=${KIND_CLUSTER:-vigil}
-IMAGE=${IMAGE-vigil:dev}
+IMAGE=${IMAGE-$(testbed/image.sh --print-tags | tail -n 1)}  # the chart's default image
 
 if [[ -n $IMAGE ]]; then
   command -v docker >/dev/null && command -v kind >/dev/null \

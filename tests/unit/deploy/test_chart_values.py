@@ -3,13 +3,15 @@
 Every leaf of values.yaml (a key whose value is a scalar, a list, an empty map, or a map the
 schema leaves free-form, such as resources.requests or podSecurityContext) must have a row in the
 README's values table with the same default, and a typed entry in values.schema.json. The chart's
-CRDs must be the repository's.
+CRDs must be the repository's, and its default image the one `make image` builds.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -142,3 +144,16 @@ def test_the_charts_crds_are_the_repositorys(name: str):
         f"charts/vigil/crds/{name} differs from crds/{name}: run `python -m vigil.api.crd`"
     )
     assert sorted(p.name for p in (CHART / "crds").iterdir()) == sorted(p.name for p in (ROOT / "crds").iterdir())
+
+
+def test_the_default_image_is_the_one_make_image_builds():
+    # `helm install` with the defaults must name the image testbed/image.sh tags (its second
+    # name: localhost/vigil:<the package's version>), so appVersion follows pyproject.toml.
+    tags = subprocess.run(
+        [str(ROOT / "testbed" / "image.sh"), "--print-tags"], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == version
+    assert VALUES["image"]["tag"] == ""  # the appVersion
+    assert tags[1] == f"{VALUES['image']['repository']}:{chart['appVersion']}"
