@@ -21,11 +21,12 @@ handlers by registration, as controller-runtime's sources do.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fnmatch
 import logging
 import signal
 import ssl
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -179,13 +180,28 @@ class _Served:
 
 
 class _Webhook:
-    def __init__(self, server: WebhookServer, where: tuple[str, str, str], also: list) -> None:
-        self.server, self.where, self.also = server, where, also
+    def __init__(
+        self,
+        server: WebhookServer,
+        where: tuple[str, str, str],
+        also: list,
+        warm: Callable[[], Coroutine[Any, Any, object]] | None = None,
+    ) -> None:
+        self.server, self.where, self.also, self.warm = server, where, also, warm
+        self._warming: asyncio.Task | None = None
 
     async def start(self) -> None:
         await self.server.start(*self.where, also=self.also)
+        if self.warm is not None:
+            # The issuer's keys fetched at once, in the background: the first beats are not kept
+            # waiting for them, and a cluster that refuses them says so in the log at start.
+            self._warming = asyncio.create_task(self.warm())
 
     async def stop(self) -> None:
+        if self._warming is not None:
+            self._warming.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._warming
         await self.server.stop()
 
 
@@ -286,7 +302,7 @@ class Operator:
                 on_refused=lambda namespace, queue: metrics.queue_refusals.labels(namespace, queue).inc(),
                 clock=clock,
             )
-            routes = []
+            routes, warm = [], None
             if settings.beat_channel is not None:
                 jobs, elector_or_none = self.jobs, self.elector
                 keys = IssuerKeySource(work, clock)
@@ -300,8 +316,8 @@ class Operator:
                     audience=settings.beat_channel.audience,
                     clock=clock,
                 )
-                routes = self.beats.routes()
-            self.always.append(_Webhook(self.webhook, settings.webhook, routes))
+                routes, warm = self.beats.routes(), keys.keys
+            self.always.append(_Webhook(self.webhook, settings.webhook, routes, warm))
 
         mark: list[Runnable] = []
         if (elector := self.elector) is not None and settings.lease is not None:

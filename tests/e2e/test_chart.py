@@ -105,7 +105,7 @@ def test_the_operator_runs_with_nothing_but_the_charts_rbac(kube: Kube, namespac
     rbac = [doc for doc in render(release_ns) if doc["kind"] != "Deployment"]
     kube.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": rbac}))
     ca = ssl.create_default_context(cadata=make_self_signed(tmp_path / "certs").decode())
-    metrics_port = free_port()
+    metrics_port, webhook_port = free_port(), free_port()
     kubeconfig = _token_kubeconfig(kube, release_ns, "vigil", tmp_path / "kubeconfig")
     operator = OperatorProcess(
         kube,
@@ -118,6 +118,12 @@ def test_the_operator_runs_with_nothing_but_the_charts_rbac(kube: Kube, namespac
             "--metrics-address", f"127.0.0.1:{metrics_port}",
             "--metrics-cert-file", str(tmp_path / "certs" / "tls.crt"),
             "--metrics-key-file", str(tmp_path / "certs" / "tls.key"),
+            # and beats to the leader, whose issuer keys every service account may read
+            "--webhook-address", f"127.0.0.1:{webhook_port}",
+            "--webhook-cert-file", str(tmp_path / "certs" / "tls.crt"),
+            "--webhook-key-file", str(tmp_path / "certs" / "tls.key"),
+            "--heartbeat-url", f"https://127.0.0.1:{webhook_port}/v1/heartbeat",
+            "--heartbeat-ca-file", str(tmp_path / "certs" / "ca.crt"),
         ),  # fmt: skip
     )
     operator.start()
@@ -156,6 +162,9 @@ def test_the_operator_runs_with_nothing_but_the_charts_rbac(kube: Kube, namespac
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(request, timeout=deadline(10), context=ca)
         assert refused.value.code == 403, refused.value.read()
+        # The issuer's keys, which beats to the leader are checked against, read with the
+        # chart's RBAC alone (the cluster's default issuer-discovery binding).
+        wait_until(lambda: "service-account issuer" in operator.log_path.read_text(), 30, "the issuer's keys fetched")
     finally:
         operator.stop()
         kube.kubectl(
