@@ -17,6 +17,11 @@ skew between nodes cannot make an attempt look lost:
 - The first value a tracker sees counts as a beat seen at that moment. After an operator restart
   or a leader change the new tracker therefore counts silence from when it first saw the
   attempt: never a false Lost because the operator itself was away.
+- A standby watches pods but hears no beats posted to the leader (it answers them 503), so what
+  it saw before it led is no evidence of silence. `took_over(now)` sets a floor: silence counts
+  from no earlier than the takeover, and the startup grace of an attempt not yet heard from still
+  applies after it. A new leader so never declares Lost before a full timeout of hearing nothing
+  on either channel since it took over (DESIGN: "counts silence from its takeover").
 - Startup grace counts from when this tracker first saw the pod running (phase Running or
   Unknown, or already beating), never from the pod's own startedAt.
 
@@ -131,6 +136,8 @@ class HeartbeatTracker:
         # for a pod's first beat), for the heartbeat-gap histogram.
         self.last_gap: float | None = None
         self.beats = 0  # new heartbeat values observed, in all
+        # Monotonic time this process began to lead: silence is never counted from before it.
+        self.floor: float | None = None
 
     def __len__(self) -> int:
         return len(self._pods)
@@ -188,6 +195,11 @@ class HeartbeatTracker:
         seen.beat_wall = wall
         return True
 
+    def took_over(self, now: float) -> None:
+        """This process leads from monotonic time `now` on: beats posted to the leader before it
+        went elsewhere, so silence counts from no earlier than now (see the module docstring)."""
+        self.floor = now if self.floor is None else max(self.floor, now)
+
     def forget(self, uid: str) -> None:
         """Drop a pod (deleted, or its job is gone). Unknown UIDs are fine."""
         self._pods.pop(uid, None)
@@ -199,7 +211,7 @@ class HeartbeatTracker:
         seen = self._pods.get(uid)
         if seen is None:
             return Liveness("Healthy", 0.0, "not observed yet")
-        clock = _clock(seen, heartbeat)
+        clock = _clock(seen, heartbeat, self.floor)
         if clock is None:
             return Liveness("Healthy", 0.0, "waiting for the container to start")
         reference, uncertain_at, lost_at = clock
@@ -219,7 +231,7 @@ class HeartbeatTracker:
         if not heartbeat.required:
             return None
         seen = self._pods.get(uid)
-        clock = None if seen is None else _clock(seen, heartbeat)
+        clock = None if seen is None else _clock(seen, heartbeat, self.floor)
         if clock is None:
             return None
         _, uncertain_at, lost_at = clock
@@ -234,8 +246,10 @@ def _is_running(pod: Mapping[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Running", "Unknown")
 
 
-def _clock(seen: _Seen, heartbeat: api.Heartbeat) -> tuple[float, float, float] | None:
-    """(silence counts from, Uncertain at, Lost at), all monotonic; None before the start."""
+def _clock(seen: _Seen, heartbeat: api.Heartbeat, floor: float | None) -> tuple[float, float, float] | None:
+    """(silence counts from, Uncertain at, Lost at), all monotonic; None before the start.
+    `floor`: the takeover; silence counted from before it would count beats this process could
+    not hear."""
     uncertain_after, lost_after = thresholds(heartbeat)
     if seen.beat_at is not None:
         reference, allowance = seen.beat_at, 0.0
@@ -243,6 +257,8 @@ def _clock(seen: _Seen, heartbeat: api.Heartbeat) -> tuple[float, float, float] 
         reference, allowance = seen.running_since, float(heartbeat.startup_grace_seconds)
     else:
         return None
+    if floor is not None and reference < floor:
+        reference = floor
     # Absolute instants, compared with `now` as they are: verdict() and deadline() then agree
     # exactly, with no float rounding between "silence >= U" and "now >= deadline".
     return reference, reference + allowance + uncertain_after, reference + allowance + lost_after

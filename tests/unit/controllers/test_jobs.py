@@ -551,3 +551,26 @@ def test_the_periodic_sweep_releases_orphans_no_event_shows_asking_the_api_serve
     asyncio.run(scenario())
     assert sorted(set(api.released)) == ["of-a-deleted-job", "of-a-replaced-job"]
     assert "j" not in api.reads, "a known job's pods are its looks' business"
+
+
+def test_a_standby_that_takes_over_counts_silence_from_its_takeover_not_from_its_first_sight():
+    """A standby watches pods but beats posted to the leader never reach it: what it saw while
+    standing by is no evidence that an attempt went silent (DESIGN: silence counts from takeover)."""
+    from vigil import api
+
+    heartbeat = api.Heartbeat(interval_seconds=10, timeout_seconds=60, startup_grace_seconds=0)
+
+    async def scenario() -> tuple[str, str]:
+        clock = FakeClock(wall=WALL)
+        c = job_controller(Releases(job()), clock, workers=0)
+        c.handlers.job_seen(job())
+        c.handlers.pod_changed(pod(10, beat="1"))  # standing by: seen once, then only beats to the leader
+        clock.tick(600)  # ten minutes later the leader dies and this process takes over
+        await c.start()
+        at_takeover = c.view.tracker.liveness("pod-uid", heartbeat, clock.monotonic()).state
+        clock.tick(60)  # a full timeout with nothing heard since the takeover
+        after_timeout = c.view.tracker.liveness("pod-uid", heartbeat, clock.monotonic()).state
+        await c.stop()
+        return at_takeover, after_timeout
+
+    assert asyncio.run(scenario()) == ("Healthy", "Lost")

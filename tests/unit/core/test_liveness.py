@@ -343,3 +343,59 @@ def test_a_posted_beat_for_a_pod_never_observed_is_not_remembered() -> None:
     tracker = HeartbeatTracker()
     assert not tracker.heard("stranger", 100.0)
     assert len(tracker) == 0 and tracker.beats == 0
+
+
+# ------------------------------------------------------------------------------------ takeover
+
+
+def test_a_standbys_old_sight_of_a_pod_is_no_silence_once_it_takes_over() -> None:
+    # A standby saw the attempt start at 100 and its beats went to the old leader; it takes over
+    # at 1000. Counted from 100 the attempt would be Lost at once; counted from the takeover it
+    # gets the grace (it was never heard from here) and then the usual thresholds.
+    tracker = HeartbeatTracker()
+    tracker.observe(pod(1), 100.0)
+    assert tracker.liveness("p1", HB, 1000.0).state == "Lost"  # what a floorless tracker would say
+    tracker.took_over(1000.0)
+    assert tracker.liveness("p1", HB, 1000.0).state == "Healthy"
+    assert tracker.deadline("p1", HB, 1000.0) == 1000 + 120 + 30
+    assert states(tracker, [1179.9, 1180]) == ["Uncertain", "Lost"]
+    # Its first beat to the new leader judges it like any other from then on.
+    assert tracker.heard("p1", 1010.0)
+    assert tracker.deadline("p1", HB, 1010.0) == 1040.0
+
+
+def test_a_beat_seen_before_the_takeover_counts_silence_from_the_takeover() -> None:
+    tracker = HeartbeatTracker()
+    tracker.observe(pod(1, beat="a"), 100.0)
+    tracker.took_over(130.0)
+    assert tracker.deadline("p1", HB, 130.0) == 160.0  # not 130: silence counts from 130
+    assert states(tracker, [189.9, 190]) == ["Uncertain", "Lost"]
+    # Beats after the takeover are judged as they come; the floor never moves them back.
+    tracker.observe(pod(2, beat="b"), 200.0)
+    assert tracker.deadline("p1", HB, 200.0) == 230.0
+    tracker.took_over(50.0)  # a floor never goes back either
+    assert tracker.floor == 130.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    heartbeat=heartbeats,
+    seen_at=st.floats(0, 1e5),
+    lead_after=st.floats(0, 1e5),
+    beat=st.booleans(),
+    running=st.booleans(),
+    probe=st.floats(0, 1e5),
+)
+def test_a_new_leader_never_declares_lost_before_a_full_timeout_of_hearing_nothing_since_it_led(
+    heartbeat: api.Heartbeat, seen_at: float, lead_after: float, beat: bool, running: bool, probe: float
+) -> None:
+    tracker = HeartbeatTracker()
+    tracker.observe(pod(1, beat="a" if beat else None, phase="Running" if running else "Pending"), seen_at)
+    took_over = seen_at + lead_after
+    tracker.took_over(took_over)
+    now = took_over + probe
+    verdict = tracker.liveness("p1", heartbeat, now)
+    _, lost_after = thresholds(heartbeat)
+    assert verdict.state != "Lost" or now - took_over >= lost_after
+    due = tracker.deadline("p1", heartbeat, took_over)
+    assert due is None or due - took_over >= thresholds(heartbeat)[0] - 1e-6

@@ -73,6 +73,7 @@ class JobController:
         beat_channel: BeatChannel | None = None,
     ) -> None:
         self.kube, self.dispatcher, self.events, self.metrics = kube, dispatcher, events, metrics
+        self.clock = clock
         rng = rng or random.Random()
         self.reconciling = False  # between start() and stop(): this process leads (beats count)
         self.view = ClusterView()
@@ -133,6 +134,8 @@ class JobController:
         listed yet would look as if its pods had vanished). Pods whose job is not known are
         released once the API server confirms their job is gone."""
         self.handlers.listed = True
+        # Before this, beats posted to the leader went to another process: silence counts from now.
+        self.view.tracker.took_over(self.clock.monotonic())
         self.reconciling = True
         self.worker.start()
         pods = self.view.pods
