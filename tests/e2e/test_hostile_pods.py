@@ -1,7 +1,7 @@
 """A hostile tenant's pods, against the real operator process (issue 25, findings 3 and 4).
 
 - Anyone who may create pods can give them Vigil's label (the pod watch's server-side filter):
-  100 Pending pods with it, 2,500 other labels and a 150 KB annotation each, must not make the
+  2 x 100 Pending pods with it, 2,500 other labels and a 150 KB annotation each, must not make the
   operator hold them, neither as they arrive nor when it lists them all again at a restart.
   Before the fix they grew its RSS by 52-56 MiB (about 0.5 MiB a pod; 900 of them passed the
   chart's 512 Mi limit, and a restart listed them all before trimming: a crash loop).
@@ -35,10 +35,12 @@ HOSTILE_PODS = 100
 HOSTILE_LABELS = 2500
 HOSTILE_ANNOTATION_BYTES = 150_000
 MIB = 1024 * 1024
-# What may stay resident after the hostile pods came by watch: nothing of them is kept, so only
-# what the allocator holds on to after parsing them (a few MiB on the bed), with a margin; 52-56
-# MiB before the fix.
-RESIDENT_BOUND = 12 * MIB
+# What may stay resident after the hostile pods came by watch: nothing of them is kept (a kept
+# one weighs 0.53 MiB: 100 of them grew the operator by 52-56 MiB before the fix), so only what
+# glibc's allocator holds on to after parsing them, a high-water mark that does not grow with
+# their number: 4 to 17 MiB after each of four batches of 100 on the bed (2026-12-03), in no
+# order (the first batch grew it least). Two batches are sent, and the bound holds after each.
+RESIDENT_BOUND = 24 * MIB
 # What a list of them may add to the peak at a restart: one page held as sent while it is
 # trimmed, PAGE_BYTES of JSON and its parse (these pods parse to 1.9 times their JSON:
 # bench/kept_objects.py), with as much again for the allocator; before the fix the whole list
@@ -87,10 +89,14 @@ def test_foreign_pods_with_vigils_label_cost_the_operator_nothing_even_across_a_
     finished_probe(kube, own_namespace, "probe-1")
     before = memory(operator)
 
-    with ThreadPoolExecutor(4) as pool:
-        list(pool.map(lambda i: kube.core.create_namespaced_pod(own_namespace, hostile_pod(i)), range(HOSTILE_PODS)))
-    finished_probe(kube, own_namespace, "probe-2")
-    watched = memory(operator)
+    watched_each = []
+    for batch in range(2):
+        with ThreadPoolExecutor(4) as pool:
+            numbers = range(batch * HOSTILE_PODS, (batch + 1) * HOSTILE_PODS)
+            list(pool.map(lambda i: kube.core.create_namespaced_pod(own_namespace, hostile_pod(i)), numbers))
+        finished_probe(kube, own_namespace, f"probe-2-{batch}")
+        watched_each.append(memory(operator))
+    watched = max(watched_each, key=lambda figures: figures["VmRSS"])
 
     operator.stop()
     restarted, _ = own_operator()
@@ -98,11 +104,11 @@ def test_foreign_pods_with_vigils_label_cost_the_operator_nothing_even_across_a_
     relisted = memory(restarted)
 
     figures = {
-        "watched: RSS growth MiB": (watched["VmRSS"] - before["VmRSS"]) / MIB,
+        "watched: RSS growth MiB, after each batch": [(w["VmRSS"] - before["VmRSS"]) / MIB for w in watched_each],
         "restart: RSS over the first start's MiB": (relisted["VmRSS"] - before["VmRSS"]) / MIB,
         "restart: peak over the first start's MiB": (relisted["VmHWM"] - before["VmHWM"]) / MIB,
     }
-    print(f"\nhostile pods ({HOSTILE_PODS}): {figures}")  # the figures of docs/capacity-planning.md
+    print(f"\nhostile pods (2 x {HOSTILE_PODS}): {figures}")  # the figures of docs/capacity-planning.md
     assert watched["VmRSS"] - before["VmRSS"] <= RESIDENT_BOUND, figures
     assert relisted["VmRSS"] - before["VmRSS"] <= RESIDENT_BOUND, figures
     assert relisted["VmHWM"] - before["VmHWM"] <= PEAK_BOUND, figures
