@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -60,9 +61,14 @@ def retries(pods: PodWatch) -> int:
 
 def retrying(kube: Kube, namespace: str) -> int:
     """The flood's jobs whose failed first attempt is written down: retried, or waiting for it."""
+    return sum(count for said, count in said_by_jobs(kube, namespace).items() if said[0] >= 2 or said[2] in WAITING)
+
+
+def said_by_jobs(kube: Kube, namespace: str) -> Counter[tuple[int, str, str]]:
+    """(attempts, phase, reason) of the namespace's jobs, counted: what a timeout shows."""
     jobs = kube.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
     statuses = [job.get("status") or {} for job in jobs]
-    return sum(status.get("attempts", 0) >= 2 or status.get("reason") in WAITING for status in statuses)
+    return Counter((s.get("attempts", 0), s.get("phase", ""), s.get("reason", "")) for s in statuses)
 
 
 def first_attempts_ended(pods: PodWatch) -> int:
@@ -102,7 +108,10 @@ def test_a_flood_of_failing_jobs_in_one_namespace_does_not_delay_another_namespa
                 # retry budget and the round robin over namespaces must keep the quiet tenant's
                 # start as quick as on a quiet bed.
                 wait_until(lambda: first_attempts_ended(flood_pods) >= FLOOD_JOBS, 120, "the flood's first attempts")
-                wait_until(lambda: retrying(kube, flood) >= FLOOD_JOBS, 120, "every flood job to wait for its retry")
+                try:
+                    wait_until(lambda: retrying(kube, flood) >= FLOOD_JOBS, 120, "every flood job to retry")
+                except pytest.fail.Exception:
+                    pytest.fail(f"not every flood job waits for its retry: {dict(said_by_jobs(kube, flood))}")
                 before = len(flood_pods.in_order())
                 stormy = timed(kube, quiet, quiet_pods, "stormy")
                 during = len(flood_pods.in_order()) - before
