@@ -106,12 +106,26 @@ def heartbeat_job(
 class PodAgent:
     """`vigil-agent -- <a long sleep>` with the environment Vigil gave the pod, as the pod."""
 
-    def __init__(self, kube: Kube, namespace: str, pod_name: str, tmp_path: Path, server: str | None = None):
+    def __init__(
+        self,
+        kube: Kube,
+        namespace: str,
+        pod_name: str,
+        tmp_path: Path,
+        server: str | None = None,
+    ):
         pod = kube.core.read_namespaced_pod(pod_name, namespace)
         token = pod_token(kube, namespace, {"name": pod_name, "uid": pod.metadata.uid})
         kubeconfig = token_kubeconfig(kube, token, tmp_path / f"{pod_name}.kubeconfig", server=server)
         env = {e.name: e.value for e in pod.spec.containers[0].env if e.value is not None}
         env.update(POD_NAME=pod_name, POD_NAMESPACE=namespace, KUBECONFIG=str(kubeconfig), VIGIL_STOP_GRACE_SECONDS="2")
+        env.update(POD_UID=pod.metadata.uid)  # the downward API's, which the pod's env cannot hold here
+        if any(e.name == "VIGIL_HEARTBEAT_URL" for e in pod.spec.containers[0].env):
+            # The projected token the kubelet would mount: the pod's, for Vigil's audience.
+            token_file = tmp_path / f"{pod_name}.beat-token"
+            identity = {"name": pod_name, "uid": pod.metadata.uid}
+            token_file.write_text(pod_token(kube, namespace, identity, audiences=("vigil.dev",)))
+            env.update(VIGIL_HEARTBEAT_TOKEN_FILE=str(token_file))
         self.log = tmp_path / f"{pod_name}.agent.log"
         self.child_marker = tmp_path / f"{pod_name}.child-stopped"
         child = (
@@ -154,7 +168,8 @@ class Agents:
 
     def start(self, namespace: str, pod_name: str, server: str | None = None, timeout: float = 30) -> PodAgent:
         """A `PodAgent` for the pod, once it runs (within `timeout`); `server`: the API server's
-        address the agent uses (a fault proxy's, say)."""
+        address the agent uses (a fault proxy's, say). A pod told of the leader channel gets
+        its projected token for it in a file, as the kubelet would mount it."""
         wait_until(lambda: pod_phase(self.kube, namespace, pod_name) == "Running", timeout, f"{pod_name} to run")
         return self.add(PodAgent(self.kube, namespace, pod_name, self.tmp_path, server=server))
 
