@@ -21,6 +21,16 @@ service-account tokens. After every attempt beats, it measures for `--seconds`:
   own latency for PATCH pods (apiserver_request_duration_seconds, p50/p99 from its buckets), so
   that a saturated API server or etcd shows in their figures rather than in a claim.
 
+Channels (`--channel`, issue 26): `annotation` is the above; `leader` POSTs each beat to the
+operator's /v1/heartbeat (served on its webhook HTTPS server, self-signed here, started with
+--webhook-address and --heartbeat-url) through the agent's own `LeaderBeat`, with a projected
+token per pod from TokenRequest (audience vigil.dev, bound to the pod, written to a file the
+agent re-reads on every beat), falling back to the patch as the agent does. It adds the posts
+by outcome (vigil_heartbeat_posts_total), the agents' fallbacks, the POST's latency as the
+agents saw it (p50/p99), and for both channels the PATCH pods requests the API server served in
+the window. `both` (the default) runs the annotation and then the leader channel, each with a
+fresh namespace and operator on the same bed, and prints them side by side.
+
 The achieved beat rate is printed beside the intended one (M / interval): on a small machine the
 client side may not keep up, and then the figures are for the rate achieved.
 """
