@@ -21,6 +21,16 @@ service-account tokens. After every attempt beats, it measures for `--seconds`:
   own latency for PATCH pods (apiserver_request_duration_seconds, p50/p99 from its buckets), so
   that a saturated API server or etcd shows in their figures rather than in a claim.
 
+Channels (`--channel`, issue 26): `annotation` is the above; `leader` POSTs each beat to the
+operator's /v1/heartbeat (served on its webhook HTTPS server, self-signed here, started with
+--webhook-address and --heartbeat-url) through the agent's own `LeaderBeat`, with a projected
+token per pod from TokenRequest (audience vigil.dev, bound to the pod, written to a file the
+agent re-reads on every beat), falling back to the patch as the agent does. It adds the posts
+by outcome (vigil_heartbeat_posts_total), the agents' fallbacks, the POST's latency as the
+agents saw it (p50/p99), and for both channels the PATCH pods requests the API server served in
+the window. `both` (the default) runs the annotation and then the leader channel, each with a
+fresh namespace and operator on the same bed, and prints them side by side.
+
 The achieved beat rate is printed beside the intended one (M / interval): on a small machine the
 client side may not keep up, and then the figures are for the rate achieved.
 """
@@ -61,6 +71,7 @@ from bench.compare import (  # noqa: E402
     cpu_seconds,
     create_namespace,
     delete_namespace,
+    free_port,
     install_crds,
     log,
     nodes_for,
@@ -71,12 +82,65 @@ from bench.compare import (  # noqa: E402
     testbed_of,
 )
 from testbed import cluster as testbed  # noqa: E402
-from vigil.agent.runner import Heart, PodHeartbeat, Settings  # noqa: E402
+from vigil.agent.channel import LeaderAnswer, LeaderBeat  # noqa: E402
+from vigil.agent.runner import Heart, PodHeartbeat, Settings, leader_timeout, request_timeout  # noqa: E402
 from vigil.api import Heartbeat  # noqa: E402
 from vigil.core import fencing  # noqa: E402
 from vigil.core.liveness import stamp_period, thresholds  # noqa: E402
+from vigil.servers.beats import OUTCOMES  # noqa: E402
+from vigil.servers.webhook import make_self_signed  # noqa: E402
 
 JOB_LABEL = "bench.vigil.dev/heartbeat-load"
+JOB_ACCOUNT = "vigil-job"
+BEAT_AUDIENCE = "vigil.dev"
+
+
+class TimedLeader(LeaderBeat):
+    """The agent's LeaderBeat, timing each POST as the agent saw it and counting fallbacks."""
+
+    def __init__(self, owner: Agents, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.owner = owner
+
+    def post(self, beat: str) -> LeaderAnswer:
+        began = time.monotonic()
+        answer = super().post(beat)
+        took = time.monotonic() - began
+        with self.owner.lock:
+            self.owner.post_latency.append(took)
+            if answer.observed is None:
+                self.owner.fallbacks += 1
+                self.owner.fallback_why[answer.why[:60]] = self.owner.fallback_why.get(answer.why[:60], 0) + 1
+        return answer
+
+
+def grant_heartbeat_rbac(namespace: str) -> None:
+    """The job ServiceAccount with docs/heartbeat-rbac.md's Role (get, patch pods), as the e2e tests make it."""
+    core = client.CoreV1Api()
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": JOB_ACCOUNT}})
+    rbac = client.RbacAuthorizationV1Api()
+    name = f"{JOB_ACCOUNT}-heartbeat"
+    rbac.create_namespaced_role(
+        namespace,
+        {"metadata": {"name": name}, "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}]},
+    )
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": JOB_ACCOUNT, "namespace": namespace}],
+        },
+    )
+
+
+def pod_token(namespace: str, pod: str, uid: str) -> str:
+    """A projected token of the job account bound to the pod, audience vigil.dev (as the kubelet mounts it)."""
+    bound = client.V1BoundObjectReference(kind="Pod", api_version="v1", name=pod, uid=uid)
+    request = client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(audiences=[BEAT_AUDIENCE], expiration_seconds=3600, bound_object_ref=bound)
+    )
+    return client.CoreV1Api().create_namespaced_service_account_token(JOB_ACCOUNT, namespace, request).status.token
 
 
 def histogram(api: Api, name: str, match: dict[str, str]) -> dict[float, float]:
@@ -116,7 +180,15 @@ def bucket_quantile(before: dict[float, float], after: dict[float, float], q: fl
 class Agents:
     """M agents' heartbeat loops on one scheduler thread and a pool of workers."""
 
-    def __init__(self, namespace: str, interval: float, timeout: float, workers: int, kubeconfig: Path):
+    def __init__(
+        self,
+        namespace: str,
+        interval: float,
+        timeout: float,
+        workers: int,
+        kubeconfig: Path,
+        leader: tuple[str, str, Path] | None = None,
+    ):
         # The agent loads $KUBECONFIG, which the kubernetes client reads once, when imported.
         os.environ["KUBECONFIG"] = str(kubeconfig)
         config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION = str(kubeconfig)
@@ -134,20 +206,52 @@ class Agents:
         self.beats = 0
         self.renewed = 0
         self.errors: dict[str, int] = {}
+        self.leader = leader  # (url, CA PEM, token directory) for the leader channel
+        self.post_latency: list[float] = []
+        self.fallbacks = 0
+        self.fallback_why: dict[str, int] = {}
+        self.channels: list[LeaderBeat] = []
         self.lateness: list[float] = []  # seconds a beat started after it was due (the bench's own lag)
         self.last_renewal: dict[str, float] = {}
         self.max_gap = 0.0
         self.thread = threading.Thread(target=self.run, daemon=True)
         self.thread.start()
 
-    def add(self, pod: str) -> None:
+    def add(self, pod: str, uid: str = "") -> None:
+        if self.leader is None:
+            self._add(pod, uid)
+        else:  # a TokenRequest per pod: on the pool, not on the watch's thread
+            self.pool.submit(self._add, pod, uid)
+
+    def _add(self, pod: str, uid: str) -> None:
         with self.lock:
             if pod in self.hearts:
                 return
-            settings = Settings(pod_name=pod, namespace=self.namespace, interval=self.interval, timeout=self.timeout)
+        settings = Settings(pod_name=pod, namespace=self.namespace, interval=self.interval, timeout=self.timeout)
+        channel = None
+        if self.leader is not None:
+            url, ca, tokens = self.leader
+            token_file = tokens / pod
+            token_file.write_text(pod_token(self.namespace, pod, uid))
+            channel = TimedLeader(
+                self,
+                url,
+                ca,
+                str(token_file),
+                namespace=self.namespace,
+                name=pod,
+                uid=uid,
+                timeout=leader_timeout(request_timeout(self.timeout), self.interval),
+            )
+        with self.lock:
+            if pod in self.hearts:
+                return
             beat_client = copy.copy(self.base)
             beat_client.settings = settings
-            self.hearts[pod] = Heart(settings, beat_client, Path("/nonexistent/vigil-bench-checkpoint"), self.events)
+            checkpoint = Path("/nonexistent/vigil-bench-checkpoint")
+            self.hearts[pod] = Heart(settings, beat_client, checkpoint, self.events, channel)
+            if channel is not None:
+                self.channels.append(channel)
             heapq.heappush(self.due, (time.monotonic() + random.uniform(0, 2), pod))
         self.wake.set()
 
@@ -170,7 +274,7 @@ class Agents:
         began = time.monotonic()
         heart = self.hearts[pod]
         try:
-            observed = heart.beat()  # the agent's own beat: PodHeartbeat.patch of the annotation
+            observed = heart.beat()  # the agent's own beat: LeaderBeat.post, or PodHeartbeat.patch
         except Exception:  # as Heart.run does: a failed beat is an API error
             observed = fencing.Observed.API_ERROR
         ended = time.monotonic()
@@ -196,6 +300,9 @@ class Agents:
         self.wake.set()
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.base.close()  # every worker thread's client: no beat is in flight any more
+        for channel in self.channels:
+            with contextlib.suppress(Exception):  # loops of threads gone
+                channel.close()
 
 
 class LoopProbe(threading.Thread):
@@ -257,13 +364,16 @@ def wait_until_settled(operator: Operator, attempts: int, quiet: float, deadline
     return time.monotonic() - began
 
 
-def vigil_job(i: int, interval: float, timeout: float, grace: float) -> dict:
+def vigil_job(i: int, interval: float, timeout: float, grace: float, account: str = "") -> dict:
+    spec = pod_spec()
+    if account:
+        spec["serviceAccountName"] = account
     return {
         "apiVersion": "vigil.dev/v1alpha1",
         "kind": "VigilJob",
         "metadata": {"name": f"beat-{i}", "labels": {JOB_LABEL: "true"}},
         "spec": {
-            "template": {"spec": pod_spec()},  # no sim annotations: the pod runs until deleted
+            "template": {"spec": spec},  # no sim annotations: the pod runs until deleted
             "heartbeat": {
                 "intervalSeconds": int(interval),
                 "timeoutSeconds": int(timeout),
@@ -319,11 +429,45 @@ def report(result: dict, args: argparse.Namespace, max_gap: float) -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        path = args.out / f"heartbeat-{m}-{stamp}.json"
+        path = args.out / f"heartbeat-{result.get('channel', '')}-{m}-{stamp}.json"
         clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in result.items()}
         path.write_text(json.dumps(clean, indent=1) + "\n")
         log(f"wrote {path}")
     return 1 if false_uncertain else 0
+
+
+SIDE_BY_SIDE = (
+    "beats_intended_per_second", "beats_per_second", "beats_renewed", "beat_errors", "beats_seen_by_operator",
+    "posts_counted", "leader_fallbacks_to_annotation", "apiserver_patch_pods_requests_in_window",
+    "leader_post_p50_seconds", "leader_post_p99_seconds", "apiserver_patch_pods_p50_seconds",
+    "apiserver_patch_pods_p99_seconds", "operator_cpu_seconds_per_1000_beats", "operator_cpu_cores",
+    "operator_peak_rss_mib", "event_loop_lag_healthz_p50_seconds", "event_loop_lag_healthz_p99_seconds",
+    "apiserver_cpu_cores", "etcd_cpu_cores", "vigil_attempts_uncertain_total", "max_gap_between_renewals_seconds",
+    "false_uncertain", "settled",
+)  # fmt: skip
+
+
+def side_by_side(results: dict[str, dict], args: argparse.Namespace) -> None:
+    """The channels' figures in one table (and in one JSON file with --out)."""
+    names = list(results)
+    m = args.attempts
+    print(f"\n## Heartbeat channels side by side, M = {m:,} every {args.interval:.0f} s\n")
+    print("| figure | " + " | ".join(names) + " |\n| --- |" + " ---: |" * len(names))
+    for key in SIDE_BY_SIDE:
+        cells = []
+        for name in names:
+            value = results[name].get(key, "")
+            cells.append(f"{value:.3f}" if isinstance(value, float) else str(value))
+        print(f"| {key} | " + " | ".join(cells) + " |")
+    if args.out:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        path = args.out / f"heartbeat-both-{m}-{stamp}.json"
+        clean = {
+            n: {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+            for n, r in results.items()
+        }
+        path.write_text(json.dumps(clean, indent=1) + "\n")
+        log(f"wrote {path}")
 
 
 def cleanup(api: Api, namespace: str, m: int) -> None:
@@ -357,6 +501,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="how long to wait for a steady state before the window (default max(300, M/2)); past it the "
         "window is measured anyway and the figures say settled: False",
+    )
+    parser.add_argument(
+        "--channel",
+        choices=("leader", "annotation", "both"),
+        default="both",
+        help="beat by the pod's annotation, POST to the leader, or both one after the other (default both)",
     )
     parser.add_argument("--workers", type=int, default=16, help="threads that make the agents' patches (default 16)")
     parser.add_argument("--threads", type=int, default=8, help="client threads that submit the jobs (default 8)")
@@ -393,22 +543,55 @@ def main(argv: list[str] | None = None) -> int:
     api = Api(kubeconfig, args.threads)
     install_crds(api)
     config.load_kube_config(str(kubeconfig))
+    channels = ["annotation", "leader"] if args.channel == "both" else [args.channel]
+    results = {}
+    code = 0
+    for channel in channels:
+        result, one = run_channel(args, api, cluster, kubeconfig, channel)
+        results[channel] = result
+        code |= one
+    if len(results) > 1:
+        side_by_side(results, args)
+    return code
+
+
+def run_channel(args: argparse.Namespace, api: Api, cluster, kubeconfig: Path, channel: str) -> tuple[dict, int]:
+    """One channel's run: a fresh namespace and operator, M jobs, the window; (figures, exit code)."""
+    m = args.attempts
     namespace = f"bench-beat-{uuid.uuid4().hex[:4]}"
     create_namespace(api, namespace)
     workdir = Path(tempfile.mkdtemp(prefix="vigil-bench-beat-"))
-    operator = Operator(kubeconfig, namespace, workdir / "operator.log", tuple(shlex.split(args.operator_args)))
+    extra = tuple(shlex.split(args.operator_args))
+    leader = None
+    if channel == "leader":
+        grant_heartbeat_rbac(namespace)
+        certs = workdir / "certs"
+        make_self_signed(certs)
+        port = free_port()
+        url = f"https://127.0.0.1:{port}/v1/heartbeat"
+        extra += (
+            "--webhook-address", f"127.0.0.1:{port}",
+            "--webhook-cert-file", str(certs / "tls.crt"),
+            "--webhook-key-file", str(certs / "tls.key"),
+            "--heartbeat-url", url,
+            "--heartbeat-ca-file", str(certs / "ca.crt"),
+        )  # fmt: skip
+        tokens = workdir / "tokens"
+        tokens.mkdir()
+        leader = (url, (certs / "ca.crt").read_text(), tokens)
+    operator = Operator(kubeconfig, namespace, workdir / "operator.log", extra)
     agents = probe = None
-    log(f"{m} attempts in {namespace}; operator log {operator.log_path}")
+    log(f"{channel} channel: {m} attempts in {namespace}; operator log {operator.log_path}")
     try:
         operator.wait_ready()
-        agents = Agents(namespace, args.interval, args.timeout, args.workers, kubeconfig)
+        agents = Agents(namespace, args.interval, args.timeout, args.workers, kubeconfig, leader)
         running: set[str] = set()
 
         def on_pod(kind: str, pod: dict, now: float) -> None:
             name = pod["metadata"]["name"]
             if (pod.get("status") or {}).get("phase") == "Running" and name not in running:
                 running.add(name)
-                agents.add(name)
+                agents.add(name, pod["metadata"].get("uid", ""))
 
         pods = Watch(api, f"/api/v1/namespaces/{namespace}/pods", on_pod)
         pods.start()
@@ -423,7 +606,7 @@ def main(argv: list[str] | None = None) -> int:
                         "v1alpha1",
                         namespace,
                         "vigiljobs",
-                        vigil_job(i, args.interval, args.timeout, grace),
+                        vigil_job(i, args.interval, args.timeout, grace, JOB_ACCOUNT if leader else ""),
                         _preload_content=False,
                     ),
                     range(m),
@@ -459,9 +642,12 @@ def main(argv: list[str] | None = None) -> int:
         uncertain_before = operator.metric("vigil_attempts_uncertain_total")
         seen_before = operator.metric("vigil_heartbeats_total")
         reconciles_before = operator.metric("controller_runtime_reconcile_total")
+        post_names = [f'vigil_heartbeat_posts_total{{outcome="{o}"}}' for o in OUTCOMES]
+        posts_before = operator.metrics(*post_names)
         with agents.lock:
-            beats_before, renewed_before = agents.beats, agents.renewed
+            beats_before, renewed_before, fallbacks_before = agents.beats, agents.renewed, agents.fallbacks
             agents.lateness.clear()
+            agents.post_latency.clear()
         cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         window_began = time.monotonic()
         sampler.start()
@@ -482,11 +668,14 @@ def main(argv: list[str] | None = None) -> int:
             beats = agents.beats - beats_before
             renewed = agents.renewed - renewed_before
             lateness = list(agents.lateness)
+            post_latency = list(agents.post_latency)
+            fallbacks = agents.fallbacks - fallbacks_before
         peak = sampler.stop()
         if profiler is not None:
             profiler.stop()
         lags = probe.stop()
         hist_after = histogram(api, "apiserver_request_duration_seconds", patch_match)
+        posts_after = operator.metrics(*post_names)
         seen = operator.metric("vigil_heartbeats_total") - seen_before
         reconciles = operator.metric("controller_runtime_reconcile_total") - reconciles_before
         uncertain_total = operator.metric("vigil_attempts_uncertain_total")
@@ -500,7 +689,9 @@ def main(argv: list[str] | None = None) -> int:
                 if cond.get("type") == "HeartbeatHealthy" and cond.get("status") != "True":
                     unhealthy += 1
         operator_cpu = cpu_after["operator"] - cpu_before["operator"]
+        patch_pods = hist_after.get(math.inf, 0.0) - hist_before.get(math.inf, 0.0)
         result = {
+            "channel": channel,
             "attempts": m,
             "operator_args": args.operator_args,
             "interval_seconds": args.interval,
@@ -526,6 +717,7 @@ def main(argv: list[str] | None = None) -> int:
             "healthz_failures": probe.failures,
             "apiserver_patch_pods_p50_seconds": bucket_quantile(hist_before, hist_after, 0.5),
             "apiserver_patch_pods_p99_seconds": bucket_quantile(hist_before, hist_after, 0.99),
+            "apiserver_patch_pods_requests_in_window": patch_pods,
             "vigil_attempts_uncertain_total": uncertain_total - uncertain_before,
             "vigil_attempts_uncertain_total_since_start": uncertain_total,
             "jobs_by_phase": phases,
@@ -534,9 +726,17 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("kube-apiserver", "etcd"):
             if name in pids:
                 result[f"{name.replace('kube-', '')}_cpu_cores"] = (cpu_after[name] - cpu_before[name]) / window
+        if leader is not None:
+            for name, outcome in zip(post_names, OUTCOMES, strict=True):
+                result[f"posts_{outcome}"] = posts_after[name] - posts_before[name]
+            result["leader_fallbacks_to_annotation"] = fallbacks
+            result["leader_fallback_reasons"] = dict(agents.fallback_why)
+            result["leader_post_p50_seconds"] = percentile(post_latency, 50)
+            result["leader_post_p99_seconds"] = percentile(post_latency, 99)
         if profiler is not None:
             result["profile"] = {"stacks": str(profiler.path), **profiler.top(15)}
         code = report(result, args, agents.max_gap)
+        result["false_uncertain"] = bool(code)
     finally:
         if agents:
             agents.stop()
@@ -546,7 +746,7 @@ def main(argv: list[str] | None = None) -> int:
             operator.stop()
             release_vigil_pods(api, namespace)
 
-    return code
+    return result, code
 
 
 if __name__ == "__main__":

@@ -76,19 +76,27 @@ def test_heartbeat_load_runs_and_finds_no_false_uncertain(kube: Kube, tmp_path: 
         timeout=deadline(180),
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    (report,) = tmp_path.glob("heartbeat-*.json")
-    figures = json.loads(report.read_text())
-    assert figures["beats_renewed"] > 0
-    assert figures["settled"] is True  # 50 attempts on the idle bed reach a steady state
-    for key in (
-        "operator_cpu_seconds_per_1000_beats",
-        "operator_peak_rss_mib",
-        "event_loop_lag_healthz_p99_seconds",
-        "apiserver_patch_pods_p99_seconds",
-    ):
-        assert not missing(figures.get(key)), key
-    assert figures["vigil_attempts_uncertain_total_since_start"] == 0
-    assert figures["jobs_by_phase"] == {"Running": 50}
+    (report,) = tmp_path.glob("heartbeat-both-*.json")  # the default: both channels, side by side
+    both = json.loads(report.read_text())
+    assert set(both) == {"annotation", "leader"}
+    for channel, figures in both.items():
+        assert figures["beats_renewed"] > 0, channel
+        assert figures["settled"] is True, channel  # 50 attempts on the idle bed reach a steady state
+        for key in (
+            "operator_cpu_seconds_per_1000_beats",
+            "operator_peak_rss_mib",
+            "event_loop_lag_healthz_p99_seconds",
+        ):
+            assert not missing(figures.get(key)), (channel, key)
+        assert figures["vigil_attempts_uncertain_total_since_start"] == 0, channel
+        assert figures["jobs_by_phase"] == {"Running": 50}, channel
+    assert not missing(both["annotation"].get("apiserver_patch_pods_p99_seconds"))
+    leader = both["leader"]
+    assert leader["posts_counted"] > 0
+    assert not missing(leader.get("leader_post_p99_seconds"))
+    # Beats to the leader write nothing: far fewer PATCH pods than the annotation's one per beat.
+    patches = "apiserver_patch_pods_requests_in_window"
+    assert leader[patches] < both["annotation"][patches] / 10
     print(f"bench.heartbeat_load smoke took {time.monotonic() - began:.0f} s")
 
 
