@@ -25,12 +25,15 @@ Times are passed in (`now`, epoch seconds): no clock is read here.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import jwt
+
+from vigil.core.lru import Lru
 
 AUDIENCE = "vigil.dev"  # the projected token's audience: a token for anything else is refused
 PATH = "/v1/heartbeat"
@@ -39,6 +42,9 @@ MAX_BODY_BYTES = 1024  # a beat names a pod and carries a short counter
 MAX_KEYS = 32  # an issuer publishes a few keys (rotation); more is not a key set
 LEEWAY_SECONDS = 60.0  # clock skew between the API server and the operator tolerated on exp/nbf
 KEY_REFRESH_SECONDS = 10.0  # an unknown key id refreshes the keys at most this often
+# Tokens whose signature is known good, one per beating pod: room for the seed's 50,000 in flight.
+# An entry is a digest, a pod's identity and an expiry, about 0.4 KiB: at most ~26 MiB.
+MAX_VERIFIED = 65_536
 # Signature algorithms of asymmetric keys only (the API server signs with RS256 or ES256).
 ALGORITHMS = frozenset({"RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "PS256", "PS384", "PS512"})
 
@@ -127,6 +133,48 @@ def bearer(header: str | None) -> str:
 
 def verify(token: str, keys: IssuerKeys, now: float, audience: str = AUDIENCE) -> PodIdentity:
     """The pod a token was bound to, or Refused (UnknownKey: refresh the keys and retry)."""
+    return _verify(token, keys, now, audience)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class _Verified:
+    identity: PodIdentity
+    exp: float
+    keys: IssuerKeys  # the key set the signature was checked against
+
+
+class VerifiedTokens:
+    """`verify`, remembering the tokens it found good. A pod sends the same token with every beat
+    until the kubelet rotates it (at 80% of its life), and checking the signature is the dearest
+    part of a beat (an RSA verification and the base64 of ~1 KiB), so it is checked once per
+    token rather than once per beat. The same bytes under the same key set verify the same way;
+    what changes with time is checked on every use: the expiry against `now`, and a refreshed key
+    set (a rotation, a withdrawn key) verifies every token anew. Refused tokens are not kept. At
+    most `entries` tokens are held, the least recently used going first; the key is the token's
+    SHA-256, so a token is never kept in memory."""
+
+    def __init__(self, entries: int = MAX_VERIFIED) -> None:
+        self._held: Lru[bytes, _Verified] = Lru(entries)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def verify(self, token: str, keys: IssuerKeys, now: float, audience: str = AUDIENCE) -> PodIdentity:
+        if len(token) > MAX_TOKEN_BYTES:
+            raise Refused(401, f"the token is over {MAX_TOKEN_BYTES} bytes")
+        digest = hashlib.sha256(f"{audience}\n{token}".encode()).digest()
+        held = self._held.get(digest)
+        if held is not None and held.keys is keys:
+            if now >= held.exp + LEEWAY_SECONDS:
+                self._held.discard(digest)
+                raise Refused(401, "the token has expired")
+            return held.identity
+        identity, exp = _verify(token, keys, now, audience)
+        self._held.put(digest, _Verified(identity, exp, keys))
+        return identity
+
+
+def _verify(token: str, keys: IssuerKeys, now: float, audience: str) -> tuple[PodIdentity, float]:
     if len(token) > MAX_TOKEN_BYTES:
         raise Refused(401, f"the token is over {MAX_TOKEN_BYTES} bytes")
     try:
@@ -168,7 +216,7 @@ def verify(token: str, keys: IssuerKeys, now: float, audience: str = AUDIENCE) -
         at = claims.get(claim)
         if at is not None and (not isinstance(at, int | float) or at > now + LEEWAY_SECONDS):
             raise Refused(401, f"the token is not valid yet ({claim})")
-    return identity_of(claims)
+    return identity_of(claims), float(exp)
 
 
 def identity_of(claims: Mapping[str, Any]) -> PodIdentity:

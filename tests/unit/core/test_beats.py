@@ -151,3 +151,47 @@ def test_a_key_set_keeps_asymmetric_signing_keys_only_and_a_bounded_number() -> 
     assert len(keys.keys) <= beats.MAX_KEYS
     with pytest.raises(ValueError, match="list of keys"):
         beats.parse_jwks(ISSUER, b'{"keys": {}}')
+
+
+def test_a_remembered_token_answers_as_verify_does_and_still_expires() -> None:
+    verified = beats.VerifiedTokens()
+    good = token(claims(exp=int(NOW) + 600))
+    assert verified.verify(good, KEYS, NOW) == beats.verify(good, KEYS, NOW)
+    assert verified.verify(good, KEYS, NOW + 300) == beats.PodIdentity("team-a", "ledger-1", "pod-uid-1")
+    assert len(verified) == 1  # checked once, kept by its digest
+    # Past its expiry (and the minute of skew) the remembered token is refused, and forgotten.
+    assert "expired" in str(refusal(lambda: verified.verify(good, KEYS, NOW + 661)))
+    assert len(verified) == 0
+
+
+def test_a_refused_token_is_refused_every_time_and_never_remembered() -> None:
+    verified = beats.VerifiedTokens()
+    forged = token(key=OTHER_KEY)
+    for _ in range(2):
+        assert "signature" in str(refusal(lambda: verified.verify(forged, KEYS, NOW)))
+    assert "audience" in str(refusal(lambda: verified.verify(token(), KEYS, NOW, audience="other")))
+    assert len(verified) == 0
+
+
+def test_a_refreshed_key_set_verifies_remembered_tokens_again() -> None:
+    verified = beats.VerifiedTokens()
+    good = token()
+    verified.verify(good, KEYS, NOW)
+    # The issuer withdrew key k1 (a rotation): the token it signed is no longer good.
+    withdrawn = beats.IssuerKeys(KEYS.issuer, {k: v for k, v in KEYS.keys.items() if k != "k1"})
+    with pytest.raises(beats.UnknownKey):
+        verified.verify(good, withdrawn, NOW)
+
+
+def test_a_token_remembered_for_one_audience_is_not_good_for_another() -> None:
+    verified = beats.VerifiedTokens()
+    good = token()
+    verified.verify(good, KEYS, NOW)
+    assert "audience" in str(refusal(lambda: verified.verify(good, KEYS, NOW, audience="other.example")))
+
+
+def test_at_most_the_bound_of_tokens_is_remembered() -> None:
+    verified = beats.VerifiedTokens(entries=3)
+    for i in range(5):
+        verified.verify(token(claims(jti=f"t{i}")), KEYS, NOW)
+    assert len(verified) == 3
