@@ -38,6 +38,7 @@ client side may not keep up, and then the figures are for the rate achieved.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import concurrent.futures
 import contextlib
 import copy
@@ -47,6 +48,7 @@ import math
 import os
 import queue
 import random
+import resource
 import shlex
 import sys
 import tempfile
@@ -96,11 +98,37 @@ BEAT_AUDIENCE = "vigil.dev"
 
 
 class TimedLeader(LeaderBeat):
-    """The agent's LeaderBeat, timing each POST as the agent saw it and counting fallbacks."""
+    """The agent's LeaderBeat, timing each POST as the agent saw it and counting fallbacks.
+
+    A pod's agent beats from one thread over one keep-alive connection; here each pod is pinned
+    to one worker thread (`Agents.slot`), and the pods of a thread share its event loop (a loop
+    per pod would be M epoll descriptors), so there is still one connection per pod, as M agents
+    would hold against the operator."""
+
+    _loops = threading.local()
 
     def __init__(self, owner: Agents, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.owner = owner
+
+    def _loop(self):
+        held = getattr(self._local, "held", None)
+        if held is None:
+            loop = getattr(TimedLeader._loops, "loop", None)
+            if loop is None:
+                loop = TimedLeader._loops.loop = asyncio.new_event_loop()
+                with self.owner.lock:
+                    self.owner.loops.append(loop)
+            held = self._local.held = (loop, [])
+            self._held.append(held)
+        return held
+
+    def close(self) -> None:
+        """Closes this pod's session; the shared loops are closed by Agents.stop."""
+        while self._held:
+            loop, sessions = self._held.pop()
+            for session in sessions:
+                loop.run_until_complete(session.close())
 
     def post(self, beat: str) -> LeaderAnswer:
         began = time.monotonic()
@@ -112,6 +140,18 @@ class TimedLeader(LeaderBeat):
                 self.owner.fallbacks += 1
                 self.owner.fallback_why[answer.why[:60]] = self.owner.fallback_why.get(answer.why[:60], 0) + 1
         return answer
+
+
+def allow_open_files(needed: int) -> None:
+    """Raises this process's open-file limit to `needed` (the operator it starts inherits it): on
+    the leader channel each of the M agents holds a connection, and the operator one per agent."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= needed:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, max(hard, needed)))
+    except (ValueError, OSError) as err:
+        log(f"cannot raise the open-file limit from {soft} to {needed} ({err}): the run may fail with EMFILE")
 
 
 def grant_heartbeat_rbac(namespace: str) -> None:
@@ -196,6 +236,10 @@ class Agents:
         # per thread), so the pool holds as many as there are workers.
         self.base = PodHeartbeat(Settings(pod_name="-", namespace=namespace), timeout=fencing.request_timeout(timeout))
         self.namespace, self.interval, self.timeout = namespace, interval, timeout
+        # A pod's beats always go through the same worker (see TimedLeader); a pool for the rest.
+        self.workers = [concurrent.futures.ThreadPoolExecutor(1) for _ in range(workers)]
+        self.slot: dict[str, int] = {}
+        self.loops: list[asyncio.AbstractEventLoop] = []
         self.pool = concurrent.futures.ThreadPoolExecutor(workers)
         self.due: list[tuple[float, str]] = []
         self.hearts: dict[str, Heart] = {}
@@ -250,6 +294,7 @@ class Agents:
             beat_client.settings = settings
             checkpoint = Path("/nonexistent/vigil-bench-checkpoint")
             self.hearts[pod] = Heart(settings, beat_client, checkpoint, self.events, channel)
+            self.slot[pod] = len(self.slot) % len(self.workers)
             if channel is not None:
                 self.channels.append(channel)
             heapq.heappush(self.due, (time.monotonic() + random.uniform(0, 2), pod))
@@ -264,7 +309,7 @@ class Agents:
                     ready.append(heapq.heappop(self.due))
                 wait = (self.due[0][0] - now) if self.due else 1.0
             for due, pod in ready:
-                self.pool.submit(self.beat, pod, due)
+                self.workers[self.slot[pod]].submit(self.beat, pod, due)
             self.wake.wait(min(max(wait, 0.001), 1.0))
             self.wake.clear()
 
@@ -299,10 +344,14 @@ class Agents:
         self.halt.set()
         self.wake.set()
         self.pool.shutdown(wait=True, cancel_futures=True)
+        for worker in self.workers:
+            worker.shutdown(wait=True, cancel_futures=True)
         self.base.close()  # every worker thread's client: no beat is in flight any more
         for channel in self.channels:
-            with contextlib.suppress(Exception):  # loops of threads gone
+            with contextlib.suppress(Exception):
                 channel.close()
+        for loop in self.loops:
+            loop.close()
 
 
 class LoopProbe(threading.Thread):
@@ -544,6 +593,8 @@ def main(argv: list[str] | None = None) -> int:
     install_crds(api)
     config.load_kube_config(str(kubeconfig))
     channels = ["annotation", "leader"] if args.channel == "both" else [args.channel]
+    if "leader" in channels:
+        allow_open_files(args.attempts + 4096)
     results = {}
     code = 0
     for channel in channels:
