@@ -460,7 +460,14 @@ def sum_samples(text: str, names: Iterable[str]) -> dict[str, float]:
 class Operator:
     """`vigil operator` for one namespace, with the given kubeconfig, as users run it."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, log_path: Path, extra: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        kubeconfig: Path,
+        namespace: str,
+        log_path: Path,
+        extra: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ):
         self.metrics_port, self.health_port = free_port(), free_port()
         vigil = Path(sys.executable).with_name("vigil")
         args = [str(vigil), "operator", "-n", namespace, "--log-level", "warning"]
@@ -470,7 +477,10 @@ class Operator:
         self.log_path = log_path
         with open(log_path, "ab") as out:
             self.proc = subprocess.Popen(
-                args, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "KUBECONFIG": str(kubeconfig)}
+                args,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {}), "KUBECONFIG": str(kubeconfig)},
             )
         self.pid = self.proc.pid
 

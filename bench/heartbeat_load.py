@@ -220,6 +220,8 @@ def bucket_quantile(before: dict[float, float], after: dict[float, float], q: fl
 class Agents:
     """M agents' heartbeat loops on one scheduler thread and a pool of workers."""
 
+    leader_class: type[TimedLeader] = TimedLeader
+
     def __init__(
         self,
         namespace: str,
@@ -277,7 +279,7 @@ class Agents:
             url, ca, tokens = self.leader
             token_file = tokens / pod
             token_file.write_text(pod_token(self.namespace, pod, uid))
-            channel = TimedLeader(
+            channel = self.leader_class(
                 self,
                 url,
                 ca,
