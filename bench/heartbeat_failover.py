@@ -55,6 +55,7 @@ from bench.compare import (  # noqa: E402
     own_cluster,
     percentile,
     release_vigil_pods,
+    testbed_of,
 )
 from bench.heartbeat_load import (  # noqa: E402
     JOB_ACCOUNT,
@@ -67,6 +68,7 @@ from bench.heartbeat_load import (  # noqa: E402
     vigil_job,
     wait_until_settled,
 )
+from testbed import cluster as testbed  # noqa: E402
 from vigil.servers.webhook import make_self_signed  # noqa: E402
 
 REPLICAS = ("replica-a", "replica-b")  # POD_NAME of each: the Lease holder's identity starts with it
@@ -156,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle-seconds", type=float, default=None, help="default max(120, M/10)")
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--kubeconfig", type=Path, help="run against this cluster instead of the bench's own")
     parser.add_argument("--name", default="bench")
     parser.add_argument("--port-base", type=int, default=27443)
     parser.add_argument("--out", type=Path, default=None)
@@ -166,8 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         raise SystemExit("heartbeat_failover routes the leader's address with iptables: run it as root")
     allow_open_files(2 * m + 4096)
-    cluster = own_cluster(args.name, args.port_base, nodes_for(m), needs_bench_stages=False)
-    kubeconfig = cluster.kubeconfig
+    kubeconfig = args.kubeconfig
+    if kubeconfig:
+        if cluster := testbed_of(kubeconfig):
+            testbed.create_nodes(cluster, nodes_for(m))
+    else:
+        kubeconfig = own_cluster(args.name, args.port_base, nodes_for(m), needs_bench_stages=False).kubeconfig
     api = Api(kubeconfig, args.threads)
     install_crds(api)
     config.load_kube_config(str(kubeconfig))

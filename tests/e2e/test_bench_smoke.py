@@ -125,3 +125,21 @@ def test_write_cost_measures_every_kind_of_write(kube: Kube, tmp_path: Path) -> 
         assert figures["writes_per_second"] > 0, kind
         if kube.on_testbed:  # the API server's CPU is read from /proc of the local test bed
             assert figures["cpu_ms_per_write"] > 0, kind
+
+
+def test_heartbeat_failover_finds_every_agent_at_the_new_leader_and_no_attempt_lost(kube: Kube, tmp_path: Path) -> None:
+    began = time.monotonic()
+    result = run_bench(
+        "bench.heartbeat_failover",
+        ["--attempts", "30", "--interval", "3", "--timeout", "20"]
+        + ["--kubeconfig", str(kube.kubeconfig), "--out", str(tmp_path)],
+        timeout=deadline(240),
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    (report,) = tmp_path.glob("heartbeat-failover-*.json")
+    figures = json.loads(report.read_text())
+    assert figures["agents_answered_by_new_leader"] == 30
+    assert figures["first_beat_counted_after_takeover_seconds"] is not None
+    assert figures["attempts_lost"] == 0 and figures["pods_of_a_later_attempt"] == 0
+    assert figures["jobs_not_running_at_attempt_1"] == 0
+    print(f"bench.heartbeat_failover smoke took {time.monotonic() - began:.0f} s")
