@@ -20,16 +20,9 @@ from vigil import api
 from vigil.core import beats
 from vigil.core.queueing.book import QueueSpec
 from vigil.servers.beats import BeatEndpoint
-from vigil.servers.webhook import WebhookServer, make_self_signed
+from vigil.servers.webhook import WebhookServer
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("certs")
-    make_self_signed(directory)
-    return directory
 
 
 class Leader:

@@ -10,16 +10,8 @@ import pytest
 from aiohttp import web
 
 from vigil.servers.http import TLS_READ_BUFFER, serve
-from vigil.servers.webhook import make_self_signed
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("certs")
-    make_self_signed(directory)
-    return directory
 
 
 def test_an_open_tls_connection_holds_a_record_sized_read_buffer_not_asyncios_256_kib(certs: Path) -> None:

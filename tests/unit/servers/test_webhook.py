@@ -24,17 +24,9 @@ from vigil.servers.webhook import (
     PATH,
     Skimmer,
     WebhookServer,
-    make_self_signed,
 )
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("certs")
-    make_self_signed(directory)
-    return directory
 
 
 def review(name: str = "job", queue: str = "batch", padding: int = 0) -> dict:
