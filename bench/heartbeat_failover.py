@@ -24,7 +24,6 @@ Once every attempt beats and the leader has settled, the leader is SIGKILLed. Pr
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import math
 import os
@@ -46,7 +45,6 @@ from kubernetes import client, config  # noqa: E402
 from bench.compare import (  # noqa: E402
     Api,
     Operator,
-    Watch,
     create_namespace,
     free_port,
     install_crds,
@@ -65,7 +63,7 @@ from bench.heartbeat_load import (  # noqa: E402
     cleanup,
     grant_heartbeat_rbac,
     histogram,
-    vigil_job,
+    start_attempts,
     wait_until_settled,
 )
 from testbed import cluster as testbed  # noqa: E402
@@ -226,36 +224,8 @@ def main(argv: list[str] | None = None) -> int:
             namespace, args.interval, args.timeout, args.workers, kubeconfig,
             (url, (certs / "ca.crt").read_text(), tokens),
         )  # fmt: skip
-        running: set[str] = set()
-
-        def on_pod(kind: str, pod: dict, now: float) -> None:
-            name = pod["metadata"]["name"]
-            if (pod.get("status") or {}).get("phase") == "Running" and name not in running:
-                running.add(name)
-                agents.add(name, pod["metadata"].get("uid", ""))
-
-        pods = Watch(api, f"/api/v1/namespaces/{namespace}/pods", on_pod)
-        pods.start()
-        pods.ready.wait(30)
-        grace = int(max(120, m / 5))
         began = time.monotonic()
-        with concurrent.futures.ThreadPoolExecutor(args.threads) as pool:
-            list(
-                pool.map(
-                    lambda i: api.custom.create_namespaced_custom_object(
-                        "vigil.dev", "v1alpha1", namespace, "vigiljobs",
-                        vigil_job(i, args.interval, args.timeout, grace, JOB_ACCOUNT), _preload_content=False,
-                    ),
-                    range(m),
-                )
-            )  # fmt: skip
-        while len(running) < m:
-            if pods.error:
-                raise pods.error
-            if time.monotonic() - began > grace:
-                raise SystemExit(f"only {len(running)} of {m} pods Running after {grace} s")
-            time.sleep(0.5)
-        pods.stop()
+        start_attempts(api, namespace, agents, args, JOB_ACCOUNT)
         log(f"all {m} pods Running after {time.monotonic() - began:.0f} s; letting the leader settle")
         if wait_until_settled(leader, m, quiet=args.interval + 2, deadline=settle) is None:
             log(f"warning: not settled after {settle:.0f} s; going on")

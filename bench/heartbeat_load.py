@@ -111,24 +111,16 @@ class TimedLeader(LeaderBeat):
         super().__init__(*args, **kwargs)
         self.owner = owner
 
-    def _loop(self):
-        held = getattr(self._local, "held", None)
-        if held is None:
-            loop = getattr(TimedLeader._loops, "loop", None)
-            if loop is None:
-                loop = TimedLeader._loops.loop = asyncio.new_event_loop()
-                with self.owner.lock:
-                    self.owner.loops.append(loop)
-            held = self._local.held = (loop, [])
-            self._held.append(held)
-        return held
+    def _new_loop(self) -> asyncio.AbstractEventLoop:
+        loop = getattr(TimedLeader._loops, "loop", None)
+        if loop is None:
+            loop = TimedLeader._loops.loop = asyncio.new_event_loop()
+            with self.owner.lock:
+                self.owner.loops.append(loop)
+        return loop
 
-    def close(self) -> None:
-        """Closes this pod's session; the shared loops are closed by Agents.stop."""
-        while self._held:
-            loop, sessions = self._held.pop()
-            for session in sessions:
-                loop.run_until_complete(session.close())
+    def _close_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        pass  # shared: Agents.stop closes the loops
 
     def post(self, beat: str) -> LeaderAnswer:
         began = time.monotonic()
@@ -608,6 +600,48 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def start_attempts(api: Api, namespace: str, agents: Agents, args: argparse.Namespace, account: str) -> None:
+    """Submits `args.attempts` jobs whose pods run until deleted, and hands each pod to the agents
+    as it becomes Running; returns once all are (SystemExit past their startup grace)."""
+    m = args.attempts
+    running: set[str] = set()
+
+    def on_pod(kind: str, pod: dict, now: float) -> None:
+        name = pod["metadata"]["name"]
+        if (pod.get("status") or {}).get("phase") == "Running" and name not in running:
+            running.add(name)
+            agents.add(name, pod["metadata"].get("uid", ""))
+
+    pods = Watch(api, f"/api/v1/namespaces/{namespace}/pods", on_pod)
+    pods.start()
+    pods.ready.wait(30)
+    grace = int(max(120, m / 5))  # every attempt beats before its startup grace runs out
+    began = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(args.threads) as pool:
+        list(
+            pool.map(
+                lambda i: api.custom.create_namespaced_custom_object(
+                    "vigil.dev",
+                    "v1alpha1",
+                    namespace,
+                    "vigiljobs",
+                    vigil_job(i, args.interval, args.timeout, grace, account),
+                    _preload_content=False,
+                ),
+                range(m),
+            )
+        )
+    try:
+        while len(running) < m:
+            if pods.error:
+                raise pods.error
+            if time.monotonic() - began > grace:
+                raise SystemExit(f"only {len(running)} of {m} pods Running after {grace} s")
+            time.sleep(0.5)  # poll step, within the grace above
+    finally:
+        pods.stop()
+
+
 def run_channel(args: argparse.Namespace, api: Api, cluster, kubeconfig: Path, channel: str) -> tuple[dict, int]:
     """One channel's run: a fresh namespace and operator, M jobs, the window; (figures, exit code)."""
     m = args.attempts
@@ -638,40 +672,8 @@ def run_channel(args: argparse.Namespace, api: Api, cluster, kubeconfig: Path, c
     try:
         operator.wait_ready()
         agents = Agents(namespace, args.interval, args.timeout, args.workers, kubeconfig, leader)
-        running: set[str] = set()
-
-        def on_pod(kind: str, pod: dict, now: float) -> None:
-            name = pod["metadata"]["name"]
-            if (pod.get("status") or {}).get("phase") == "Running" and name not in running:
-                running.add(name)
-                agents.add(name, pod["metadata"].get("uid", ""))
-
-        pods = Watch(api, f"/api/v1/namespaces/{namespace}/pods", on_pod)
-        pods.start()
-        pods.ready.wait(30)
-        grace = int(max(120, m / 5))  # every attempt beats before its startup grace runs out
         began = time.monotonic()
-        with concurrent.futures.ThreadPoolExecutor(args.threads) as pool:
-            list(
-                pool.map(
-                    lambda i: api.custom.create_namespaced_custom_object(
-                        "vigil.dev",
-                        "v1alpha1",
-                        namespace,
-                        "vigiljobs",
-                        vigil_job(i, args.interval, args.timeout, grace, JOB_ACCOUNT if leader else ""),
-                        _preload_content=False,
-                    ),
-                    range(m),
-                )
-            )
-        while len(running) < m:
-            if pods.error:
-                raise pods.error
-            if time.monotonic() - began > grace:
-                raise SystemExit(f"only {len(running)} of {m} pods Running after {grace} s")
-            time.sleep(0.5)
-        pods.stop()
+        start_attempts(api, namespace, agents, args, JOB_ACCOUNT if leader else "")
         log(f"all {m} pods Running and beating after {time.monotonic() - began:.0f} s; letting the operator settle")
         settled = wait_until_settled(operator, m, quiet=args.interval + 2, deadline=args.settle_seconds)
         if settled is None:

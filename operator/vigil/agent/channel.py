@@ -155,10 +155,17 @@ class LeaderBeat:
         self._local = threading.local()  # per thread: (event loop, session holder)
         self._held: list[tuple[asyncio.AbstractEventLoop, list[aiohttp.ClientSession]]] = []
 
+    def _new_loop(self) -> asyncio.AbstractEventLoop:
+        """The calling thread's loop for this channel (bench.heartbeat_load shares one among many)."""
+        return asyncio.new_event_loop()
+
+    def _close_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        loop.close()
+
     def _loop(self) -> tuple[asyncio.AbstractEventLoop, list[aiohttp.ClientSession]]:
         held = getattr(self._local, "held", None)
         if held is None:
-            held = self._local.held = (asyncio.new_event_loop(), [])
+            held = self._local.held = (self._new_loop(), [])
             self._held.append(held)
         return held
 
@@ -168,7 +175,7 @@ class LeaderBeat:
             loop, sessions = self._held.pop()
             for session in sessions:
                 loop.run_until_complete(session.close())
-            loop.close()
+            self._close_loop(loop)
 
     async def _post(self, sessions: list[aiohttp.ClientSession], body: dict[str, str], token: str) -> LeaderAnswer:
         if not sessions:  # made inside the loop that uses it, as aiohttp wants
