@@ -30,11 +30,11 @@ class BeatChannel:
 
 # The injected agent (heartbeat.agent: Sidecar; docs/heartbeats.md, "The injected agent").
 LIVENESS_VOLUME = "vigil-liveness"
-# Requests: what an idle Python process beating every few seconds needs (measured: about 30 MiB
+# Requests: what the agent needs while beating (measured in tests/e2e/test_sidecar_agent.py: 56 MiB
 # RSS, a few millicores); the limit leaves room for the API client's buffers and TLS without
 # letting a leak in the agent take the node's memory. CPU has no limit: a throttled agent beats
 # late, and a late beat is what makes an attempt look Lost.
-AGENT_RESOURCES = {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "96Mi"}}
+AGENT_RESOURCES = {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "96Mi"}}
 
 
 def resolved_agent(heartbeat: api.Heartbeat, agent_image: str | None) -> api.AgentKind | None:

@@ -294,7 +294,7 @@ def test_the_injected_agent_is_a_native_sidecar_last_among_the_init_containers()
     assert agent["image"] == AGENT_IMAGE
     assert agent["restartPolicy"] == "Always"
     assert agent["command"] == ["vigil-agent", "--sidecar"]
-    assert agent["resources"] == {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "96Mi"}}
+    assert agent["resources"] == {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "96Mi"}}
     assert pod["spec"]["shareProcessNamespace"] is True
     main_env, agent_env = env_of(pod["spec"]["containers"][0]), env_of(agent)
     assert main_env["MINE"] == "1"  # the job keeps its own environment and Vigil's
