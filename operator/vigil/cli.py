@@ -147,6 +147,7 @@ def _operator(args: argparse.Namespace) -> int:
         metrics_insecure=args.metrics_insecure,
         webhook=webhook,
         beat_channel=beat_channel,
+        agent_image=args.agent_image or None,
         lease=lease,
         pod_watch_pace=args.pod_watch_pace,
         default_queue=default_queue,
@@ -296,6 +297,14 @@ def main(argv: list[str] | None = None) -> int:
         "--heartbeat-audience",
         default="vigil.dev",
         help="the audience of the pods' projected tokens for beats (default: vigil.dev)",
+    )
+    operator.add_argument(
+        "--agent-image",
+        metavar="IMAGE",
+        default=None,
+        help="the image of the agent Vigil injects into attempt pods as a native sidecar (heartbeat.agent: "
+        "Sidecar), and the default agent of jobs that leave heartbeat.agent unset; the chart passes the "
+        "operator's own image (default: none: such jobs run `vigil-agent` from their own image)",
     )
     operator.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default: info"

@@ -87,6 +87,8 @@ class OperatorSettings:
     webhook: tuple[str, str, str] | None = None  # (HOST:PORT, certificate file, key file)
     # Where pods post beats (served on the webhook's server); None: every beat patches its pod.
     beat_channel: BeatChannel | None = None
+    # The image of the injected agent (heartbeat.agent: Sidecar, and the default when set).
+    agent_image: str | None = None
     lease: tuple[ElectionConfig, str, str] | None = None  # (timings, namespace, name); None: act alone
     pod_watch_pace: float = POD_WATCH_PACE_SECONDS
     # The limits of a namespace's `default` queue while it has no VigilQueue `default`; None:
@@ -258,6 +260,7 @@ class Operator:
             # The orphan sweep lists pods where the watches do, and keeps what they keep.
             sweep_scopes=watch_scopes(settings.namespaces)[0],
             beat_channel=settings.beat_channel,
+            agent_image=settings.agent_image,
             accept=watch_scopes(settings.namespaces)[1],
         )
         self.jobs_watch.add_handler(self.jobs.handlers.job_delta)

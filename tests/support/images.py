@@ -62,10 +62,11 @@ def run_args(
     entrypoint: str | None = None,
     env: Mapping[str, str] | None = None,
     files: Mapping[Path, str] | None = None,
+    extra: Sequence[str] = (),
 ) -> list[str]:
     """`run` arguments: the container `name` from `image` as the chart runs it, with `env` and
-    host `files` mounted read-only at their paths in the container."""
-    args = ["run", "--name", name, "--pull=never", *LIMITS, *AS_THE_CHART_RUNS_IT]
+    host `files` mounted read-only at their paths in the container, and `extra` options."""
+    args = ["run", "--name", name, "--pull=never", *LIMITS, *AS_THE_CHART_RUNS_IT, *extra]
     for key, value in (env or {}).items():
         args += ["--env", f"{key}={value}"]
     for host, inside in (files or {}).items():
@@ -116,6 +117,11 @@ class Container:
         shown = podman("logs", self.name)
         return shown.stdout + shown.stderr
 
+    def exit_code(self) -> int | None:
+        """The exit status once the container has stopped, else None."""
+        state = self.state()
+        return int(state["ExitCode"]) if state.get("Status") in ("exited", "stopped") else None
+
     def stop(self, grace: float = 10) -> int:
         """SIGTERM, as the kubelet stops a pod, then SIGKILL after `grace` s; the exit status."""
         podman("stop", "--time", str(int(grace)), self.name, timeout=grace + 30)
@@ -144,3 +150,54 @@ def inline_kubeconfig(kube: Kube, path: Path, token: str | None = None) -> Path:
     path.write_text(text)
     path.chmod(0o644)  # the container runs as 65532; the directory around it stays the test's own
     return path
+
+
+# An image with no Python and nothing of Vigil, for the job beside the injected agent: this
+# machine's own sleep, touch and dash (as /bin/sh) with the C library they load, and sleep again
+# as /pause (the pod's infrastructure process, which the agent must not take for the job). Made
+# with `podman import` from a tarball in a second, with no registry and no package.
+PLAIN_REPOSITORY = "localhost/vigil-test-plain"
+PLAIN_TOOLS = (
+    ("/bin/sleep", "/bin/sleep"),
+    ("/usr/bin/touch", "/bin/touch"),
+    ("/bin/dash", "/bin/sh"),
+    ("/bin/sleep", "/pause"),
+)
+
+
+def _libraries(binary: str) -> list[str]:
+    """The shared libraries `binary` loads, by ldd (the dynamic loader included)."""
+    shown = subprocess.run(["ldd", binary], capture_output=True, text=True, check=True).stdout
+    return [word for line in shown.splitlines() for word in line.split() if word.startswith("/")]
+
+
+def plain_image(workdir: Path) -> str:
+    """The image above (built once per content: its tag is a hash of what goes in); its name."""
+    import hashlib
+    import io
+    import tarfile
+
+    files = {inside: host for host, inside in PLAIN_TOOLS}
+    for host, _ in PLAIN_TOOLS:
+        files.update({library: library for library in _libraries(host)})
+    digest = hashlib.sha256()
+    for inside, host in sorted(files.items()):
+        digest.update(inside.encode() + b"\0" + Path(host).read_bytes())
+    name = f"{PLAIN_REPOSITORY}:{digest.hexdigest()[:12]}"
+    if podman("image", "exists", name).returncode == 0:
+        return name
+    tarball = workdir / "plain.tar"
+    with tarfile.open(tarball, "w") as tar:
+        for folder in ("tmp", "var/run/vigil"):  # /var/run/vigil: where a liveness file lives
+            entry = tarfile.TarInfo(folder)
+            entry.type, entry.mode = tarfile.DIRTYPE, 0o1777
+            tar.addfile(entry)
+        for inside, host in sorted(files.items()):
+            data = Path(host).read_bytes()
+            entry = tarfile.TarInfo(inside.lstrip("/"))
+            entry.size, entry.mode = len(data), 0o755
+            tar.addfile(entry, io.BytesIO(data))
+    made = podman("import", "--change", "ENTRYPOINT []", "--change", 'CMD ["/bin/sh"]', str(tarball), name, timeout=60)
+    if made.returncode:
+        pytest.fail(f"podman could not import the plain image: {made.stderr}")
+    return name

@@ -1,5 +1,8 @@
 """`vigil-agent [--] CMD ARGS...`: runs a job's command and keeps its pod's heartbeat.
 
+(`vigil-agent --sidecar` is the agent Vigil injects into a pod whose image has none:
+vigil.agent.sidecar. It shares this module's heart and supervision.)
+
 The agent starts CMD as its child (same stdin, stdout and stderr), and beats every
 VIGIL_HEARTBEAT_INTERVAL seconds (with +-10% jitter) with a value that changes on every beat
 (`<sequence>:<boot>`). The answer to a beat is also how the agent learns it must stop (see
@@ -62,7 +65,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from vigil.agent import ENV_CHECKPOINT_FILE, CheckpointTooLarge, InvalidCheckpoint, validate_checkpoint
 from vigil.agent.channel import ChannelError, LeaderAnswer, LeaderBeat, LeaderChannel, check_url
@@ -91,7 +94,10 @@ EXIT_NOT_FOUND = 127
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 CLOCK: Callable[[], float] = SYSTEM.monotonic  # never the wall clock: it jumps
-USAGE = "usage: vigil-agent [--] CMD [ARGS...]  (see `pydoc vigil.agent.runner` for the environment)"
+USAGE = (
+    "usage: vigil-agent [--] CMD [ARGS...] | vigil-agent --sidecar  "
+    "(see `pydoc vigil.agent.runner` and `pydoc vigil.agent.sidecar` for the environment)"
+)
 
 
 def log(message: str) -> None:
@@ -247,13 +253,15 @@ class Heart(threading.Thread):
         self,
         settings: Settings,
         pod: PodHeartbeat,
-        checkpoint_file: Path,
+        checkpoint_file: Path | None,
         events: queue.Queue,
         leader: LeaderChannel | None = None,
+        gate: Callable[[], str | None] = lambda: None,
     ):
         super().__init__(name="vigil-heartbeat", daemon=True)
         self.settings, self.pod, self.checkpoint_file, self.events = settings, pod, checkpoint_file, events
-        self.leader = leader
+        self.leader, self.gate = leader, gate
+        self.held_back = ""  # why the gate last held a beat back (logged once per change)
         self.boot = secrets.token_hex(4)  # tells this agent's beats from an earlier one's
         self.sequence = 0
         self.published: bytes | None = None
@@ -266,6 +274,9 @@ class Heart(threading.Thread):
 
     def run(self) -> None:
         while not self.halt.is_set():
+            if self.holds_back():  # no beat: the fencer sees silence, as after a failed one
+                self.halt.wait(self.settings.interval)
+                continue
             sent_at = CLOCK()
             try:
                 observed = self.beat()
@@ -278,6 +289,18 @@ class Heart(threading.Thread):
             else:
                 delay = retry_delay(self.failures, self.settings.interval, self.settings.timeout, random.random())
             self.halt.wait(delay)
+
+    def holds_back(self) -> bool:
+        """Whether the gate (the injected agent's liveness rule) holds this beat back."""
+        try:
+            why = self.gate() or ""
+        except Exception as err:  # a bug in the gate must not silence the heart for good
+            why = ""
+            log(f"liveness check failed unexpectedly: {type(err).__name__}: {err}")
+        if why != self.held_back:
+            log(f"not beating: {why}" if why else "beating again")
+            self.held_back = why
+        return bool(why)
 
     def longest_beat(self) -> float:
         """How long one beat can take: the leader's limit and then the patch's."""
@@ -353,6 +376,8 @@ class Heart(threading.Thread):
     def new_checkpoint(self) -> tuple[bytes | None, str | None]:
         """The checkpoint file's contents when they changed since the last published ones and
         are valid; (None, None) otherwise."""
+        if self.checkpoint_file is None:  # the injected agent: no checkpoint file of the job's
+            return None, None
         try:
             raw = self.checkpoint_file.read_bytes()
         except FileNotFoundError:
@@ -387,7 +412,7 @@ class Child:
     """The job's process. In its own process group when there is no terminal, so signals reach
     what it starts too (a shell's children); with a terminal it stays in the foreground group."""
 
-    def __init__(self, argv: list[str], env: dict[str, str]):
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
         self.group = not os.isatty(0)
         self.proc = subprocess.Popen(
             argv,
@@ -402,6 +427,21 @@ class Child:
                 os.killpg(self.proc.pid, signum)
             else:
                 self.proc.send_signal(signum)
+
+    def wait(self) -> int:
+        """Blocks until the child exits; its return code."""
+        return self.proc.wait()
+
+
+class Supervised(Protocol):
+    """What `supervise` watches and stops: the agent's child, or for the injected agent the
+    job's processes in the pod (vigil.agent.sidecar.JobProcesses)."""
+
+    def wait(self) -> int:
+        """Blocks until the job has ended; its return code (negative: killed by that signal)."""
+        ...
+
+    def signal(self, signum: int) -> None: ...
 
 
 def exit_status(returncode: int) -> int:
@@ -483,11 +523,10 @@ def run_agent(argv: list[str], env: dict[str, str]) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def supervise(settings: Settings, child: Child, heart: Heart, events: queue.Queue) -> int:
+def supervise(settings: Settings, child: Supervised, heart: Heart, events: queue.Queue) -> int:
     """Waits for the child while acting on the heartbeat's outcomes; returns the exit status."""
-    threading.Thread(
-        target=lambda: events.put(("exited", child.proc.wait(), 0.0)), name="vigil-child", daemon=True
-    ).start()
+    threading.Thread(target=lambda: events.put(("exited", child.wait(), 0.0)), name="vigil-child", daemon=True).start()
+    returncode = 0
     fencer = Fencer(timeout=settings.timeout, guarantee=settings.guarantee, started_at=CLOCK())
     heart.start()
     stopping_at: float | None = None  # when the agent sent SIGTERM to the child itself
@@ -504,6 +543,7 @@ def supervise(settings: Settings, child: Child, heart: Heart, events: queue.Queu
         except queue.Empty:
             kind = None
         if kind == "exited":
+            returncode = value
             break
         if kind == "observed":
             fencer.observe(value, at)
@@ -527,7 +567,6 @@ def supervise(settings: Settings, child: Child, heart: Heart, events: queue.Queu
             killed = True
 
     heart.stop()
-    returncode = child.proc.returncode
     if stopping_at is not None:
         log(
             f"exit {EXIT_FENCED}: the job was stopped by its agent ({reason}); "
@@ -540,6 +579,8 @@ def supervise(settings: Settings, child: Child, heart: Heart, events: queue.Queu
 
 def flush_checkpoint(heart: Heart) -> None:
     """One last beat, so a checkpoint written just before the child exited is not lost."""
+    if heart.checkpoint_file is None:
+        return
     try:
         if heart.checkpoint_file.read_bytes() in (heart.published, heart.rejected):
             return
@@ -555,6 +596,10 @@ def main(argv: list[str] | None = None) -> int:
     if args and args[0] in ("-h", "--help"):
         print(__doc__)
         return 0
+    if args and args[0] == "--sidecar":  # the injected agent: no command, it watches the pod's
+        from vigil.agent import sidecar
+
+        return sidecar.main(args[1:])
     if args and args[0] == "--":
         args = args[1:]
     if not args:

@@ -7,6 +7,7 @@ Field names are snake_case in Python and camelCase on the wire.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -59,6 +60,11 @@ MAX_BACKOFF_FACTOR = 10.0
 # lets a job ask for less, down to this floor, so that no job can retry as fast as the API answers.
 MIN_RETRY_SECONDS = 1
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1  # priority, as Kubernetes' own priorities
+# The injected agent (heartbeat.agent: Sidecar): its container's name, which a template must not
+# use, and the directory of heartbeat.livenessFile, an emptyDir Vigil mounts in every container.
+AGENT_CONTAINER = "vigil-agent"
+LIVENESS_DIR = "/var/run/vigil"
+LIVENESS_FILE_PATTERN = r"^/var/run/vigil/[A-Za-z0-9_-][A-Za-z0-9._-]*$"
 RESERVED_PREFIX = f"{GROUP}/"  # label, annotation and finalizer names that are Vigil's alone
 
 Phase = Literal[
@@ -75,6 +81,7 @@ TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "DeadLettered"})
 AttemptPhase = Literal["Starting", "Running", "Uncertain"]
 Outcome = Literal["Succeeded", "Failed", "Lost", "DeadlineExceeded", "Disrupted", "Superseded", "Cancelled"]
 Guarantee = Literal["AtLeastOnce", "NoOverlap"]
+AgentKind = Literal["Image", "Sidecar"]
 ConditionStatus = Literal["True", "False", "Unknown"]
 
 
@@ -128,6 +135,11 @@ class WireModel(BaseModel):
         return schema
 
 
+def _cel_string(text: str) -> str:
+    """`text` as a CEL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def _seconds(default: int | None, *, ge: int, description: str) -> Any:
     """A duration in whole seconds, from `ge` up to MAX_SECONDS."""
     return Field(default, ge=ge, le=MAX_SECONDS, description=f"{description} At most {MAX_SECONDS} (10 years).")
@@ -137,7 +149,7 @@ def _nested(model: type[WireModel], description: str) -> Any:
     """A sub-object that may be left out: the API server then fills it in with all its defaults."""
     # The default is spelled out whole: the API server checks a default against the CEL rules
     # without first filling in the defaults nested inside it, so `{}` would fail them.
-    default = model().model_dump(by_alias=True, mode="json")
+    default = model().model_dump(by_alias=True, mode="json", exclude_none=True)  # unset stays unset
     return Field(default_factory=model, description=description, json_schema_extra={"default": default})
 
 
@@ -237,6 +249,35 @@ class Heartbeat(WireModel):
         ),
     )
 
+    agent: AgentKind | None = Field(
+        None,
+        description=(
+            "Who beats. Image: `vigil-agent -- CMD` inside the job's image. Sidecar: Vigil injects its own "
+            "agent as a native sidecar (container vigil-agent, shareProcessNamespace: true) that beats while "
+            "the job's processes run and stops them when fenced; the job's image needs nothing of Vigil. "
+            "Unset: Sidecar when the operator was given an agent image (`--agent-image`, the chart's "
+            'default), else Image (docs/heartbeats.md, "The injected agent").'
+        ),
+    )
+    liveness_file: str | None = Field(
+        None,
+        max_length=253,
+        description=(
+            f"Sidecar only: a file under {LIVENESS_DIR}/ the job touches; the sidecar beats only while its "
+            f"mtime is younger than timeoutSeconds. Vigil mounts an emptyDir at {LIVENESS_DIR} in every container."
+        ),
+    )
+    liveness_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description=(
+            "Sidecar only: the sidecar listens on 127.0.0.1:PORT, and a GET or POST /beat from the job counts "
+            "as a touch of livenessFile (the same rule: beats only while the last touch is younger than "
+            "timeoutSeconds)."
+        ),
+    )
+
     cel_rules = (
         Rule(
             "self.timeoutSeconds > self.intervalSeconds",
@@ -244,12 +285,19 @@ class Heartbeat(WireModel):
             "or every attempt would look lost between two beats",
             lambda h: h.timeout_seconds > h.interval_seconds,
         ),
+        Rule(
+            f"!has(self.livenessFile) || self.livenessFile.matches({_cel_string(LIVENESS_FILE_PATTERN)})",
+            f"heartbeat.livenessFile must be a file directly under {LIVENESS_DIR}/ (e.g. {LIVENESS_DIR}/alive; "
+            "letters, digits, '.', '_' and '-', not starting with '.'): Vigil mounts a shared emptyDir there",
+            lambda h: h.liveness_file is None or re.fullmatch(LIVENESS_FILE_PATTERN, h.liveness_file) is not None,
+        ),
+        Rule(
+            "!(has(self.livenessFile) || has(self.livenessPort)) || !has(self.agent) || self.agent == 'Sidecar'",
+            "heartbeat.livenessFile and heartbeat.livenessPort are read by the injected agent only: "
+            "set heartbeat.agent to Sidecar (or leave it unset), or remove them",
+            lambda h: (h.liveness_file is None and h.liveness_port is None) or h.agent in (None, "Sidecar"),
+        ),
     )
-
-
-def _cel_string(text: str) -> str:
-    """`text` as a CEL string literal."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _reserved_names(names: Any) -> list[str]:

@@ -83,6 +83,7 @@ def decide(
     waiting: tuple[str, str] | None = None,
     liveness: Mapping[str, Liveness] | None = None,
     beat_channel: BeatChannel | None = None,
+    agent_image: str | None = None,
 ) -> Decision:
     """The actions that move `job` on, given every pod observed for it at time `now`.
 
@@ -101,12 +102,13 @@ def decide(
         message costs no write.
     liveness: the failure detector's verdicts by pod UID (only the current attempt's is read).
         None, or a UID missing, means no information: Healthy, never Lost.
+    beat_channel, agent_image: how new pods beat (`vigil.core.manifest.attempt_pod_manifest`).
     """
     parsed = _parse(job)
     observed = _ObservedPods.of(parsed.metadata.namespace, parsed.metadata.uid, pods)
     if parsed.metadata.deletion_timestamp is not None:
         return _release_all(parsed, observed)  # the garbage collector deletes the pods
-    draft = _Draft(parsed, now, liveness=liveness or {}, beat_channel=beat_channel)
+    draft = _Draft(parsed, now, liveness=liveness or {}, beat_channel=beat_channel, agent_image=agent_image)
 
     _adopt_newer_attempt(draft, observed)
     _honour_redrive(draft)
@@ -212,6 +214,7 @@ class _Draft:
     now: datetime
     liveness: Mapping[str, Liveness] = field(default_factory=dict)
     beat_channel: BeatChannel | None = None  # where new pods beat besides their annotation
+    agent_image: str | None = None  # the injected agent's image (heartbeat.agent: Sidecar)
     status: VigilJobStatus = field(init=False)
     pod_actions: list[CreatePod | DeletePod | AnnotatePod] = field(default_factory=list)
     releases: list[ReleasePod] = field(default_factory=list)
@@ -257,7 +260,9 @@ class _Draft:
         self.requeue_after.append(max(0.0, (moment - self.now).total_seconds()))
 
     def create_pod(self, attempt: int) -> None:
-        manifest = attempt_pod_manifest(self.job, attempt, self.status.last_checkpoint, self.now, self.beat_channel)
+        manifest = attempt_pod_manifest(
+            self.job, attempt, self.status.last_checkpoint, self.now, self.beat_channel, self.agent_image
+        )
         self.pod_actions.append(CreatePod(manifest))
 
     def delete_pod(self, pod: podstate.Pod) -> None:

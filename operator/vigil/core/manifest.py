@@ -28,6 +28,51 @@ class BeatChannel:
     audience: str = "vigil.dev"
 
 
+# The injected agent (heartbeat.agent: Sidecar; docs/heartbeats.md, "The injected agent").
+LIVENESS_VOLUME = "vigil-liveness"
+# Requests: what the agent needs while beating (measured in tests/e2e/test_sidecar_agent.py: 56 MiB
+# RSS, a few millicores); the limit leaves room for the API client's buffers and TLS without
+# letting a leak in the agent take the node's memory. CPU has no limit: a throttled agent beats
+# late, and a late beat is what makes an attempt look Lost.
+AGENT_RESOURCES = {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "96Mi"}}
+
+
+def resolved_agent(heartbeat: api.Heartbeat, agent_image: str | None) -> api.AgentKind | None:
+    """Who beats for the attempt: None when no agent is required, else heartbeat.agent, or
+    when unset, the operator's default (Sidecar when it knows an agent image)."""
+    if not heartbeat.required:
+        return None
+    if heartbeat.agent is not None:
+        return heartbeat.agent
+    return "Sidecar" if agent_image else "Image"
+
+
+def agent_security_context(pod_security: dict[str, Any] | None) -> dict[str, Any]:
+    """The injected agent's securityContext. Stopping the job takes a signal to its processes,
+    which needs the job's UID or CAP_KILL; a capability added to a non-root container is not
+    effective (no ambient capabilities in Kubernetes), so CAP_KILL means running as root.
+
+    - The pod sets runAsUser: the agent inherits it (nothing set here) and keeps no capability,
+      as Pod Security "restricted" asks. Job containers that override their UID cannot be stopped.
+    - The pod says runAsNonRoot but no UID: the agent runs as its image's user (65532), with no
+      capability: it can stop the job only if the job runs as 65532 too.
+    - Neither (the job's image picks its UID, perhaps root): the agent runs as root with CAP_KILL
+      alone, which Pod Security "baseline" allows and "restricted" refuses.
+    """
+    context: dict[str, Any] = {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    pod_security = pod_security or {}
+    if pod_security.get("runAsUser") is None and not pod_security.get("runAsNonRoot"):
+        context["runAsUser"] = 0
+        context["runAsNonRoot"] = False
+        context["capabilities"] = {"drop": ["ALL"], "add": ["KILL"]}
+    return context
+
+
 MAX_POD_NAME = 63  # a DNS label, so the name also works as the pod's hostname and in labels
 _HASH_LENGTH = 8
 
@@ -50,10 +95,13 @@ def attempt_pod_manifest(
     checkpoint: str | None,
     started_at: datetime | None = None,
     beat_channel: BeatChannel | None = None,
+    agent_image: str | None = None,
 ) -> dict[str, Any]:
     """The pod of `attempt`: the job's template as given, plus restartPolicy Never, Vigil's
     labels, the job as controlling owner, the attempt-tracking finalizer, the VIGIL_*
-    environment in every container, and when the attempt started (`vigil.dev/started-at`)."""
+    environment in every container, and when the attempt started (`vigil.dev/started-at`).
+    When the attempt's agent is the injected one (`resolved_agent`: Sidecar), the pod also
+    gets it: a native sidecar `vigil-agent` from `agent_image` and shareProcessNamespace."""
     meta, spec = job.metadata, job.spec
     template = copy.deepcopy(spec.template)
     pod_meta = template.get("metadata") or {}
@@ -120,6 +168,23 @@ def attempt_pod_manifest(
         token = {"audience": beat_channel.audience, "expirationSeconds": BEAT_TOKEN_SECONDS, "path": "token"}
         projected = {"sources": [{"serviceAccountToken": token}]}
         pod_spec["volumes"] = [*volumes, {"name": BEAT_TOKEN_VOLUME, "projected": projected}]
+    heartbeat = spec.heartbeat
+    named = {c.get("name") for key in ("initContainers", "containers") for c in pod_spec.get(key) or []}
+    # A template whose own container is called vigil-agent keeps it (its in-image agent, say):
+    # a second container of that name would make the pod invalid.
+    sidecar = (
+        resolved_agent(heartbeat, agent_image) == "Sidecar" and bool(agent_image) and api.AGENT_CONTAINER not in named
+    )
+    if sidecar and heartbeat.liveness_file:
+        vigil_env.append({"name": "VIGIL_LIVENESS_FILE", "value": heartbeat.liveness_file})
+        mounts = [*mounts, {"name": LIVENESS_VOLUME, "mountPath": api.LIVENESS_DIR}]
+        volumes = [v for v in pod_spec.get("volumes") or [] if v.get("name") != LIVENESS_VOLUME]
+        pod_spec["volumes"] = [
+            *volumes,
+            {"name": LIVENESS_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+        ]
+    if sidecar and heartbeat.liveness_port:
+        vigil_env.append({"name": "VIGIL_LIVENESS_PORT", "value": str(heartbeat.liveness_port)})
     ours = {entry["name"] for entry in vigil_env}
     for key in ("initContainers", "containers"):
         for container in pod_spec.get(key) or []:
@@ -127,7 +192,31 @@ def attempt_pod_manifest(
             theirs = [e for e in container.get("env") or [] if e.get("name") not in ours]
             container["env"] = theirs + copy.deepcopy(vigil_env)
             if mounts:
-                kept = [m for m in container.get("volumeMounts") or [] if m.get("name") != BEAT_TOKEN_VOLUME]
+                drop = {m["name"] for m in mounts}
+                kept = [m for m in container.get("volumeMounts") or [] if m.get("name") not in drop]
                 container["volumeMounts"] = kept + copy.deepcopy(mounts)
+    if sidecar:
+        assert agent_image is not None
+        # Last of the init containers: the template's own init containers have run to their end
+        # before it starts (were it first, the gap between two of them would look like the job's
+        # end), and it starts before the main containers, which it waits for.
+        agent_env = [
+            *copy.deepcopy(vigil_env),
+            {"name": "VIGIL_STARTUP_GRACE", "value": str(heartbeat.startup_grace_seconds)},
+        ]
+        agent: dict[str, Any] = {
+            "name": api.AGENT_CONTAINER,
+            "image": agent_image,
+            "restartPolicy": "Always",  # a native sidecar (Kubernetes >= 1.29)
+            "command": ["vigil-agent", "--sidecar"],
+            "env": agent_env,
+            "resources": copy.deepcopy(AGENT_RESOURCES),
+            "securityContext": agent_security_context(pod_spec.get("securityContext")),
+        }
+        if mounts:
+            agent["volumeMounts"] = copy.deepcopy(mounts)
+        pod_spec["initContainers"] = [*(pod_spec.get("initContainers") or []), agent]
+        # The agent sees the job's processes (to watch and to signal them) only in one PID namespace.
+        pod_spec["shareProcessNamespace"] = True
 
     return {"apiVersion": "v1", "kind": "Pod", "metadata": pod_meta, "spec": pod_spec}

@@ -37,13 +37,23 @@ def test_an_empty_spec_gets_every_default_of_the_design() -> None:
             "countDisruptions": False,
         },
         "heartbeat": {"intervalSeconds": 10, "timeoutSeconds": 60, "startupGraceSeconds": 120, "required": True,
-                      "via": "Leader"},
+                      "via": "Leader", "agent": None, "livenessFile": None, "livenessPort": None},
         "guarantee": "AtLeastOnce",
         "attemptDeadlineSeconds": None,
         "activeDeadlineSeconds": None,
         "ttlSecondsAfterFinished": None,
         "suspend": False,
     }
+
+
+def test_the_injected_agents_fields_are_accepted() -> None:
+    parsed = spec(heartbeat={"agent": "Sidecar", "livenessFile": "/var/run/vigil/alive", "livenessPort": 8099})
+    assert (parsed.heartbeat.agent, parsed.heartbeat.liveness_file, parsed.heartbeat.liveness_port) == (
+        "Sidecar",
+        "/var/run/vigil/alive",
+        8099,
+    )
+    assert spec(heartbeat={"livenessFile": "/var/run/vigil/x.touch"}).heartbeat.agent is None  # unset: the default
 
 
 def test_the_template_is_required() -> None:
@@ -113,6 +123,21 @@ INVALID = {
         {"template": {**TEMPLATE, "metadata": {"finalizers": [api.FINALIZER_ATTEMPT_TRACKING]}}},
         "spec.template.metadata.finalizers must not use the vigil.dev/ prefix .*: remove every vigil.dev/ finalizer",
     ),
+    # The injected agent's liveness sources.
+    "a liveness file outside /var/run/vigil": (
+        {"heartbeat": {"livenessFile": "/tmp/alive"}},
+        "heartbeat.livenessFile must be a file directly under /var/run/vigil/",
+    ),
+    "a liveness file that climbs out of /var/run/vigil": (
+        {"heartbeat": {"livenessFile": "/var/run/vigil/../etc/x"}},
+        "heartbeat.livenessFile must be a file directly under /var/run/vigil/",
+    ),
+    "a liveness port with the in-image agent": (
+        {"heartbeat": {"agent": "Image", "livenessPort": 8080}},
+        "heartbeat.livenessFile and heartbeat.livenessPort are read by the injected agent only",
+    ),
+    "an unknown agent": ({"heartbeat": {"agent": "Daemon"}}, "Input should be 'Image' or 'Sidecar'"),
+    "a liveness port beyond 65535": ({"heartbeat": {"livenessPort": 70000}}, "less than or equal to 65535"),
     "a label value that is not a string": (
         {"template": {**TEMPLATE, "metadata": {"labels": {"tier": 1}}}},
         "spec.template.metadata.labels.tier: Input should be a valid string",
@@ -169,7 +194,7 @@ def test_the_edges_of_each_rule_are_allowed(fields: dict[str, Any]) -> None:
 
 def test_every_rule_has_a_message_that_names_its_field() -> None:
     rules = [rule for model in (api.Backoff, api.Retry, api.Heartbeat, api.TemplateMeta) for rule in model.cel_rules]
-    assert len(rules) == 9
+    assert len(rules) == 11
     for rule in rules:
         assert rule.message.split(" ")[0].startswith(("retry.", "heartbeat.", "spec.template.metadata."))
 

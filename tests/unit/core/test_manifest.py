@@ -14,10 +14,12 @@ from vigil import api
 from vigil.core.manifest import (
     BEAT_TOKEN_DIR,
     BEAT_TOKEN_VOLUME,
+    LIVENESS_VOLUME,
     MAX_POD_NAME,
     BeatChannel,
     attempt_pod_manifest,
     attempt_pod_name,
+    resolved_agent,
 )
 
 pytestmark = pytest.mark.unit
@@ -222,10 +224,148 @@ def test_no_leader_channel_for_the_annotation_channel_or_without_an_agent() -> N
 def test_a_template_cannot_swap_the_token_volume_or_the_url() -> None:
     template = {
         "spec": {
-            "containers": [{"name": "main", "image": "app", "env": [{"name": "VIGIL_HEARTBEAT_URL", "value": "https://evil"}]}],
+            "containers": [
+                {"name": "main", "image": "app", "env": [{"name": "VIGIL_HEARTBEAT_URL", "value": "https://evil"}]}
+            ],
             "volumes": [{"name": BEAT_TOKEN_VOLUME, "emptyDir": {}}],
         }
     }
     pod = beating(template=template)
     assert env_of(pod["spec"]["containers"][0])["VIGIL_HEARTBEAT_URL"] == CHANNEL.url
     assert [v for v in pod["spec"]["volumes"] if v["name"] == BEAT_TOKEN_VOLUME][0]["projected"]
+
+
+# --- the injected agent (heartbeat.agent: Sidecar) -------------------------------------------------
+
+AGENT_IMAGE = "registry.example/vigil:0.1.0"
+
+
+def injected(
+    heartbeat: dict | None = None, template: dict | None = None, agent_image: str | None = AGENT_IMAGE
+) -> dict:
+    job = make_job(spec={"heartbeat": heartbeat or {}})
+    if template is not None:
+        job["spec"]["template"] = template
+    return attempt_pod_manifest(api.VigilJob.model_validate(job), 3, None, agent_image=agent_image)
+
+
+def agent_of(pod: dict) -> dict | None:
+    found = [c for c in pod["spec"].get("initContainers") or [] if c["name"] == api.AGENT_CONTAINER]
+    assert len(found) <= 1
+    return found[0] if found else None
+
+
+@pytest.mark.parametrize(
+    ("heartbeat", "agent_image", "expected"),
+    [
+        ({}, AGENT_IMAGE, "Sidecar"),  # unset: the operator's default, which knows an image
+        ({}, None, "Image"),  # unset, and the operator knows no image: vigil-agent in the job's image
+        ({"agent": "Image"}, AGENT_IMAGE, "Image"),
+        ({"agent": "Sidecar"}, AGENT_IMAGE, "Sidecar"),
+        ({"required": False}, AGENT_IMAGE, None),
+        ({"required": False, "agent": "Sidecar"}, AGENT_IMAGE, None),
+    ],
+)
+def test_who_beats_follows_the_field_then_the_operators_default(
+    heartbeat: dict, agent_image: str | None, expected: str | None
+) -> None:
+    assert resolved_agent(api.Heartbeat.model_validate(heartbeat), agent_image) == expected
+    pod = injected(heartbeat, agent_image=agent_image)
+    assert (agent_of(pod) is not None) == (expected == "Sidecar")
+    assert pod["spec"].get("shareProcessNamespace", False) == (expected == "Sidecar")
+
+
+def test_sidecar_asked_for_without_an_agent_image_injects_nothing() -> None:
+    pod = injected({"agent": "Sidecar"}, agent_image=None)
+    assert agent_of(pod) is None and "shareProcessNamespace" not in pod["spec"]
+
+
+def test_the_injected_agent_is_a_native_sidecar_last_among_the_init_containers() -> None:
+    template = {
+        "spec": {
+            "initContainers": [{"name": "setup", "image": "busybox"}],
+            "containers": [{"name": "main", "image": "app", "env": [{"name": "MINE", "value": "1"}]}],
+        }
+    }
+    pod = injected({"startupGraceSeconds": 45}, template=template)
+    init = pod["spec"]["initContainers"]
+    assert [c["name"] for c in init] == ["setup", api.AGENT_CONTAINER]
+    agent = init[-1]
+    assert agent["image"] == AGENT_IMAGE
+    assert agent["restartPolicy"] == "Always"
+    assert agent["command"] == ["vigil-agent", "--sidecar"]
+    assert agent["resources"] == {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "96Mi"}}
+    assert pod["spec"]["shareProcessNamespace"] is True
+    main_env, agent_env = env_of(pod["spec"]["containers"][0]), env_of(agent)
+    assert main_env["MINE"] == "1"  # the job keeps its own environment and Vigil's
+    assert {k: v for k, v in agent_env.items() if k != "VIGIL_STARTUP_GRACE"} == {
+        k: v for k, v in main_env.items() if k != "MINE"
+    }
+    assert agent_env["VIGIL_STARTUP_GRACE"] == "45"
+    assert agent_env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+
+
+def test_the_injected_agent_gets_the_leader_channel_and_its_token_like_the_job() -> None:
+    job = api.VigilJob.model_validate(make_job())
+    pod = attempt_pod_manifest(
+        job, 1, None, beat_channel=BeatChannel("https://vigil-webhook/v1/heartbeat"), agent_image=AGENT_IMAGE
+    )
+    agent = agent_of(pod)
+    assert agent is not None
+    assert env_of(agent)["VIGIL_HEARTBEAT_URL"] == "https://vigil-webhook/v1/heartbeat"
+    assert {"name": BEAT_TOKEN_VOLUME, "mountPath": BEAT_TOKEN_DIR, "readOnly": True} in agent["volumeMounts"]
+
+
+def test_a_template_container_named_vigil_agent_is_kept_and_nothing_injected() -> None:
+    template = {"spec": {"containers": [{"name": api.AGENT_CONTAINER, "image": "mine"}]}}
+    pod = injected(template=template)
+    assert [c["name"] for c in pod["spec"]["containers"]] == [api.AGENT_CONTAINER]
+    assert "initContainers" not in pod["spec"] and "shareProcessNamespace" not in pod["spec"]
+
+
+def test_a_liveness_file_mounts_one_shared_emptydir_in_every_container() -> None:
+    template = {
+        "spec": {
+            "initContainers": [{"name": "setup", "image": "busybox"}],
+            "containers": [{"name": "a", "image": "app"}, {"name": "b", "image": "app"}],
+            "volumes": [{"name": LIVENESS_VOLUME, "hostPath": {"path": "/"}}],  # cannot swap Vigil's
+        }
+    }
+    pod = injected({"livenessFile": "/var/run/vigil/alive", "livenessPort": 8099}, template=template)
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == LIVENESS_VOLUME]
+    assert "emptyDir" in volume and "hostPath" not in volume
+    for container in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]]:
+        assert {"name": LIVENESS_VOLUME, "mountPath": api.LIVENESS_DIR} in container["volumeMounts"]
+        env = env_of(container)
+        assert env["VIGIL_LIVENESS_FILE"] == "/var/run/vigil/alive" and env["VIGIL_LIVENESS_PORT"] == "8099"
+
+
+def test_no_liveness_volume_without_a_liveness_file() -> None:
+    pod = injected({"livenessPort": 8099})
+    assert LIVENESS_VOLUME not in {v["name"] for v in pod["spec"].get("volumes") or []}
+    assert "volumeMounts" not in pod["spec"]["containers"][0]
+
+
+@pytest.mark.parametrize(
+    ("pod_security", "runs_as_root_with_kill"),
+    [
+        (None, True),  # the job's image picks its UID: only root with CAP_KILL can signal it
+        ({"fsGroup": 2000}, True),
+        ({"runAsUser": 1000}, False),  # inherits the job's UID: no capability needed
+        ({"runAsUser": 1000, "runAsNonRoot": True}, False),
+        ({"runAsNonRoot": True}, False),  # root would keep the pod from starting
+    ],
+)
+def test_the_agents_security_context_follows_the_pods(pod_security: dict | None, runs_as_root_with_kill: bool) -> None:
+    template = {"spec": {"containers": [{"name": "main", "image": "app"}]}}
+    if pod_security is not None:
+        template["spec"]["securityContext"] = pod_security
+    agent = agent_of(injected(template=template))
+    assert agent is not None
+    context = agent["securityContext"]
+    assert context["allowPrivilegeEscalation"] is False and context["readOnlyRootFilesystem"] is True
+    assert context["capabilities"]["drop"] == ["ALL"]
+    if runs_as_root_with_kill:
+        assert context["runAsUser"] == 0 and context["capabilities"]["add"] == ["KILL"]
+    else:
+        assert "runAsUser" not in context and "add" not in context["capabilities"]

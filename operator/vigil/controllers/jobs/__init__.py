@@ -71,6 +71,7 @@ class JobController:
         accept: Callable[[Mapping[str, Any]], bool] = lambda obj: True,
         sweep_seconds: float = SWEEP_SECONDS,
         beat_channel: BeatChannel | None = None,
+        agent_image: str | None = None,
     ) -> None:
         self.kube, self.dispatcher, self.events, self.metrics = kube, dispatcher, events, metrics
         self.clock = clock
@@ -114,6 +115,7 @@ class JobController:
             pods_fresh=pods_fresh,
             repair=repair,
             beat_channel=beat_channel,
+            agent_image=agent_image,
         )
         self.worker = Worker(
             CONTROLLER, self.queue, self.reconciler, workers=workers, clock=clock, metrics=metrics, rng=rng

@@ -92,13 +92,14 @@ class JobReconciler:
         pods_fresh: Callable[[], bool] = lambda: True,
         repair: Callable[[str], None] = lambda reason: None,
         beat_channel: BeatChannel | None = None,
+        agent_image: str | None = None,
     ) -> None:
         self.kube, self.view, self.queue, self.dispatcher = kube, view, queue, dispatcher
         self.handlers, self.executor, self.events = handlers, executor, events
         self.clock = clock
         self.rng = rng or random.Random()
         self.pods_fresh, self.repair = pods_fresh, repair
-        self.beat_channel = beat_channel
+        self.beat_channel, self.agent_image = beat_channel, agent_image
         self.alarms: SilenceAlarms[Key] = SilenceAlarms(self._silence, queue.add, clock)
         self.rechecks: StartingRechecks[Key] = StartingRechecks(queue.add, clock, STARTING_RECHECK_SECONDS)
 
@@ -185,6 +186,7 @@ class JobReconciler:
             rng=self.rng,
             liveness=liveness,
             beat_channel=self.beat_channel,
+            agent_image=self.agent_image,
         )
         self.dispatcher.decided(job, permit, decision)
         return Decided(decision, held_back, permit, states)
