@@ -126,6 +126,26 @@ REFUSED = {
         ),
         [reserved_refusal("finalizers", api.FINALIZER_ATTEMPT_TRACKING)],
     ),
+    "a container named as the injected agent": (
+        job(template={"spec": {"containers": [{**CONTAINER, "name": api.AGENT_CONTAINER}]}}),
+        [api.AGENT_CONTAINER_REFUSAL],
+    ),
+    "an init container named as the injected agent": (
+        job(
+            template={
+                "spec": {"initContainers": [{**CONTAINER, "name": api.AGENT_CONTAINER}], "containers": [CONTAINER]}
+            }
+        ),
+        [api.AGENT_CONTAINER_REFUSAL],
+    ),
+    "a liveness file outside the shared directory": (
+        job(heartbeat={"livenessFile": "/tmp/alive"}),
+        [f"heartbeat.livenessFile must be a file directly under {api.LIVENESS_DIR}/"],
+    ),
+    "a liveness port for an agent in the image": (
+        job(heartbeat={"agent": "Image", "livenessPort": 8080}),
+        ["heartbeat.livenessFile and heartbeat.livenessPort are read by the injected agent only"],
+    ),
     "a unicode name": (
         job(name="jöb"),  # Kubernetes itself refuses a name that is not a DNS subdomain
         ['metadata.name: Invalid value: "jöb": a lowercase RFC 1123 subdomain must consist of'],

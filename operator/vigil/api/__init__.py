@@ -65,6 +65,15 @@ INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1  # priority, as Kubernetes' own prior
 AGENT_CONTAINER = "vigil-agent"
 LIVENESS_DIR = "/var/run/vigil"
 LIVENESS_FILE_PATTERN = r"^/var/run/vigil/[A-Za-z0-9_-][A-Za-z0-9._-]*$"
+# Reasons of a job that waits for something other than its queue: the queue passes it by (no
+# start is given to it) until a new decision changes its reason.
+REASON_PREVIOUS_POD = "WaitingForPreviousPod"  # NoOverlap: an earlier attempt's pod remains
+REASON_AGENT_IMAGE_MISSING = "AgentImageMissing"  # heartbeat.agent: Sidecar, and no --agent-image
+BLOCKED_REASONS = frozenset({REASON_PREVIOUS_POD, REASON_AGENT_IMAGE_MISSING})
+TEMPLATE_CONTAINER_LISTS = ("initContainers", "containers")  # where AGENT_CONTAINER is refused
+AGENT_CONTAINER_REFUSAL = (
+    f"{AGENT_CONTAINER} is the name of the agent Vigil injects into attempt pods: name this container otherwise"
+)
 RESERVED_PREFIX = f"{GROUP}/"  # label, annotation and finalizer names that are Vigil's alone
 
 Phase = Literal[
@@ -406,6 +415,11 @@ class VigilJobSpec(WireModel):
             TemplateMeta.model_validate(template.get("metadata") or {})
         except ValidationError as err:  # said with the full path, as the API server says it
             raise ValueError("; ".join(_template_meta_error(e) for e in err.errors())) from None
+        spec = template.get("spec") or {}
+        for key in TEMPLATE_CONTAINER_LISTS:
+            for n, container in enumerate(spec.get(key) or []):
+                if isinstance(container, dict) and container.get("name") == AGENT_CONTAINER:
+                    raise ValueError(f"spec.template.spec.{key}[{n}].name: {AGENT_CONTAINER_REFUSAL}")
         return template
 
 

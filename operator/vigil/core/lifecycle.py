@@ -743,6 +743,8 @@ def _run(draft: _Draft, observed: _ObservedPods, may_start: bool, waiting: tuple
             return
         if draft.spec.guarantee == "NoOverlap" and _previous_pod_remains(draft, observed):
             return
+        if _agent_image_missing(draft):
+            return
         if not may_start:
             reason, why = waiting or ("WaitingForQueue", f"it waits for queue {draft.spec.queue} to admit it")
             if status.reason != reason:
@@ -787,10 +789,30 @@ def _previous_pod_remains(draft: _Draft, observed: _ObservedPods) -> bool:
         f"{podstate.attempt_of(blocker)}{others} is gone: spec.guarantee is NoOverlap, and that pod is "
         f"{'terminating' if podstate.is_deleting(blocker) else 'being deleted'}"
     )
-    if draft.status.reason != "WaitingForPreviousPod":
-        draft.event("WaitingForPreviousPod", message)
+    if draft.status.reason != api.REASON_PREVIOUS_POD:
+        draft.event(api.REASON_PREVIOUS_POD, message)
     phase: Phase = draft.status.phase if draft.status.phase in ("BackingOff", "Queued") else "Queued"
-    draft.set_phase(phase, "WaitingForPreviousPod", message)
+    draft.set_phase(phase, api.REASON_PREVIOUS_POD, message)
+    return True
+
+
+def _agent_image_missing(draft: _Draft) -> bool:
+    """Whether the job asks for the injected agent (heartbeat.agent: Sidecar) of an operator
+    that has no agent image, and if so say so. Started, its attempt would never beat and would
+    be declared Lost, attempt after attempt; it waits instead, until the operator is given an
+    image or the job another agent (either makes a new decision)."""
+    heartbeat = draft.spec.heartbeat
+    if not heartbeat.required or heartbeat.agent != "Sidecar" or draft.agent_image:
+        return False
+    message = (
+        f"attempt {draft.status.attempts + 1} waits: heartbeat.agent is Sidecar, and this operator has no "
+        "agent image to inject (`vigil operator --agent-image`, the chart's heartbeat.injectAgent); give it "
+        "one, or set heartbeat.agent to Image and run `vigil-agent -- CMD` in the job's image"
+    )
+    if draft.status.reason != api.REASON_AGENT_IMAGE_MISSING:
+        draft.event(api.REASON_AGENT_IMAGE_MISSING, message, warning=True)
+    phase: Phase = draft.status.phase if draft.status.phase in ("BackingOff", "Queued") else "Queued"
+    draft.set_phase(phase, api.REASON_AGENT_IMAGE_MISSING, message)
     return True
 
 

@@ -170,8 +170,8 @@ def attempt_pod_manifest(
         pod_spec["volumes"] = [*volumes, {"name": BEAT_TOKEN_VOLUME, "projected": projected}]
     heartbeat = spec.heartbeat
     named = {c.get("name") for key in ("initContainers", "containers") for c in pod_spec.get(key) or []}
-    # A template whose own container is called vigil-agent keeps it (its in-image agent, say):
-    # a second container of that name would make the pod invalid.
+    # The name vigil-agent is refused at admission (api.AGENT_CONTAINER_REFUSAL); a job stored
+    # before that rule keeps its own container of that name, since a second would make the pod invalid.
     sidecar = (
         resolved_agent(heartbeat, agent_image) == "Sidecar" and bool(agent_image) and api.AGENT_CONTAINER not in named
     )

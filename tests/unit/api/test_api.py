@@ -323,3 +323,15 @@ def test_a_status_parses_from_the_wire() -> None:
     assert status.history[0].exit_code == 1
     assert not status.is_terminal
     assert api.VigilJobStatus(phase="DeadLettered").is_terminal
+
+
+@pytest.mark.parametrize("key", api.TEMPLATE_CONTAINER_LISTS)
+def test_the_injected_agents_container_name_is_vigils(key: str) -> None:
+    containers = [{"name": "main", "image": "x"}]
+    spec = {key: [*containers, {"name": api.AGENT_CONTAINER, "image": "mine"}]}
+    if key != "containers":
+        spec["containers"] = containers
+    with pytest.raises(ValidationError) as refused:
+        api.VigilJobSpec.model_validate({"template": {"spec": spec}})
+    assert f"spec.template.spec.{key}[1].name: {api.AGENT_CONTAINER_REFUSAL}" in str(refused.value)
+    api.VigilJobSpec.model_validate({"template": {"spec": {"containers": containers}}})  # any other name

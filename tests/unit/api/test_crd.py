@@ -186,10 +186,17 @@ def test_the_template_is_kubernetes_pod_template_spec_and_immutable() -> None:
         {"rule": "self == oldSelf", "message": "spec.template is immutable: create a new VigilJob instead"}
     ]
     assert "x-kubernetes-preserve-unknown-fields" not in TEMPLATE
-    assert TEMPLATE["properties"]["spec"] == pod_template["properties"]["spec"]
+    pod_spec = copy.deepcopy(TEMPLATE["properties"]["spec"])
+    for key in api.TEMPLATE_CONTAINER_LISTS:  # Kubernetes' schema, plus the injected agent's name
+        items = pod_spec["properties"][key]["items"]
+        assert items.pop("x-kubernetes-validations") == [AGENT_NAME_RULE]
+    assert pod_spec == pod_template["properties"]["spec"]
     metadata = TEMPLATE["properties"]["metadata"]
     assert metadata["properties"] == pod_template["properties"]["metadata"]["properties"]
     assert metadata["x-kubernetes-validations"] == [rule.as_validation() for rule in api.TemplateMeta.cel_rules]
+
+
+AGENT_NAME_RULE = {"rule": f"self.name != '{api.AGENT_CONTAINER}'", "message": api.AGENT_CONTAINER_REFUSAL}
 
 
 def test_the_template_metadata_is_an_embedded_objects_and_what_vigil_checks_is_in_it() -> None:
@@ -239,7 +246,8 @@ def test_every_rule_of_the_models_is_in_the_crd_with_its_message() -> None:
     in_crd = [json.dumps(rule, sort_keys=True) for _, _, rule in cel_rules()]
     in_models = [json.dumps(r.as_validation(), sort_keys=True) for m in MODELS_WITH_RULES for r in m.cel_rules]
     assert set(in_models) < set(in_crd)
-    assert len(in_crd) == len(in_models) + 1  # the template's immutability, a transition rule
+    # the template's immutability, a transition rule, and the injected agent's name on each list
+    assert len(in_crd) == len(in_models) + 1 + len(api.TEMPLATE_CONTAINER_LISTS)
 
 
 def test_cel_rules_read_only_scalars_bounded_values_or_names() -> None:
@@ -251,6 +259,8 @@ def test_cel_rules_read_only_scalars_bounded_values_or_names() -> None:
     for path, node, rule in cel_rules():
         if rule["rule"] == "self == oldSelf":
             continue
+        if rule == AGENT_NAME_RULE:
+            continue  # a comparison with a literal stops at the literal's length
         expressions = [rule["rule"], rule.get("messageExpression", "")]
         for field_name in {name for text in expressions for name in re.findall(r"self\.(\w+)", text)}:
             field_schema = node["properties"][field_name]

@@ -37,3 +37,19 @@ def test_without_the_webhook_or_when_turned_off_every_beat_patches_its_pod() -> 
     for sets in (("heartbeat.leaderChannel=false",), ("webhook.enabled=false",)):
         args, _ = rendered(*sets)
         assert not [a for a in args if a.startswith("--heartbeat-")], sets
+
+
+def test_by_default_the_injected_agent_is_the_operators_own_image() -> None:
+    args, docs = rendered()
+    (deployment,) = [doc for doc in docs if doc["kind"] == "Deployment"]
+    image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert f"--agent-image={image}" in args  # one image to build, push and trust
+    args, _ = rendered("image.repository=registry.example/vigil", "image.tag=1.2.3")
+    assert "--agent-image=registry.example/vigil:1.2.3" in args
+    args, _ = rendered("heartbeat.agentImage=registry.example/agent:7")
+    assert "--agent-image=registry.example/agent:7" in args
+
+
+def test_without_injection_jobs_bring_their_own_agent() -> None:
+    args, _ = rendered("heartbeat.injectAgent=false")
+    assert not [a for a in args if a.startswith("--agent-image")]

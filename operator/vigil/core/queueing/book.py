@@ -11,7 +11,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from vigil.api import ANNOTATION_REDRIVE, DEFAULT_QUEUE
+from vigil.api import ANNOTATION_REDRIVE, BLOCKED_REASONS, DEFAULT_QUEUE
 from vigil.core.queueing.heap import LazyHeap
 from vigil.core.queueing.limits import RetryWindow, TokenBucket, retry_floor
 
@@ -121,7 +121,7 @@ def entry_of(job: Mapping[str, Any]) -> QueueEntry:
         # startedAt is the round's first start; lifecycle resets it on redrive and resume
         is_retry=not fresh_round and status.get("startedAt") is not None,
         ready_at=_epoch(status.get("nextAttemptAt")),
-        blocked=status.get("reason") == "WaitingForPreviousPod" and not status.get("currentAttempt"),
+        blocked=status.get("reason") in BLOCKED_REASONS and not status.get("currentAttempt"),
     )
 
 
