@@ -9,7 +9,8 @@ beats for a kwok pod of the test cluster, with a token bound to it, as the pod's
 - while the job runs, the pod's vigil.dev/heartbeat changes (and the agent's RSS is printed);
 - under NoOverlap, the pod marked superseded: the job's container is stopped (143 or 137) and
   the agent exits 75;
-- the job exiting by itself: the agent stops beating and exits 0;
+- the job exiting by itself: the agent stops beating and exits 0, and the checkpoint the job
+  left (from a shell) is on the pod;
 - a liveness file the job stops touching: the beats stop though the process runs on."""
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ from tests.support.agents import HEARTBEAT_ANNOTATION, create_job_pod, grant_hea
 from tests.support.cluster import Kube, read_pod
 from tests.support.images import CONTAINER_PREFIX, KUBECONFIG_IN_CONTAINER, Container, inline_kubeconfig, plain_image
 from tests.support.waits import holds, wait_until
+from vigil import api
 
 pytestmark = pytest.mark.e2e  # the image and a real cluster
 
 INTERVAL, TIMEOUT = 1, 6  # the agent's beats: every second; fenced after 6 s without a renewal
+CHECKPOINT = '{"offset":1200}'
 
 
 def beat_of(kube: Kube, ns: str, pod: str) -> str | None:
@@ -136,13 +139,19 @@ def test_the_injected_agent_waits_for_the_job_then_stops_beating_and_exits_0_whe
     kube: Kube, image: str, own_namespace: str, tmp_path: Path
 ):
     ns = own_namespace
-    with plain_pod(kube, ns, tmp_path, image) as pod:
+    with plain_pod(kube, ns, tmp_path, image, VIGIL_CHECKPOINT_FILE=api.CHECKPOINT_FILE) as pod:
         beats_change(kube, ns, "plain", 1, "the agent to beat while the job's container starts")
-        job = pod.start_job("sleep 4; exit 3")  # its own status is the kubelet's to report, not the agent's
+        # A checkpoint from a shell, as any image can leave one: a whole file, renamed into place.
+        write = f"echo '{CHECKPOINT}' > {api.CHECKPOINT_FILE}.tmp && mv {api.CHECKPOINT_FILE}.tmp {api.CHECKPOINT_FILE}"
+        job = pod.start_job(f"sleep 2; {write}; sleep 2; exit 3")  # its status is the kubelet's to report
         assert wait_until(lambda: job.exit_code(), 15, "the job to exit by itself") == 3
         assert wait_until(lambda: pod.agent.exit_code() is not None, 10, "the agent to exit") is True
         assert pod.agent.exit_code() == 0, pod.agent.logs()
         assert "the job's processes have all exited" in pod.agent.logs()
+        # Published at the job's end (within 30 s of the last one, and always at the end).
+        found = read_pod(kube, ns, "plain")
+        assert found is not None
+        assert (found.metadata.annotations or {}).get(api.ANNOTATION_CHECKPOINT) == CHECKPOINT, pod.agent.logs()
         last = beat_of(kube, ns, "plain")
 
         def unchanged() -> None:

@@ -142,6 +142,10 @@ REFUSED = {
         job(heartbeat={"livenessFile": "/tmp/alive"}),
         [f"heartbeat.livenessFile must be a file directly under {api.LIVENESS_DIR}/"],
     ),
+    "the checkpoint file as the liveness file": (
+        job(heartbeat={"livenessFile": api.CHECKPOINT_FILE}),
+        [f"heartbeat.livenessFile must not be {api.CHECKPOINT_FILE}"],
+    ),
     "a liveness port for an agent in the image": (
         job(heartbeat={"agent": "Image", "livenessPort": 8080}),
         ["heartbeat.livenessFile and heartbeat.livenessPort are read by the injected agent only"],

@@ -18,7 +18,7 @@ import os
 import tempfile
 from typing import Any
 
-from vigil.api import ANNOTATION_CHECKPOINT, MAX_CHECKPOINT_BYTES
+from vigil.api import ANNOTATION_CHECKPOINT, ENV_CHECKPOINT_FILE, MAX_CHECKPOINT_BYTES
 
 __all__ = [
     "ANNOTATION_CHECKPOINT",
@@ -33,7 +33,6 @@ __all__ = [
     "validate_checkpoint",
 ]
 
-ENV_CHECKPOINT_FILE = "VIGIL_CHECKPOINT_FILE"  # set by the agent for its child
 ENV_CHECKPOINT = "VIGIL_CHECKPOINT"  # set by the operator: the last checkpoint of an earlier attempt
 
 
@@ -71,12 +70,13 @@ def encode_checkpoint(data: Any) -> str:
 def validate_checkpoint(raw: bytes) -> str:
     """The checkpoint as the agent publishes it, or InvalidCheckpoint / CheckpointTooLarge.
 
-    The agent re-checks what it reads from the file: a job may write the file without this API.
+    The agent re-checks what it reads from the file: a job may write the file without this API
+    (a shell's `echo`, say, whose trailing newline is not published: JSON's whitespace means nothing).
     """
     if len(raw) > MAX_CHECKPOINT_BYTES:
         raise CheckpointTooLarge(len(raw))
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8").strip()
         json.loads(text)
     except (ValueError, RecursionError) as err:  # bad UTF-8 or JSON; or 2 KiB of nested brackets
         raise InvalidCheckpoint(f"checkpoint file is not JSON: {err}") from err

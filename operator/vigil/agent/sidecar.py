@@ -23,6 +23,11 @@ same: the kubelet stops the job's containers itself. When fenced (the pod supers
 gone, or under NoOverlap the heartbeat timeout: vigil.core.fencing), it sends SIGTERM to the
 job's processes, SIGKILL after VIGIL_STOP_GRACE_SECONDS, and exits 75 once they are gone.
 
+Checkpoints: the job writes its checkpoint's JSON (at most 2 KiB) to VIGIL_CHECKPOINT_FILE
+(/var/run/vigil/checkpoint.json, in the emptyDir the pod shares; write a temporary file and
+rename it, as vigil.agent.checkpoint() does, so that half a checkpoint is never read), and the
+agent publishes it as `vigil-agent -- CMD` does: within 30 s, and at the job's end.
+
 Liveness beyond "the process exists", optional:
   VIGIL_LIVENESS_FILE   a file the job touches: the agent beats only while its mtime is younger
                         than VIGIL_HEARTBEAT_TIMEOUT
@@ -46,6 +51,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from vigil.agent import ENV_CHECKPOINT_FILE
 from vigil.agent.runner import (
     CLOCK,
     EXIT_USAGE,
@@ -320,7 +326,8 @@ def run_sidecar(env: dict[str, str]) -> int:
         return None if silent is None else f"the job has not touched its liveness file or port for {silent:.0f}s"
 
     events: queue.Queue = queue.Queue()
-    heart = Heart(settings, pod, None, events, leader, gate=gate)
+    checkpoint = env.get(ENV_CHECKPOINT_FILE, "").strip()
+    heart = Heart(settings, pod, Path(checkpoint) if checkpoint else None, events, leader, gate=gate)
     log(f"beating for pod {settings.namespace}/{settings.pod_name} while the job's processes run")
     try:
         return supervise(settings, job, heart, events)

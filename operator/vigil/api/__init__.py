@@ -65,6 +65,10 @@ INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1  # priority, as Kubernetes' own prior
 AGENT_CONTAINER = "vigil-agent"
 LIVENESS_DIR = "/var/run/vigil"
 LIVENESS_FILE_PATTERN = r"^/var/run/vigil/[A-Za-z0-9_-][A-Za-z0-9._-]*$"
+# Where a job of any image leaves its checkpoint for the injected agent (in that emptyDir), and
+# the variable that says so to the job (`vigil-agent -- CMD` sets it for its command too).
+ENV_CHECKPOINT_FILE = "VIGIL_CHECKPOINT_FILE"
+CHECKPOINT_FILE = f"{LIVENESS_DIR}/checkpoint.json"
 # Reasons of a job that waits for something other than its queue: the queue passes it by (no
 # start is given to it) until a new decision changes its reason.
 REASON_PREVIOUS_POD = "WaitingForPreviousPod"  # NoOverlap: an earlier attempt's pod remains
@@ -273,7 +277,8 @@ class Heartbeat(WireModel):
         max_length=253,
         description=(
             f"Sidecar only: a file under {LIVENESS_DIR}/ the job touches; the sidecar beats only while its "
-            f"mtime is younger than timeoutSeconds. Vigil mounts an emptyDir at {LIVENESS_DIR} in every container."
+            f"mtime is younger than timeoutSeconds. Vigil mounts an emptyDir at {LIVENESS_DIR} in every container "
+            f"(where the job may also leave a checkpoint: {CHECKPOINT_FILE})."
         ),
     )
     liveness_port: int | None = Field(
@@ -299,6 +304,11 @@ class Heartbeat(WireModel):
             f"heartbeat.livenessFile must be a file directly under {LIVENESS_DIR}/ (e.g. {LIVENESS_DIR}/alive; "
             "letters, digits, '.', '_' and '-', not starting with '.'): Vigil mounts a shared emptyDir there",
             lambda h: h.liveness_file is None or re.fullmatch(LIVENESS_FILE_PATTERN, h.liveness_file) is not None,
+        ),
+        Rule(
+            f"!has(self.livenessFile) || self.livenessFile != {_cel_string(CHECKPOINT_FILE)}",
+            f"heartbeat.livenessFile must not be {CHECKPOINT_FILE}: that is where the job leaves its checkpoint",
+            lambda h: h.liveness_file != CHECKPOINT_FILE,
         ),
         Rule(
             "!(has(self.livenessFile) || has(self.livenessPort)) || !has(self.agent) || self.agent == 'Sidecar'",
@@ -415,11 +425,8 @@ class VigilJobSpec(WireModel):
             TemplateMeta.model_validate(template.get("metadata") or {})
         except ValidationError as err:  # said with the full path, as the API server says it
             raise ValueError("; ".join(_template_meta_error(e) for e in err.errors())) from None
-        spec = template.get("spec") or {}
-        for key in TEMPLATE_CONTAINER_LISTS:
-            for n, container in enumerate(spec.get(key) or []):
-                if isinstance(container, dict) and container.get("name") == AGENT_CONTAINER:
-                    raise ValueError(f"spec.template.spec.{key}[{n}].name: {AGENT_CONTAINER_REFUSAL}")
+        # The injected agent's container name is refused by the API server alone (vigil.api.crd): a
+        # job stored before that rule still parses, and keeps its container (vigil.core.manifest).
         return template
 
 

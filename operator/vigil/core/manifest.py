@@ -29,7 +29,9 @@ class BeatChannel:
 
 
 # The injected agent (heartbeat.agent: Sidecar; docs/heartbeats.md, "The injected agent").
-LIVENESS_VOLUME = "vigil-liveness"
+# The emptyDir at api.LIVENESS_DIR that the agent shares with every container: the liveness file
+# and the checkpoint file are there.
+SHARED_VOLUME = "vigil-shared"
 # Requests: what the agent needs while beating (measured in tests/e2e/test_sidecar_agent.py: 56 MiB
 # RSS, a few millicores); the limit leaves room for the API client's buffers and TLS without
 # letting a leak in the agent take the node's memory. CPU has no limit: a throttled agent beats
@@ -175,14 +177,17 @@ def attempt_pod_manifest(
     sidecar = (
         resolved_agent(heartbeat, agent_image) == "Sidecar" and bool(agent_image) and api.AGENT_CONTAINER not in named
     )
-    if sidecar and heartbeat.liveness_file:
-        vigil_env.append({"name": "VIGIL_LIVENESS_FILE", "value": heartbeat.liveness_file})
-        mounts = [*mounts, {"name": LIVENESS_VOLUME, "mountPath": api.LIVENESS_DIR}]
-        volumes = [v for v in pod_spec.get("volumes") or [] if v.get("name") != LIVENESS_VOLUME]
+    if sidecar:
+        # A job of any image checkpoints by writing this file (vigil.agent.checkpoint() does).
+        vigil_env.append({"name": api.ENV_CHECKPOINT_FILE, "value": api.CHECKPOINT_FILE})
+        mounts = [*mounts, {"name": SHARED_VOLUME, "mountPath": api.LIVENESS_DIR}]
+        volumes = [v for v in pod_spec.get("volumes") or [] if v.get("name") != SHARED_VOLUME]
         pod_spec["volumes"] = [
             *volumes,
-            {"name": LIVENESS_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+            {"name": SHARED_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
         ]
+    if sidecar and heartbeat.liveness_file:
+        vigil_env.append({"name": "VIGIL_LIVENESS_FILE", "value": heartbeat.liveness_file})
     if sidecar and heartbeat.liveness_port:
         vigil_env.append({"name": "VIGIL_LIVENESS_PORT", "value": str(heartbeat.liveness_port)})
     ours = {entry["name"] for entry in vigil_env}

@@ -123,6 +123,7 @@ def test_a_previous_checkpoint_that_is_not_json_is_a_clear_error(monkeypatch):
 
 def test_the_agent_validates_what_it_reads_from_the_file():
     assert validate_checkpoint(b'{"a":1}') == '{"a":1}'
+    assert validate_checkpoint(b'{"a": 1}\n') == '{"a": 1}'  # a shell's echo: the newline is not published
     with pytest.raises(InvalidCheckpoint):
         validate_checkpoint(b"{half")
     with pytest.raises(InvalidCheckpoint):

@@ -194,7 +194,7 @@ def test_the_edges_of_each_rule_are_allowed(fields: dict[str, Any]) -> None:
 
 def test_every_rule_has_a_message_that_names_its_field() -> None:
     rules = [rule for model in (api.Backoff, api.Retry, api.Heartbeat, api.TemplateMeta) for rule in model.cel_rules]
-    assert len(rules) == 11
+    assert len(rules) == 12
     for rule in rules:
         assert rule.message.split(" ")[0].startswith(("retry.", "heartbeat.", "spec.template.metadata."))
 
@@ -325,13 +325,8 @@ def test_a_status_parses_from_the_wire() -> None:
     assert api.VigilJobStatus(phase="DeadLettered").is_terminal
 
 
-@pytest.mark.parametrize("key", api.TEMPLATE_CONTAINER_LISTS)
-def test_the_injected_agents_container_name_is_vigils(key: str) -> None:
-    containers = [{"name": "main", "image": "x"}]
-    spec = {key: [*containers, {"name": api.AGENT_CONTAINER, "image": "mine"}]}
-    if key != "containers":
-        spec["containers"] = containers
-    with pytest.raises(ValidationError) as refused:
-        api.VigilJobSpec.model_validate({"template": {"spec": spec}})
-    assert f"spec.template.spec.{key}[1].name: {api.AGENT_CONTAINER_REFUSAL}" in str(refused.value)
-    api.VigilJobSpec.model_validate({"template": {"spec": {"containers": containers}}})  # any other name
+def test_a_job_stored_with_a_container_named_as_the_injected_agent_still_parses() -> None:
+    """The name is the API server's to refuse (a rule added after jobs were stored; see
+    test_crd and the integration test_validation): the core reads such a job as it is."""
+    template = {"spec": {"containers": [{"name": api.AGENT_CONTAINER, "image": "mine"}]}}
+    assert api.VigilJobSpec.model_validate({"template": template}).template == template

@@ -14,8 +14,8 @@ from vigil import api
 from vigil.core.manifest import (
     BEAT_TOKEN_DIR,
     BEAT_TOKEN_VOLUME,
-    LIVENESS_VOLUME,
     MAX_POD_NAME,
+    SHARED_VOLUME,
     BeatChannel,
     attempt_pod_manifest,
     attempt_pod_name,
@@ -328,22 +328,33 @@ def test_a_liveness_file_mounts_one_shared_emptydir_in_every_container() -> None
         "spec": {
             "initContainers": [{"name": "setup", "image": "busybox"}],
             "containers": [{"name": "a", "image": "app"}, {"name": "b", "image": "app"}],
-            "volumes": [{"name": LIVENESS_VOLUME, "hostPath": {"path": "/"}}],  # cannot swap Vigil's
+            "volumes": [{"name": SHARED_VOLUME, "hostPath": {"path": "/"}}],  # cannot swap Vigil's
         }
     }
     pod = injected({"livenessFile": "/var/run/vigil/alive", "livenessPort": 8099}, template=template)
-    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == LIVENESS_VOLUME]
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == SHARED_VOLUME]
     assert "emptyDir" in volume and "hostPath" not in volume
     for container in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]]:
-        assert {"name": LIVENESS_VOLUME, "mountPath": api.LIVENESS_DIR} in container["volumeMounts"]
+        assert {"name": SHARED_VOLUME, "mountPath": api.LIVENESS_DIR} in container["volumeMounts"]
         env = env_of(container)
         assert env["VIGIL_LIVENESS_FILE"] == "/var/run/vigil/alive" and env["VIGIL_LIVENESS_PORT"] == "8099"
 
 
-def test_no_liveness_volume_without_a_liveness_file() -> None:
+def test_every_injected_pod_shares_the_checkpoint_file_with_its_agent() -> None:
     pod = injected({"livenessPort": 8099})
-    assert LIVENESS_VOLUME not in {v["name"] for v in pod["spec"].get("volumes") or []}
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == SHARED_VOLUME]
+    assert volume["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Mi"}  # room for a 2 KiB checkpoint
+    for container in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]]:
+        assert {"name": SHARED_VOLUME, "mountPath": api.LIVENESS_DIR} in container["volumeMounts"]
+        assert env_of(container)[api.ENV_CHECKPOINT_FILE] == api.CHECKPOINT_FILE
+        assert "VIGIL_LIVENESS_FILE" not in env_of(container)
+
+
+def test_without_the_injected_agent_nothing_is_shared() -> None:
+    pod = injected({"agent": "Image"})
+    assert SHARED_VOLUME not in {v["name"] for v in pod["spec"].get("volumes") or []}
     assert "volumeMounts" not in pod["spec"]["containers"][0]
+    assert api.ENV_CHECKPOINT_FILE not in env_of(pod["spec"]["containers"][0])  # the agent sets its own
 
 
 @pytest.mark.parametrize(
