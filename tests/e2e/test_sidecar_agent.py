@@ -22,9 +22,10 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.support.agents import HEARTBEAT_ANNOTATION, create_job_pod, grant_heartbeat_rbac, pod_token
-from tests.support.cluster import Kube, read_pod
+from tests.support.cluster import ROOT, Kube, read_pod
 from tests.support.images import CONTAINER_PREFIX, KUBECONFIG_IN_CONTAINER, Container, inline_kubeconfig, plain_image
 from tests.support.waits import holds, wait_until
 from vigil import api
@@ -90,9 +91,9 @@ class Pod:
             )
         )
 
-    def start_job(self, script: str) -> Container:
+    def start_job(self, script: str, env: dict[str, str] | None = None) -> Container:
         return self.stack.enter_context(
-            Container(self.plain, self.names["job"], ["/bin/sh", "-c", script], extra=self.join)
+            Container(self.plain, self.names["job"], ["/bin/sh", "-c", script], env=env, extra=self.join)
         )
 
 
@@ -177,3 +178,34 @@ def test_the_injected_agent_stops_beating_when_the_job_stops_touching_its_livene
         holds(unchanged, 3 * INTERVAL)
         # AtLeastOnce (the default): the agent only warns; the operator declares the attempt Lost.
         assert job.exit_code() is None and pod.agent.exit_code() is None, pod.agent.logs()
+
+
+def test_the_any_image_example_resumes_from_its_checkpoint_beside_the_injected_agent(
+    kube: Kube, image: str, own_namespace: str, tmp_path: Path
+):
+    """examples/any-image/count.yaml's own script and liveness file, in the image with no Python,
+    as the second attempt of the job: it resumes from the first one's checkpoint, touches its
+    liveness file, leaves a checkpoint per step, and the agent publishes the last one."""
+    ns = own_namespace
+    example = yaml.safe_load((ROOT / "examples" / "any-image" / "count.yaml").read_text())
+    (main,) = example["spec"]["template"]["spec"]["containers"]
+    assert main["command"][:2] == ["sh", "-c"]
+    liveness = example["spec"]["heartbeat"]["livenessFile"]
+    agent_env = {"VIGIL_LIVENESS_FILE": liveness, "VIGIL_CHECKPOINT_FILE": api.CHECKPOINT_FILE}
+    with plain_pod(kube, ns, tmp_path, image, **agent_env) as pod:
+        env = {
+            **{e["name"]: e["value"] for e in main["env"]},
+            "COUNT_TO": "5",  # not 600 steps of a second
+            "VIGIL_ATTEMPT": "2",
+            "VIGIL_CHECKPOINT": '{"done":2}',  # what the operator gives the next attempt
+            "VIGIL_CHECKPOINT_FILE": api.CHECKPOINT_FILE,
+        }
+        job = pod.start_job(main["command"][2], env=env)
+        beats_change(kube, ns, "plain", 2, "beats while the example counts")
+        assert wait_until(lambda: job.exit_code() is not None, 20, "the example to finish") is True
+        assert job.exit_code() == 0, job.logs()
+        assert "attempt 2 starts at 2" in job.logs() and "counted to 5" in job.logs()
+        assert wait_until(lambda: pod.agent.exit_code() is not None, 10, "the agent to exit") is True
+        found = read_pod(kube, ns, "plain")
+        assert found is not None
+        assert (found.metadata.annotations or {}).get(api.ANNOTATION_CHECKPOINT) == '{"done":5}', pod.agent.logs()

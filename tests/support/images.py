@@ -153,7 +153,7 @@ def inline_kubeconfig(kube: Kube, path: Path, token: str | None = None) -> Path:
 
 
 # An image with no Python and nothing of Vigil, for the job beside the injected agent: this
-# machine's own sleep, touch, mv and dash (as /bin/sh) with the C library they load, and sleep again
+# machine's own sleep, touch, mv, sed and dash (as /bin/sh) with the C library they load, and sleep again
 # as /pause (the pod's infrastructure process, which the agent must not take for the job). Made
 # with `podman import` from a tarball in a second, with no registry and no package.
 PLAIN_REPOSITORY = "localhost/vigil-test-plain"
@@ -161,6 +161,7 @@ PLAIN_TOOLS = (
     ("/bin/sleep", "/bin/sleep"),
     ("/usr/bin/touch", "/bin/touch"),
     ("/bin/mv", "/bin/mv"),  # a checkpoint renamed into place
+    ("/bin/sed", "/bin/sed"),  # examples/any-image/count.yaml reads its checkpoint with it
     ("/bin/dash", "/bin/sh"),
     ("/bin/sleep", "/pause"),
 )
