@@ -3,8 +3,14 @@ each one has finished. Leaves everything running; `make down` stops it all.
 
     python -m testbed.demo [--nodes 3] [--timeout 180] [--name default] [--port-base 16443]
 
-Each of its four steps prints a "[demo step N/4]" line when it starts and when it is done, with
-the seconds it took. --name and --port-base (or $VIGIL_CLUSTER and $VIGIL_PORT_BASE, which
+Each of its five steps prints a "[demo step N/5]" line when it starts and when it is done, with
+the seconds it took. The operator runs as the chart runs it (templates/deployment.yaml), on
+loopback: leader election on a Lease, the admission webhook (registered with the API server),
+beats to the leader, metrics over HTTPS for authorized tokens and the health probes; etcd
+fsyncs every write. Its ports follow the cluster's: webhook base+10, metrics +11, health +12.
+Step 5 shows the webhook's 429 for a job of the queue that takes none, and one scrape.
+
+--name and --port-base (or $VIGIL_CLUSTER and $VIGIL_PORT_BASE, which
 `make up` and `make down` pass on) run the demo as another cluster beside the default one:
 `VIGIL_CLUSTER=mine VIGIL_PORT_BASE=18643 make up`, then `VIGIL_CLUSTER=mine make down`.
 """
@@ -14,16 +20,41 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import ssl
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from testbed import cluster as testbed
+from vigil.servers import webhook
 
 ROOT = Path(__file__).resolve().parent.parent
 TERMINAL = {"Succeeded", "DeadLettered"}
-STEPS = 4
+STEPS = 5
+LEASE = ("default", "vigil")  # the Lease the operator leads on: namespace, name
+WEBHOOK_CONFIGURATION = "vigil-demo"
+CLOSED_QUEUE = "closed"  # examples/queue.yaml: maxQueued 0, so the webhook refuses every new job
+# Who may read the metrics: a service account bound as the chart's <release>-metrics-reader is.
+METRICS_READER = """
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: vigil-metrics-reader, namespace: default}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: vigil-demo-metrics-reader}
+rules: [{nonResourceURLs: [/metrics], verbs: [get]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: vigil-demo-metrics-reader}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: vigil-demo-metrics-reader}
+subjects: [{kind: ServiceAccount, name: vigil-metrics-reader, namespace: default}]
+"""
 
 
 def step(number: int, what: str, run: Callable[[], object]) -> object:
@@ -35,11 +66,37 @@ def step(number: int, what: str, run: Callable[[], object]) -> object:
     return result
 
 
-def _vigil_command() -> list[str]:
+@dataclass(frozen=True)
+class Served:
+    """Where the demo's operator serves, on loopback, from the cluster's port base."""
+
+    webhook: int
+    metrics: int
+    health: int
+    certs: Path  # ca.crt, tls.crt, tls.key: the webhook's and the metrics' serving certificate
+
+    @classmethod
+    def of(cls, cluster: testbed.Cluster) -> Served:
+        base = cluster.ports.apiserver
+        return cls(base + 10, base + 11, base + 12, cluster.dir / "vigil-demo-certs")
+
+
+def _vigil_command(served: Served) -> list[str]:
     script = Path(sys.executable).with_name("vigil")
     if not script.exists():
         raise testbed.ClusterError(f"{script} is missing: install the project first (make venv).")
-    return [str(script), "operator", "--log-level", "info"]
+    certs = served.certs
+    return [
+        str(script), "operator", "--log-level", "info",
+        "--leader-elect", "--lease-namespace", LEASE[0], "--lease-name", LEASE[1],
+        "--webhook-address", f"127.0.0.1:{served.webhook}",
+        "--webhook-cert-file", str(certs / "tls.crt"), "--webhook-key-file", str(certs / "tls.key"),
+        "--heartbeat-url", f"https://127.0.0.1:{served.webhook}/v1/heartbeat",
+        "--heartbeat-ca-file", str(certs / "ca.crt"),
+        "--metrics-address", f"127.0.0.1:{served.metrics}",
+        "--metrics-cert-file", str(certs / "tls.crt"), "--metrics-key-file", str(certs / "tls.key"),
+        "--health-address", f"127.0.0.1:{served.health}",
+    ]  # fmt: skip
 
 
 def _not_established(cluster: testbed.Cluster, names: list[str]) -> list[str]:
@@ -72,9 +129,46 @@ def install_crds(cluster: testbed.Cluster, timeout: float = 60) -> None:
     testbed.log(f"Established: {', '.join(names)}")
 
 
-def start_operator(cluster: testbed.Cluster) -> None:
+def _operator_log_tail(cluster: testbed.Cluster) -> str:
+    log = cluster.logs / "vigil-operator.log"
+    return "\n".join(log.read_text(errors="replace").splitlines()[-15:]) if log.exists() else "(no log)"
+
+
+def _ready(served: Served) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{served.health}/readyz", timeout=2) as answer:
+            return answer.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def start_operator(cluster: testbed.Cluster, timeout: float = 60) -> Served:
+    """The operator, with a fresh serving certificate, and the webhook registered for it; until
+    it is ready (it leads, and every watch has listed)."""
+    served = Served.of(cluster)
     testbed.stop(cluster, "vigil-operator")  # a new run gets the code as it is now
-    testbed.start(cluster, "vigil-operator", _vigil_command(), env={"KUBECONFIG": str(cluster.kubeconfig)})
+    ca = webhook.make_self_signed(served.certs)
+    url = f"https://127.0.0.1:{served.webhook}{webhook.PATH}"
+    configuration = webhook.webhook_configuration(WEBHOOK_CONFIGURATION, ca, url=url)
+    testbed.kubectl(cluster, "apply", "-f", "-", input=json.dumps(configuration))
+    testbed.kubectl(cluster, "apply", "-f", "-", input=METRICS_READER)
+    command = _vigil_command(served)
+    testbed.start(cluster, "vigil-operator", command, env={"KUBECONFIG": str(cluster.kubeconfig)})
+    deadline = time.monotonic() + timeout
+    while not _ready(served):
+        if not testbed.running_pid(cluster, "vigil-operator"):
+            raise testbed.ClusterError(
+                f"vigil operator exited; the last lines of its log:\n{_operator_log_tail(cluster)}"
+            )
+        if time.monotonic() > deadline:
+            raise testbed.ClusterError(
+                f"vigil operator not ready after {timeout:.0f}s (http://127.0.0.1:{served.health}/readyz); "
+                f"the last lines of its log:\n{_operator_log_tail(cluster)}"
+            )
+        time.sleep(0.2)
+    holder = testbed.kubectl(cluster, "get", "lease", "-n", LEASE[0], LEASE[1], "-o", "jsonpath={.spec.holderIdentity}")
+    testbed.log(f"operator ready, leading Lease {LEASE[0]}/{LEASE[1]} as {holder}")
+    return served
 
 
 def _without_age(table: str) -> str:
@@ -109,11 +203,46 @@ def run_examples(cluster: testbed.Cluster, timeout: float) -> bool:
         if finished:
             return True
         if not testbed.running_pid(cluster, "vigil-operator"):
-            log = cluster.logs / "vigil-operator.log"
-            tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:]) if log.exists() else "(no log)"
-            raise testbed.ClusterError(f"vigil operator exited; the last lines of {log}:\n{tail}")
+            raise testbed.ClusterError(
+                f"vigil operator exited; the last lines of its log:\n{_operator_log_tail(cluster)}"
+            )
         time.sleep(1)
     return False
+
+
+def show_backpressure(cluster: testbed.Cluster, served: Served) -> None:
+    """A job for the queue that takes none is refused by the webhook with 429 (a server-side
+    dry run: nothing is stored either way); then one scrape of the metrics, with a token allowed
+    to read them."""
+    job = {
+        "apiVersion": "vigil.dev/v1alpha1",
+        "kind": "VigilJob",
+        "metadata": {"name": "one-too-many"},
+        "spec": {
+            "queue": CLOSED_QUEUE,
+            "template": {"spec": {"containers": [{"name": "main", "image": "busybox:1.36"}]}},
+            "heartbeat": {"required": False},
+        },
+    }
+    command = f"kubectl create --dry-run=server -f job.json    # a VigilJob for queue {CLOSED_QUEUE}"
+    try:
+        testbed.kubectl(cluster, "create", "--dry-run=server", "-f", "-", input=json.dumps(job))
+    except testbed.ClusterError as refused:
+        if "429" not in str(refused) and "TooManyRequests" not in str(refused):
+            raise
+        print(f"$ {command}\n{str(refused).partition('failed: ')[2]}", flush=True)
+    else:
+        raise testbed.ClusterError(f"the webhook admitted a job for queue {CLOSED_QUEUE!r} (maxQueued: 0)")
+    token = testbed.kubectl(cluster, "create", "token", "vigil-metrics-reader", "-n", "default").strip()
+    url = f"https://127.0.0.1:{served.metrics}/metrics"
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    context = ssl.create_default_context(cafile=str(served.certs / "ca.crt"))
+    with urllib.request.urlopen(request, timeout=10, context=context) as answer:
+        lines = answer.read().decode().splitlines()
+    wanted = ("vigil_jobs{", "vigil_attempts_started_total", "vigil_queue_admission_refusals_total{")
+    shown = [line for line in lines if line.startswith(wanted)]
+    print(f"$ curl {url} (a token bound to the metrics reader): {len(lines)} lines, e.g.", flush=True)
+    print("\n".join(shown[:6]), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,13 +270,23 @@ def main(argv: list[str] | None = None) -> int:
             1,
             f"cluster {cluster.name!r}: etcd, kube-apiserver, controller manager, scheduler, "
             f"kwok and {args.nodes} nodes on {cluster.server}",
-            lambda: testbed.up(cluster, args.nodes),
+            lambda: testbed.up(cluster, args.nodes, durable=True),
         )
         print(testbed.kubectl(cluster, "get", "nodes"), flush=True)
         step(2, "Vigil's CRDs (crds/), until Established", lambda: install_crds(cluster))
-        step(3, "vigil operator", lambda: start_operator(cluster))
+        served = step(
+            3,
+            "vigil operator as the chart runs it (leader election, webhook, beats to the leader, metrics, health)",
+            lambda: start_operator(cluster),
+        )
+        assert isinstance(served, Served)
         finished = step(
             4, "the jobs in examples/, until each has finished", lambda: run_examples(cluster, args.timeout)
+        )
+        step(
+            5,
+            f"backpressure: a job for queue {CLOSED_QUEUE!r} (maxQueued: 0), and the metrics",
+            lambda: show_backpressure(cluster, served),
         )
     except testbed.ClusterError as err:
         testbed.log(f"ERROR: {err}")
@@ -158,6 +297,12 @@ def main(argv: list[str] | None = None) -> int:
     print("kubectl describe vj flaky                         # attempts, backoff, events")
     down = "make down" if cluster.name == "default" else f"VIGIL_CLUSTER={cluster.name} make down"
     print(f"operator log: {cluster.logs / 'vigil-operator.log'}; stop everything with: {down}")
+    print(
+        f"operator: webhook and beats https://127.0.0.1:{served.webhook}, "
+        f"metrics https://127.0.0.1:{served.metrics}/metrics "
+        f"(a token: kubectl create token vigil-metrics-reader; CA {served.certs / 'ca.crt'}), "
+        f"health http://127.0.0.1:{served.health}/healthz and /readyz, Lease {LEASE[0]}/{LEASE[1]}"
+    )
     if not finished:
         testbed.log(f"ERROR: the examples did not all finish within {args.timeout:.0f}s")
         return 1

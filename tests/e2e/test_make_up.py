@@ -31,7 +31,7 @@ CLUSTER = testbed.Cluster(
 # The whole test: two `make up` on cached binaries take about a minute together (the examples
 # alone need ~15 s each); a build from cold would not fit, and is not what this test is about.
 DEADLINE_SECONDS = 420
-BUILD_STEPS, DEMO_STEPS = 6, 4  # testbed/build.sh demo; testbed/demo.py
+BUILD_STEPS, DEMO_STEPS = 6, 5  # testbed/build.sh demo; testbed/demo.py
 
 
 def _make(target: str, deadline: float) -> subprocess.CompletedProcess:
@@ -92,6 +92,13 @@ def _readme_tables() -> dict[str, dict[str, dict[str, str]]]:
     return _tables(blocks[0])
 
 
+def _readme_refusal() -> str:
+    """The README's picture of the webhook's 429 in `make up`'s output."""
+    found = re.findall(r"^Error from server \(TooManyRequests\).*$", (ROOT / "README.md").read_text(), re.M)
+    assert found, "README.md shows no 429 of the webhook any more"
+    return found[0]
+
+
 def _without(rows: dict[str, dict[str, str]], *columns: str) -> dict[str, dict[str, str]]:
     return {name: {k: v for k, v in row.items() if k not in columns} for name, row in rows.items()}
 
@@ -143,6 +150,17 @@ def test_make_up_from_stopped_then_again_then_down():
             got = testbed.kubectl(CLUSTER, "get", "vq")
             assert _without(_tables(got)["QUEUED"], "AGE") == want_queues, f"({run})\n{got}"
             assert set(_running(CLUSTER)) == {*testbed.COMPONENTS, "vigil-operator"}, _running(CLUSTER)
+            # Vigil as the chart runs it: the webhook's 429 (the README's line), the metrics
+            # scraped with a reader's token, a leader holding the Lease, etcd fsyncing.
+            assert _readme_refusal() in result.stdout, f"({run}) no 429 from the webhook:\n{result.stdout[-3000:]}"
+            assert re.search(
+                r'vigil_queue_admission_refusals_total\{namespace="default",queue="closed"\} [1-9]', result.stdout
+            )
+            holder = testbed.kubectl(
+                CLUSTER, "get", "lease", "-n", "default", "vigil", "-o", "jsonpath={.spec.holderIdentity}"
+            )
+            assert holder, "no operator holds the Lease default/vigil"
+            assert testbed.Cluster.saved(CLUSTER.name).get("durable") is True, "etcd runs with --unsafe-no-fsync"
             # The second run ran the examples again, not just found the first run's.
             now = {name: job["metadata"]["uid"] for name, job in _jobs().items()}
             assert not set(now.values()) & set(uids.values()), "the second `make up` did not run the examples again"
