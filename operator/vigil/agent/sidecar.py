@@ -93,6 +93,24 @@ def is_injected_agent(proc: Proc) -> bool:
     return "--sidecar" in proc.argv and any(os.path.basename(arg) == "vigil-agent" for arg in proc.argv)
 
 
+def is_image_agent(proc: Proc) -> bool:
+    """`vigil-agent -- CMD` run by the job's own image: it beats for the pod itself."""
+    return "--sidecar" not in proc.argv and any(os.path.basename(arg) == "vigil-agent" for arg in proc.argv[:2])
+
+
+def holds_back_for_image_agent(procs: Iterable[Proc], job: frozenset[int]) -> str | None:
+    """Why the injected agent should not beat: the job runs its own agent (an image made for
+    `heartbeat.agent: Image` in a job that left the field unset). One agent's beats are enough;
+    two would double the cost of every beat. Fencing stays with both."""
+    for proc in procs:
+        if proc.pid in job and is_image_agent(proc):
+            return (
+                f"the job runs its own vigil-agent (pid {proc.pid}), which beats for the pod; "
+                "set heartbeat.agent: Image"
+            )
+    return None
+
+
 def job_processes(procs: Iterable[Proc], own_pid: int) -> frozenset[int]:
     """The PIDs of the job's live processes: all of `procs` but the agent's own (`own_pid` and
     its descendants), the pod's infrastructure process and other injected agents."""
@@ -244,9 +262,13 @@ class JobProcesses:
         self.state = JobState(clock(), startup_grace)
         self.released = threading.Event()
         self.refused = False  # a signal was refused (EPERM): logged once
+        self.image_agent: str | None = None  # holds_back_for_image_agent of the last scan
 
     def pids(self) -> frozenset[int]:
-        return job_processes(self.scan(), self.own_pid)
+        procs = self.scan()
+        pids = job_processes(procs, self.own_pid)
+        self.image_agent = holds_back_for_image_agent(procs, pids)
+        return pids
 
     def wait(self) -> int:
         while not self.released.is_set():
@@ -320,6 +342,8 @@ def run_sidecar(env: dict[str, str]) -> int:
         signal.signal(signum, lambda _signum, _frame: job.release())
 
     def gate() -> str | None:
+        if job.image_agent is not None:
+            return job.image_agent
         if not touches.watched:
             return None
         silent = stale_for(CLOCK(), job.state.first_seen_at, touches.last_at(), settings.timeout)

@@ -14,7 +14,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vigil.agent import runner, sidecar
-from vigil.agent.sidecar import JobProcesses, JobState, Proc, Touches, job_processes, read_procs, stale_for
+from vigil.agent.sidecar import (
+    JobProcesses,
+    JobState,
+    Proc,
+    Touches,
+    holds_back_for_image_agent,
+    job_processes,
+    read_procs,
+    stale_for,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -231,3 +240,17 @@ def test_sidecar_takes_no_command() -> None:
 def test_sidecar_without_its_pod_is_a_usage_error(monkeypatch) -> None:
     monkeypatch.delenv("POD_NAME", raising=False)
     assert runner.main(["--sidecar"]) == runner.EXIT_USAGE
+
+
+def test_a_job_that_runs_its_own_agent_is_left_to_beat_alone() -> None:
+    in_image = Proc(61, 0, "S", ("/usr/local/bin/python3", "/usr/local/bin/vigil-agent", "--", "job"))
+    child = Proc(62, 61, "S", ("job",))
+    procs = [PAUSE, AGENT, in_image, child]
+    job = job_processes(procs, OWN)
+    assert job == {61, 62}  # still the job's: it is watched, and stopped when fenced
+    reason = holds_back_for_image_agent(procs, job)
+    assert reason is not None and "pid 61" in reason and "heartbeat.agent: Image" in reason
+    plain = [PAUSE, AGENT, Proc(7, 0, "S", ("sh", "-c", "vigil-agent is only a word here"))]
+    assert holds_back_for_image_agent(plain, job_processes(plain, OWN)) is None
+    processes = JobProcesses(60, scan=lambda: procs, own_pid=OWN)
+    assert processes.pids() == {61, 62} and processes.image_agent == reason
