@@ -98,15 +98,15 @@ def is_image_agent(proc: Proc) -> bool:
     return "--sidecar" not in proc.argv and any(os.path.basename(arg) == "vigil-agent" for arg in proc.argv[:2])
 
 
-def holds_back_for_image_agent(procs: Iterable[Proc], job: frozenset[int]) -> str | None:
-    """Why the injected agent should not beat: the job runs its own agent (an image made for
-    `heartbeat.agent: Image` in a job that left the field unset). One agent's beats are enough;
-    two would double the cost of every beat. Fencing stays with both."""
+def image_agent_warning(procs: Iterable[Proc], job: frozenset[int]) -> str | None:
+    """What to tell when the job runs its own agent too (an image made for `heartbeat.agent:
+    Image`, in a job that left the field unset). Both go on beating: holding this agent's beats
+    back would read as silence to its own fencing, which under NoOverlap stops a healthy job."""
     for proc in procs:
         if proc.pid in job and is_image_agent(proc):
             return (
-                f"the job runs its own vigil-agent (pid {proc.pid}), which beats for the pod; "
-                "set heartbeat.agent: Image"
+                f"warning: the job runs its own vigil-agent too (pid {proc.pid}): both beat, at twice the cost; "
+                "set heartbeat.agent: Image to run without this sidecar"
             )
     return None
 
@@ -262,12 +262,14 @@ class JobProcesses:
         self.state = JobState(clock(), startup_grace)
         self.released = threading.Event()
         self.refused = False  # a signal was refused (EPERM): logged once
-        self.image_agent: str | None = None  # holds_back_for_image_agent of the last scan
+        self.warned = False  # image_agent_warning: told once
 
     def pids(self) -> frozenset[int]:
         procs = self.scan()
         pids = job_processes(procs, self.own_pid)
-        self.image_agent = holds_back_for_image_agent(procs, pids)
+        if not self.warned and (warning := image_agent_warning(procs, pids)):
+            log(warning)
+            self.warned = True
         return pids
 
     def wait(self) -> int:
@@ -342,8 +344,6 @@ def run_sidecar(env: dict[str, str]) -> int:
         signal.signal(signum, lambda _signum, _frame: job.release())
 
     def gate() -> str | None:
-        if job.image_agent is not None:
-            return job.image_agent
         if not touches.watched:
             return None
         silent = stale_for(CLOCK(), job.state.first_seen_at, touches.last_at(), settings.timeout)

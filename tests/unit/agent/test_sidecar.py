@@ -19,7 +19,7 @@ from vigil.agent.sidecar import (
     JobState,
     Proc,
     Touches,
-    holds_back_for_image_agent,
+    image_agent_warning,
     job_processes,
     read_procs,
     stale_for,
@@ -242,15 +242,17 @@ def test_sidecar_without_its_pod_is_a_usage_error(monkeypatch) -> None:
     assert runner.main(["--sidecar"]) == runner.EXIT_USAGE
 
 
-def test_a_job_that_runs_its_own_agent_is_left_to_beat_alone() -> None:
+def test_a_job_that_runs_its_own_agent_is_told_once_and_still_watched(capsys) -> None:
     in_image = Proc(61, 0, "S", ("/usr/local/bin/python3", "/usr/local/bin/vigil-agent", "--", "job"))
     child = Proc(62, 61, "S", ("job",))
     procs = [PAUSE, AGENT, in_image, child]
     job = job_processes(procs, OWN)
-    assert job == {61, 62}  # still the job's: it is watched, and stopped when fenced
-    reason = holds_back_for_image_agent(procs, job)
-    assert reason is not None and "pid 61" in reason and "heartbeat.agent: Image" in reason
+    assert job == {61, 62}  # still the job's: watched, and stopped when fenced
+    warning = image_agent_warning(procs, job)
+    assert warning is not None and "pid 61" in warning and "heartbeat.agent: Image" in warning
     plain = [PAUSE, AGENT, Proc(7, 0, "S", ("sh", "-c", "vigil-agent is only a word here"))]
-    assert holds_back_for_image_agent(plain, job_processes(plain, OWN)) is None
+    assert image_agent_warning(plain, job_processes(plain, OWN)) is None
     processes = JobProcesses(60, scan=lambda: procs, own_pid=OWN)
-    assert processes.pids() == {61, 62} and processes.image_agent == reason
+    processes.pids()
+    processes.pids()
+    assert capsys.readouterr().err.count("runs its own vigil-agent") == 1
