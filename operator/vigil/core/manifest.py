@@ -32,6 +32,7 @@ class BeatChannel:
 # The emptyDir at api.LIVENESS_DIR that the agent shares with every container: the liveness file
 # and the checkpoint file are there.
 SHARED_VOLUME = "vigil-shared"
+DEFAULT_CONTAINER = "kubectl.kubernetes.io/default-container"
 # Requests: what the agent needs while beating (measured in tests/e2e/test_sidecar_agent.py: 56 MiB
 # RSS, a few millicores); the limit leaves room for the API client's buffers and TLS without
 # letting a leak in the agent take the node's memory. CPU has no limit: a throttled agent beats
@@ -223,5 +224,11 @@ def attempt_pod_manifest(
         pod_spec["initContainers"] = [*(pod_spec.get("initContainers") or []), agent]
         # The agent sees the job's processes (to watch and to signal them) only in one PID namespace.
         pod_spec["shareProcessNamespace"] = True
+        # `kubectl logs` and `kubectl exec` of the pod mean the job's first container, without
+        # kubectl's "Defaulted container" notice; a template that names its own keeps it.
+        main = (pod_spec.get("containers") or [{}])[0].get("name")
+        annotations = pod_meta.setdefault("annotations", {})
+        if main and DEFAULT_CONTAINER not in annotations:
+            annotations[DEFAULT_CONTAINER] = main
 
     return {"apiVersion": "v1", "kind": "Pod", "metadata": pod_meta, "spec": pod_spec}

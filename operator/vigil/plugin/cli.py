@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vigil.api import GROUP, LABEL_ATTEMPT, LABEL_DEAD_LETTER, LABEL_JOB_UID, PLURAL, QUEUE_PLURAL, VERSION
+from vigil.core.manifest import DEFAULT_CONTAINER  # the annotation kubectl logs reads
 from vigil.core.ratelimit import TokenBucket
 from vigil.kube.client import MERGE_PATCH, ApiClient, resource_path, user_agent
 from vigil.kube.errors import ApiError, Conflict, NotFound, Refused, Unauthorized, Unreachable
@@ -28,7 +29,6 @@ EXIT_OK, EXIT_FAILED, EXIT_CANNOT_ASK = 0, 1, 2
 DEFAULT_RATE = 5.0  # redrives a second: each is a new round of attempts, queued at once
 MAX_RATE = 50.0  # a bulk redrive is paced whatever is asked: it must not become a retry storm
 DEFAULT_MAX = 100  # jobs redriven in one run; the rest wait for the next run
-DEFAULT_CONTAINER = "kubectl.kubernetes.io/default-container"  # the annotation kubectl logs reads
 
 
 class Failed(Exception):

@@ -14,6 +14,7 @@ from vigil import api
 from vigil.core.manifest import (
     BEAT_TOKEN_DIR,
     BEAT_TOKEN_VOLUME,
+    DEFAULT_CONTAINER,
     MAX_POD_NAME,
     SHARED_VOLUME,
     BeatChannel,
@@ -380,3 +381,12 @@ def test_the_agents_security_context_follows_the_pods(pod_security: dict | None,
         assert context["runAsUser"] == 0 and context["capabilities"]["add"] == ["KILL"]
     else:
         assert "runAsUser" not in context and "add" not in context["capabilities"]
+
+
+def test_kubectl_logs_of_an_injected_pod_means_the_jobs_container() -> None:
+    template = {"spec": {"containers": [{"name": "main", "image": "app"}, {"name": "side", "image": "app"}]}}
+    pod = injected(template=template)
+    assert pod["metadata"]["annotations"][DEFAULT_CONTAINER] == "main"
+    template["metadata"] = {"annotations": {DEFAULT_CONTAINER: "side"}}
+    assert injected(template=template)["metadata"]["annotations"][DEFAULT_CONTAINER] == "side"  # theirs
+    assert DEFAULT_CONTAINER not in (injected({"agent": "Image"})["metadata"].get("annotations") or {})
