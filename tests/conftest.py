@@ -176,6 +176,8 @@ def real_node(kube: Kube, image: str, tmp_path_factory: pytest.TempPathFactory) 
     try:
         real_node_bed.up(SUITE_CLUSTER, [image, plain])
     except (testbed.ClusterError, OSError) as err:
+        if started_here:  # what did start is stopped, its logs kept in the cluster's logs/
+            real_node_bed.down(SUITE_CLUSTER)
         pytest.fail(f"the real node of the test bed could not start: {err}")
     try:
         yield RealNode(real_node_bed.node_name(SUITE_CLUSTER), image, plain, real_node_bed.POD_PLACEMENT)
