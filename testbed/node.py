@@ -318,8 +318,15 @@ def up(cluster: Cluster, images: list[str] | None = None) -> None:
     and imports `images`."""
     began = time.monotonic()
     _require()
-    if not bed.running_pid(cluster, "kube-apiserver"):
+    apiserver = bed.running_pid(cluster, "kube-apiserver")
+    if not apiserver:
         raise ClusterError(f"cluster {cluster.name!r} is not running: `python -m testbed.cluster up` first")
+    if b"--kubelet-preferred-address-types" not in Path(f"/proc/{apiserver}/cmdline").read_bytes():
+        raise ClusterError(
+            f"cluster {cluster.name!r} runs a kube-apiserver started before the bed had a real node (it cannot "
+            "reach a kubelet for `kubectl logs`): "
+            f"`python -m testbed.cluster restart kube-apiserver --name {cluster.name}`"
+        )
     node = home(cluster)
     for sub in ("cni", "kubelet", "pod-logs"):
         (node / sub).mkdir(parents=True, exist_ok=True)
