@@ -477,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=["up", "down", "status", "import"])
     parser.add_argument("images", nargs="*", help="up, import: podman images to copy into the node's containerd")
     parser.add_argument("--name", default=os.environ.get("VIGIL_CLUSTER", "default"), help="the cluster's name")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # images before or after --name
     cluster = Cluster.load(args.name)
     if cluster is None:
         bed.log(f"ERROR: no cluster {args.name!r}: `python -m testbed.cluster up --name {args.name}` first")
