@@ -378,9 +378,23 @@ def up(cluster: Cluster, images: list[str] | None = None) -> None:
     log(f"real node {name} is Ready in {took:.1f}s (logs: {cluster.logs}/kubelet.log and containerd.log)")
 
 
-def _drain(cluster: Cluster, timeout: float = 30) -> None:
+def _sandbox_netns(cluster: Cluster) -> set[str]:
+    """The network namespaces (/var/run/netns/cni-*) of the pods containerd holds."""
+    found: set[str] = set()
+    try:
+        for container in ctr(cluster, "containers", "ls", "-q", timeout=30).split():
+            info = json.loads(ctr(cluster, "containers", "info", container, timeout=30))
+            for space in ((info.get("Spec") or {}).get("linux") or {}).get("namespaces") or []:
+                if space.get("type") == "network" and str(space.get("path", "")).startswith("/var/run/netns/"):
+                    found.add(space["path"])
+    except (ClusterError, subprocess.TimeoutExpired, ValueError):
+        pass
+    return found
+
+
+def _drain(cluster: Cluster, netns: set[str], timeout: float = 30) -> None:
     """Deletes the node's pods (the kubelet stops them through the CRI, which tears their network
-    down) and waits a while for their containers to end."""
+    down: the veth, the IP, the network namespace) and waits a while for that to be done."""
     try:
         bed.kubectl(
             cluster, "delete", "pods", "--all-namespaces", "--field-selector", f"spec.nodeName={node_name(cluster)}",
@@ -395,7 +409,8 @@ def _drain(cluster: Cluster, timeout: float = 30) -> None:
             tasks = ctr(cluster, "tasks", "ls", timeout=10).splitlines()[1:]
         except (ClusterError, subprocess.TimeoutExpired):
             return
-        if not any("RUNNING" in task for task in tasks):  # sandboxes included
+        # Every container stopped (sandboxes included), and every pod's network torn down.
+        if not any("RUNNING" in task for task in tasks) and not any(Path(path).exists() for path in netns):
             return
         time.sleep(0.5)
 
@@ -444,12 +459,16 @@ def down(cluster: Cluster) -> None:
         return
     kubelet_ran = bed.running_pid(cluster, "kubelet") is not None
     containerd_ran = bed.running_pid(cluster, "containerd") is not None
+    netns = _sandbox_netns(cluster) if containerd_ran else set()
     if kubelet_ran and containerd_ran and bed.running_pid(cluster, "kube-apiserver"):
-        _drain(cluster)
+        _drain(cluster, netns)
     bed.stop(cluster, "kubelet")
     if containerd_ran:
         _remove_containers(cluster)
     bed.stop(cluster, "containerd")
+    for path in netns:  # what the kubelet did not tear down (no CNI DEL ran for it)
+        if Path(path).exists():
+            subprocess.run(["ip", "netns", "delete", Path(path).name], capture_output=True)
     _network_down(cluster)
     _unmount_below(node)
     if bed.running_pid(cluster, "kube-apiserver"):
