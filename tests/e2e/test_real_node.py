@@ -14,6 +14,7 @@ tests/e2e/test_sidecar_agent.py runs the same processes under podman; this is th
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -169,6 +170,7 @@ def test_the_injected_agent_stops_the_job_of_a_superseded_pod_on_the_real_node(
     kube.core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": {api.ANNOTATION_SUPERSEDED: "2"}}})
     code = wait_until(lambda: exit_code(kube, ns, name), 30, "the job's container to be stopped by the agent")
     assert code in (143, 137), f"the job exited {code}, not by SIGTERM or SIGKILL"
+    print(f"the job's container on the real node, stopped by the injected agent: exit {code}", file=sys.__stderr__)
     # The kubelet restarts a native sidecar that exits (75, here) while the job's container runs:
     # what the first agent said may be in its previous container's log.
     agent_logs = "".join(
