@@ -44,7 +44,8 @@ done
 # --- progress ---------------------------------------------------------------------------------
 # What each step took from cold on 2 cores, measured with VIGIL_CACHE, GOMODCACHE and GOCACHE in
 # an empty directory: `demo` 7m06s, then `all` 6m22s more. A later Kubernetes binary reuses most
-# of what the one before it compiled.
+# of what the one before it compiled. (kubelet: not measured cold; 10m30s with warm module caches
+# beside a running benchmark on 2 cores, 2026-12-03; containerd: an apt-get install.)
 declare -A COLD=([etcd]=56 [kube-apiserver]=209 [kube-controller-manager]=61 [kube-scheduler]=10
   [kubectl]=22 [kwok]=73 [helm]=71 [promtool]=294 [prometheus-operator-crds]=5 [kstatus]=17
   [kubelet]=180 [containerd]=60)
