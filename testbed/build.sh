@@ -6,7 +6,9 @@
 #   demo  what `make up` needs: etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 #         kubectl and kwok.
 #   all   (the default; `make testbed`, `make test`) that, and what only the tests use: helm,
-#         promtool, the prometheus-operator CRDs the chart's optional objects need, and kstatus.
+#         promtool, the prometheus-operator CRDs the chart's optional objects need, kstatus, and
+#         the kubelet of the bed's one real node (testbed/node.py), with containerd (Debian's
+#         package, installed with apt-get when missing; it is no Go build).
 # Each step prints "[build step N/M]" lines: what it fetches or compiles and the time it has taken,
 # every $VIGIL_BUILD_PROGRESS_SECONDS (15) seconds, or on one line updated in place on a terminal.
 set -euo pipefail
@@ -42,9 +44,11 @@ done
 # --- progress ---------------------------------------------------------------------------------
 # What each step took from cold on 2 cores, measured with VIGIL_CACHE, GOMODCACHE and GOCACHE in
 # an empty directory: `demo` 7m06s, then `all` 6m22s more. A later Kubernetes binary reuses most
-# of what the one before it compiled.
+# of what the one before it compiled. (kubelet: not measured cold; 10m30s with warm module caches
+# beside a running benchmark on 2 cores, 2026-12-03; containerd: an apt-get install.)
 declare -A COLD=([etcd]=56 [kube-apiserver]=209 [kube-controller-manager]=61 [kube-scheduler]=10
-  [kubectl]=22 [kwok]=73 [helm]=71 [promtool]=294 [prometheus-operator-crds]=5 [kstatus]=17)
+  [kubectl]=22 [kwok]=73 [helm]=71 [promtool]=294 [prometheus-operator-crds]=5 [kstatus]=17
+  [kubelet]=180 [containerd]=60)
 # The disk a cold build leaves in Go's module and build caches ($GOMODCACHE, $GOCACHE), and in
 # $BIN, in GB, measured the same way (`demo`: 1.1 GB of modules, 3.7 GB of build cache).
 declare -A COLD_GO_GB=([demo]=4.8 [all]=9.0) COLD_BIN_GB=([demo]=0.4 [all]=0.55)
@@ -197,6 +201,39 @@ build_kube() { # component
   mv "$BIN/$c-$KUBE_VERSION.tmp" "$BIN/$c-$KUBE_VERSION"
 }
 
+# The kubelet of the real node (testbed/node.py): the same Kubernetes module, in a wrapper module
+# of its own, because it needs go.sum entries the other binaries do not (k8s.io/cri-streaming,
+# through pkg/kubelet/server), which `go get` adds there.
+build_kubelet() {
+  local pkg=k8s.io/kubernetes/cmd/kubelet dir=$SRC/kubelet-$KUBE_VERSION
+  kube_module
+  mkdir -p "$dir"; cp "$KUBE_DIR/go.mod" "$dir/go.mod"
+  cd "$dir"
+  run_go "adding the go.sum entries of k8s.io/kubernetes/pkg/kubelet/server" - \
+    go get k8s.io/kubernetes/pkg/kubelet/server@"$KUBE_VERSION"
+  count_packages "fetching the modules of $pkg" go list -deps "$pkg"
+  run_go "compiling $pkg" "$PACKAGES" go build -v -trimpath -ldflags "$(stamp_flags "$KUBE_VERSION")" \
+    -o "$BIN/kubelet-$KUBE_VERSION.tmp" "$pkg"
+  cd - >/dev/null
+  mv "$BIN/kubelet-$KUBE_VERSION.tmp" "$BIN/kubelet-$KUBE_VERSION"
+}
+
+# containerd for the real node: Debian's package (1.6.20 on Debian 12), not built here. Needs root
+# (or sudo); CNI plugins come from containernetworking-plugins (podman's dependency), in /usr/lib/cni.
+containerd_installed() { command -v containerd >/dev/null && command -v ctr >/dev/null && [[ -x /usr/lib/cni/bridge ]]; }
+install_containerd() {
+  local apt=(env DEBIAN_FRONTEND=noninteractive apt-get -y -qq -o Dpkg::Use-Pty=0) sudo=()
+  (( EUID == 0 )) || { command -v sudo >/dev/null || die "containerd is missing: install it as root (apt-get install containerd containernetworking-plugins)"; sudo=(sudo); }
+  command -v apt-get >/dev/null || die "containerd is missing and there is no apt-get: install containerd and the CNI plugins (bridge, host-local, portmap in /usr/lib/cni)"
+  say "containerd: apt-get install containerd containernetworking-plugins"
+  if ! "${sudo[@]}" "${apt[@]}" install containerd containernetworking-plugins >/dev/null 2>&1; then
+    "${sudo[@]}" "${apt[@]}" update >/dev/null || die "apt-get update failed"
+    "${sudo[@]}" "${apt[@]}" install containerd containernetworking-plugins >/dev/null || die "apt-get install containerd failed"
+  fi
+  # The package's own service is not what the node uses (testbed/node.py starts its own).
+  containerd_installed || die "containerd installed, yet containerd, ctr or /usr/lib/cni/bridge is missing"
+}
+
 build_etcd() {
   local dir=$SRC/etcd-$ETCD_VERSION pkg=go.etcd.io/etcd/server/v3
   run_go "fetching $pkg@$ETCD_VERSION" - go mod download "$pkg@$ETCD_VERSION"
@@ -297,6 +334,8 @@ if [[ $TARGET == all ]]; then
     "promtool|$PROMETHEUS_VERSION|have promtool $PROMETHEUS_VERSION|build_promtool"
     "prometheus-operator-crds|$PROMETHEUS_OPERATOR_VERSION|test -f $PROMETHEUS_OPERATOR_CRDS/monitoring.coreos.com_servicemonitors.yaml|fetch_prometheus_operator_crds"
     "kstatus|$KSTATUS_VERSION|kstatus_cached|build_kstatus"
+    "kubelet|$KUBE_VERSION|have kubelet $KUBE_VERSION|build_kubelet"
+    "containerd|(Debian)|containerd_installed|install_containerd"
   )
 fi
 STEPS=${#STEP_LIST[@]}
@@ -331,7 +370,7 @@ done
 # Stable names for the chosen versions, so PATH=$BIN works.
 links=("etcd $ETCD_VERSION" "kube-apiserver $KUBE_VERSION" "kube-controller-manager $KUBE_VERSION"
        "kube-scheduler $KUBE_VERSION" "kubectl $KUBE_VERSION" "kwok $KWOK_BUILD")
-[[ $TARGET == all ]] && links+=("helm $HELM_VERSION" "promtool $PROMETHEUS_VERSION" "kstatus $KSTATUS_VERSION")
+[[ $TARGET == all ]] && links+=("helm $HELM_VERSION" "promtool $PROMETHEUS_VERSION" "kstatus $KSTATUS_VERSION" "kubelet $KUBE_VERSION")
 for pair in "${links[@]}"; do
   set -- $pair; ln -sfn "$1-$2" "$BIN/$1"
 done

@@ -490,6 +490,8 @@ AUDIT_LOG_BACKUPS = 2
 
 def start_apiserver(cluster: Cluster) -> None:
     pki, p = cluster.pki, cluster.ports
+    if not (pki / "apiserver-kubelet-client.crt").exists():  # made here: older beds have no such cert
+        _client_cert(pki, "apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client")
     policy = cluster.dir / "audit-policy.yaml"
     policy.write_text(json.dumps(AUDIT_POLICY, indent=2) + "\n")
     cluster.logs.mkdir(parents=True, exist_ok=True)
@@ -519,6 +521,12 @@ def start_apiserver(cluster: Cluster) -> None:
             # watches after 2 s; without it shutdown waits up to --request-timeout (60 s) for them.
             "--shutdown-send-retry-after=true",
             "--allow-privileged=true",
+            # `kubectl logs` and `exec` on the real node (testbed/node.py): dial the kubelet at the
+            # node's InternalIP (127.0.0.1; the node's hostname resolves nowhere), as a client of
+            # the bed's CA in system:masters (the kubelet asks the API server what it may do).
+            "--kubelet-preferred-address-types=InternalIP,Hostname,ExternalIP",
+            f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
             # pprof at /debug/pprof (cluster-admin only) when asked: the bench profiles the API server.
             f"--profiling={'true' if os.environ.get('VIGIL_APISERVER_PROFILING') == '1' else 'false'}",
             f"--audit-policy-file={policy}",
@@ -797,7 +805,11 @@ def up(cluster: Cluster, nodes: int, durable: bool = False) -> Cluster:
 
 
 def down(cluster: Cluster, keep_data: bool = False) -> None:
-    """Stops what runs on the cluster (the operator and other extras first), then the cluster."""
+    """Stops what runs on the cluster (the real node, the operator and other extras first), then
+    the cluster."""
+    from testbed import node  # it imports this module
+
+    node.down(cluster)
     extras = (
         sorted(p.stem for p in cluster.pids.glob("*.pid") if p.stem not in COMPONENTS) if cluster.pids.exists() else []
     )

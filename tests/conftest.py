@@ -6,6 +6,8 @@ running and stopped again at the end if this session started it. `namespace` is 
 namespace per test, deleted after it, watched by the session's operator (`vigil`);
 `own_namespace` is one that operator leaves alone, for a test that runs operators of its own
 (`own_operator`). `image` is Vigil's image of the checkout, built with podman (testbed/image.sh).
+`real_node` is the bed's one real node (a kubelet with containerd, testbed/node.py), started once
+for the session with that image and `plain_image` imported into it.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from kubernetes import config
 
 from testbed import cluster as testbed
+from testbed import node as real_node_bed
 from testbed.faults import FaultProxy, kubeconfig_via
 from tests.support.agents import Agents
 from tests.support.cluster import (
@@ -29,7 +33,7 @@ from tests.support.cluster import (
     proxy_to_api_server,
     show_log,
 )
-from tests.support.images import build_image
+from tests.support.images import build_image, plain_image
 from tests.support.operators import OperatorProcess
 
 
@@ -148,3 +152,35 @@ def fault_proxy(kube: Kube, tmp_path: Path) -> Iterator[FaultProxy]:
         yield proxy
     finally:
         proxy.stop()
+
+
+@dataclass(frozen=True)
+class RealNode:
+    """The real node of the session's test bed, and the images it holds."""
+
+    name: str
+    vigil_image: str  # Vigil's image (the `image` fixture's name)
+    plain_image: str  # tests.support.images.plain_image: no Python, nothing of Vigil
+    placement: dict  # what a pod spec needs to land there: nodeSelector and toleration
+
+
+@pytest.fixture(scope="session")
+def real_node(kube: Kube, image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNode]:
+    """One real node (kubelet + containerd, testbed/node.py) beside the kwok nodes, with Vigil's
+    image and the plain image imported; started here unless it runs, stopped at the end if this
+    session started it. It fails the tests that use it (never skips them) if it cannot start."""
+    if not kube.on_testbed:
+        pytest.fail("the real node is a part of the local test bed; $KUBECONFIG names another cluster")
+    plain = plain_image(tmp_path_factory.mktemp("plain-image"))
+    started_here = not real_node_bed.running(SUITE_CLUSTER)
+    try:
+        real_node_bed.up(SUITE_CLUSTER, [image, plain])
+    except (testbed.ClusterError, OSError) as err:
+        if started_here:  # what did start is stopped, its logs kept in the cluster's logs/
+            real_node_bed.down(SUITE_CLUSTER)
+        pytest.fail(f"the real node of the test bed could not start: {err}")
+    try:
+        yield RealNode(real_node_bed.node_name(SUITE_CLUSTER), image, plain, real_node_bed.POD_PLACEMENT)
+    finally:
+        if started_here and not os.environ.get("VIGIL_KEEP_CLUSTER"):
+            real_node_bed.down(SUITE_CLUSTER)

@@ -1,0 +1,520 @@
+"""One real node beside the kwok nodes: a kubelet (built by testbed/build.sh from the same
+Kubernetes module as the control plane) with containerd (Debian's package), so that a test can run
+real containers in a real pod: Vigil's injected agent as a native sidecar, say.
+
+    python -m testbed.node up [--name default]      start containerd and the kubelet for the cluster
+    python -m testbed.node import IMAGE...          copy podman images into the node's containerd
+    python -m testbed.node status
+    python -m testbed.node down                     stop them (`testbed.cluster down` does it too)
+
+Everything lives in $VIGIL_CACHE/clusters/<name>/node/: containerd's root, state, socket and
+config, the CNI config and IP allocations, the kubelet's root, certificates, configuration and
+pod logs. Nothing is pulled: no registry is reachable here, so images come from podman (`podman
+save` + `ctr images import`), the pod sandbox's pause image is built here from this machine's
+`sleep`, and pods say `imagePullPolicy: Never`.
+
+The node is `<cluster>-real-node`, labelled vigil.dev/real-node=true and tainted
+vigil.dev/real-node=true:NoSchedule: only a pod that tolerates the taint (and selects the label)
+lands on it. Its pods are on a bridge of their own (`vigil-<hash>`, a /24 of 10.200.0.0/16 per
+cluster); the API server's Service address (10.0.0.1:443, what in-cluster clients use) is sent to
+the API server on 127.0.0.1 by one DNAT rule for that subnet, as kube-proxy would (there is no
+kube-proxy). The kubelet listens on that bridge's address (10.200.N.1, on this machine) and
+registers it as its InternalIP, the address kube-apiserver dials for `kubectl logs` and `exec`
+(testbed/cluster.py); it refuses a loopback one.
+
+Needs root (containerd, the bridge, iptables). Standard library only, like testbed/cluster.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+from testbed import cluster as bed
+from testbed.cluster import Cluster, ClusterError, log
+
+LABEL = "vigil.dev/real-node"
+TAINT = {"key": LABEL, "value": "true", "effect": "NoSchedule"}
+# What a pod puts in its spec to land on the real node.
+POD_PLACEMENT = {
+    "nodeSelector": {LABEL: "true"},
+    "tolerations": [{"key": LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"}],
+}
+CNI_BIN = Path("/usr/lib/cni")  # Debian's containernetworking-plugins (podman's dependency)
+API_SERVICE_IP = "10.0.0.1"  # the first address of testbed.cluster.SERVICE_CIDR: the kubernetes Service
+PAUSE_REPOSITORY = "localhost/vigil-pause"
+COMPONENTS = ("containerd", "kubelet")  # start order; `down` stops them in reverse
+
+
+def node_name(cluster: Cluster) -> str:
+    return f"{cluster.name}-real-node"
+
+
+def home(cluster: Cluster) -> Path:
+    return cluster.dir / "node"
+
+
+def socket_path(cluster: Cluster) -> Path:
+    return home(cluster) / "containerd.sock"
+
+
+def kubelet_port(cluster: Cluster) -> int:
+    return cluster.ports.apiserver + 10  # the cluster's own ports are base .. base+5
+
+
+def _net_id(cluster: Cluster) -> int:
+    return int(hashlib.sha256(cluster.name.encode()).hexdigest(), 16) % 250 + 1
+
+
+def bridge(cluster: Cluster) -> str:
+    return f"vigil-{hashlib.sha256(cluster.name.encode()).hexdigest()[:8]}"  # at most 15 characters
+
+
+def subnet(cluster: Cluster) -> str:
+    return f"10.200.{_net_id(cluster)}.0/24"
+
+
+def gateway(cluster: Cluster) -> str:
+    return f"10.200.{_net_id(cluster)}.1"
+
+
+def _run(*args: str, check: bool = True, input: bytes | None = None, timeout: float = 300) -> str:
+    done = subprocess.run(list(args), capture_output=True, input=input, timeout=timeout)
+    if check and done.returncode:
+        error = done.stderr.decode(errors="replace").strip()
+        raise ClusterError(f"{' '.join(args)} failed ({done.returncode}): {error}")
+    return done.stdout.decode(errors="replace")
+
+
+def _require() -> None:
+    if os.geteuid() != 0:
+        raise ClusterError("the real node needs root (containerd, a bridge, an iptables rule)")
+    missing = [tool for tool in ("containerd", "ctr", "iptables", "ip", "podman") if shutil.which(tool) is None]
+    if missing or not (CNI_BIN / "bridge").exists():
+        raise ClusterError(
+            f"missing {', '.join(missing) or CNI_BIN / 'bridge'}: run testbed/build.sh (it installs containerd)"
+        )
+    bed.binary("kubelet")
+
+
+def ctr(cluster: Cluster, *args: str, timeout: float = 300) -> str:
+    return _run("ctr", "--address", str(socket_path(cluster)), "--namespace", "k8s.io", *args, timeout=timeout)
+
+
+# --- images ---------------------------------------------------------------------------------
+
+
+def _libraries(binary: str) -> list[str]:
+    shown = _run("ldd", binary)
+    return [word for line in shown.splitlines() for word in line.split() if word.startswith("/")]
+
+
+def pause_image() -> str:
+    """The sandbox image: this machine's `sleep infinity` as /pause (no registry has one to pull);
+    built with podman once per content; its name."""
+    files = {"/pause": "/bin/sleep", **{lib: lib for lib in _libraries("/bin/sleep")}}
+    digest = hashlib.sha256()
+    for inside, host in sorted(files.items()):
+        digest.update(inside.encode() + b"\0" + Path(host).read_bytes())
+    name = f"{PAUSE_REPOSITORY}:{digest.hexdigest()[:12]}"
+    if subprocess.run(["podman", "image", "exists", name]).returncode == 0:
+        return name
+    with tempfile.TemporaryDirectory() as tmp:
+        tarball = Path(tmp) / "pause.tar"
+        with tarfile.open(tarball, "w") as tar:
+            for inside, host in sorted(files.items()):
+                data = Path(host).read_bytes()
+                entry = tarfile.TarInfo(inside.lstrip("/"))
+                entry.size, entry.mode = len(data), 0o755
+                tar.addfile(entry, io.BytesIO(data))
+        _run(
+            "podman", "import",
+            "--change", 'ENTRYPOINT ["/pause"]', "--change", 'CMD ["infinity"]',
+            str(tarball), name,
+        )  # fmt: skip
+    return name
+
+
+def _podman_id(image: str) -> str:
+    return _run("podman", "image", "inspect", "--format", "{{.Id}}", image).strip()
+
+
+def import_images(cluster: Cluster, images: list[str]) -> None:
+    """Copies podman images into the node's containerd (namespace k8s.io, the kubelet's), under
+    the same names; a pod then runs them with imagePullPolicy: Never. An image imported before
+    with the same podman image ID is not copied again (Vigil's image takes a minute or more)."""
+    if not bed.running_pid(cluster, "containerd"):
+        raise ClusterError(f"the real node of {cluster.name!r} is not running: `python -m testbed.node up` first")
+    record = home(cluster) / "imported.json"
+    imported = json.loads(record.read_text()) if record.exists() else {}
+    present = set(ctr(cluster, "images", "ls", "-q").split())
+    for image in images:
+        began, image_id = time.monotonic(), _podman_id(image)
+        if image in present and imported.get(image) == image_id:
+            continue
+        with tempfile.TemporaryDirectory(dir=home(cluster)) as tmp:
+            archive = Path(tmp) / "image.tar"
+            _run("podman", "save", "--format", "docker-archive", "--output", str(archive), image)
+            ctr(cluster, "images", "import", str(archive))
+        imported[image] = image_id
+        record.write_text(json.dumps(imported, indent=2))
+        log(f"real node: imported {image} into containerd in {time.monotonic() - began:.1f}s")
+
+
+# --- configuration ---------------------------------------------------------------------------
+
+
+def _containerd_config(cluster: Cluster, sandbox_image: str) -> str:
+    """`containerd config default` with the node's own paths and what this machine needs."""
+    node = home(cluster)
+    text = _run("containerd", "config", "default")
+    changes = [
+        (r'^root = ".*"$', f'root = "{node / "containerd-root"}"'),
+        (r'^state = ".*"$', f'state = "{node / "containerd-state"}"'),
+        (r'^(\s*)address = "/run/containerd/containerd.sock"$', rf'\1address = "{socket_path(cluster)}"'),
+        # This machine refuses a negative oom_score_adj even to root: without this, every sandbox
+        # fails with runc's "can't get final child's PID from pipe: EOF".
+        (r"^(\s*)restrict_oom_score_adj = .*$", r"\1restrict_oom_score_adj = true"),
+        (r'^(\s*)sandbox_image = ".*"$', rf'\1sandbox_image = "{sandbox_image}"'),
+        (r"^(\s*)SystemdCgroup = .*$", r"\1SystemdCgroup = false"),
+        (r'^(\s*)bin_dir = ".*"$', rf'\1bin_dir = "{CNI_BIN}"'),
+        (r'^(\s*)conf_dir = ".*"$', rf'\1conf_dir = "{node / "cni"}"'),
+        (r'^(\s*)path = "/opt/containerd"$', rf'\1path = "{node / "containerd-opt"}"'),
+    ]
+    for pattern, replacement in changes:
+        text, count = re.subn(pattern, replacement, text, flags=re.MULTILINE)
+        if count != 1:
+            raise ClusterError(f"containerd's default config has {count} lines like {pattern!r}, not one")
+    return text
+
+
+def _cni_config(cluster: Cluster) -> dict:
+    return {
+        "cniVersion": "0.4.0",
+        "name": f"vigil-{cluster.name}",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": bridge(cluster),
+                "isGateway": True,
+                "ipMasq": False,  # pods talk to this machine only (the API server)
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "dataDir": str(home(cluster) / "cni-ipam"),
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                    "ranges": [[{"subnet": subnet(cluster), "gateway": gateway(cluster)}]],
+                },
+            },
+            {"type": "portmap", "capabilities": {"portMappings": True}},
+        ],
+    }
+
+
+def _kubelet_config(cluster: Cluster) -> dict:
+    node, port = home(cluster), kubelet_port(cluster)
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": gateway(cluster),  # the node's IP (see up())
+        "port": port,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": port + 1,
+        # kube-apiserver comes with a client certificate of the bed's CA (kubectl logs, exec);
+        # what it may do is asked of the API server (SubjectAccessReview), as on a real cluster.
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": str(cluster.pki / "ca.crt")},
+        },
+        "authorization": {"mode": "Webhook"},
+        "containerRuntimeEndpoint": f"unix://{socket_path(cluster)}",
+        # This machine: cgroup v1 (hybrid), swap, and no systemd; the kubelet shares it with others.
+        "cgroupDriver": "cgroupfs",
+        "failCgroupV1": False,
+        "failSwapOn": False,
+        "cgroupsPerQOS": False,
+        "enforceNodeAllocatable": [],
+        "podLogsDir": str(node / "pod-logs"),
+        "registerWithTaints": [TAINT],
+        "maxPods": 20,
+        # The disk is shared and may be fuller than a kubelet likes: no evictions, no image GC
+        # (the images were imported, nothing could pull them again).
+        "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "serializeImagePulls": False,
+        "rotateCertificates": False,
+        "resolvConf": "/etc/resolv.conf",
+    }
+
+
+# --- the host's network ------------------------------------------------------------------------
+
+
+def _dnat_rule(cluster: Cluster) -> list[str]:
+    return [
+        "PREROUTING", "-s", subnet(cluster), "-d", API_SERVICE_IP, "-p", "tcp", "--dport", "443",
+        "-m", "comment", "--comment", f"vigil testbed {cluster.name}: kubernetes Service",
+        "-j", "DNAT", "--to-destination", f"127.0.0.1:{cluster.ports.apiserver}",
+    ]  # fmt: skip
+
+
+def _network_up(cluster: Cluster) -> None:
+    """The pods' bridge (made here, before the CNI plugin would, so that it may route to
+    127.0.0.1) and the DNAT rule that stands in for kube-proxy for the kubernetes Service."""
+    name = bridge(cluster)
+    if subprocess.run(["ip", "link", "show", name], capture_output=True).returncode:
+        _run("ip", "link", "add", name, "type", "bridge")
+    addresses = _run("ip", "-o", "-4", "addr", "show", "dev", name)
+    if f"{gateway(cluster)}/24" not in addresses:
+        _run("ip", "addr", "add", f"{gateway(cluster)}/24", "dev", name)
+    _run("ip", "link", "set", name, "up")
+    Path(f"/proc/sys/net/ipv4/conf/{name}/route_localnet").write_text("1")
+    rule = _dnat_rule(cluster)
+    if subprocess.run(["iptables", "-t", "nat", "-C", *rule], capture_output=True).returncode:
+        _run("iptables", "-t", "nat", "-A", *rule)
+
+
+def _network_down(cluster: Cluster) -> None:
+    rule = _dnat_rule(cluster)
+    while subprocess.run(["iptables", "-t", "nat", "-C", *rule], capture_output=True).returncode == 0:
+        _run("iptables", "-t", "nat", "-D", *rule)
+    subprocess.run(["ip", "link", "del", bridge(cluster)], capture_output=True)
+    shutil.rmtree(home(cluster) / "cni-ipam", ignore_errors=True)
+
+
+# --- up and down ---------------------------------------------------------------------------------
+
+
+def _node(cluster: Cluster) -> dict | None:
+    return bed._get(cluster, f"/api/v1/nodes/{node_name(cluster)}")
+
+
+def _ready(cluster: Cluster) -> bool:
+    node = _node(cluster)
+    conditions = ((node or {}).get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def running(cluster: Cluster) -> bool:
+    return all(bed.running_pid(cluster, c) for c in COMPONENTS)
+
+
+def up(cluster: Cluster, images: list[str] | None = None) -> None:
+    """Starts containerd and the kubelet for a running cluster, waits until the node is Ready,
+    and imports `images`."""
+    began = time.monotonic()
+    _require()
+    apiserver = bed.running_pid(cluster, "kube-apiserver")
+    if not apiserver:
+        raise ClusterError(f"cluster {cluster.name!r} is not running: `python -m testbed.cluster up` first")
+    if b"--kubelet-preferred-address-types" not in Path(f"/proc/{apiserver}/cmdline").read_bytes():
+        raise ClusterError(
+            f"cluster {cluster.name!r} runs a kube-apiserver started before the bed had a real node (it cannot "
+            "reach a kubelet for `kubectl logs`): "
+            f"`python -m testbed.cluster restart kube-apiserver --name {cluster.name}`"
+        )
+    node = home(cluster)
+    for sub in ("cni", "kubelet", "pod-logs"):
+        (node / sub).mkdir(parents=True, exist_ok=True)
+    name = node_name(cluster)
+
+    sandbox = pause_image()
+    (node / "containerd.toml").write_text(_containerd_config(cluster, sandbox))
+    (node / "cni" / "10-vigil.conflist").write_text(json.dumps(_cni_config(cluster), indent=2))
+    _network_up(cluster)
+    bed.start(cluster, "containerd", ["containerd", "--config", str(node / "containerd.toml"), "--log-level", "warn"])
+    bed.wait_for(
+        "containerd's socket",
+        lambda: (
+            subprocess.run(["ctr", "--address", str(socket_path(cluster)), "version"], capture_output=True).returncode
+            == 0
+        ),
+        60,
+        cluster,
+        "containerd",
+    )
+    import_images(cluster, [sandbox])
+
+    user = f"kubelet-{name}"
+    if not (cluster.pki / f"{user}.crt").exists():
+        bed._client_cert(cluster.pki, user, f"/O=system:nodes/CN=system:node:{name}")
+    kubeconfig = node / "kubelet.kubeconfig"
+    bed.write_kubeconfig(cluster, kubeconfig, user)
+    (node / "kubelet.yaml").write_text(json.dumps(_kubelet_config(cluster), indent=2))  # JSON is YAML
+    bed.start(
+        cluster,
+        "kubelet",
+        [
+            bed.binary("kubelet"),
+            f"--config={node / 'kubelet.yaml'}",
+            f"--kubeconfig={kubeconfig}",
+            f"--root-dir={node / 'kubelet'}",
+            f"--cert-dir={node / 'kubelet' / 'pki'}",
+            f"--hostname-override={name}",
+            # The node's InternalIP, what kube-apiserver dials (--kubelet-preferred-address-types):
+            # the pods' gateway, an address of this machine (the kubelet refuses a loopback one).
+            f"--node-ip={gateway(cluster)}",
+            f"--node-labels={LABEL}=true",
+            "--v=1",
+        ],
+    )
+    bed.wait_for(f"node {name} to be Ready", lambda: _ready(cluster), 120, cluster, "kubelet")
+    import_images(cluster, images or [])
+    took = time.monotonic() - began
+    log(f"real node {name} is Ready in {took:.1f}s (logs: {cluster.logs}/kubelet.log and containerd.log)")
+
+
+def _sandbox_netns(cluster: Cluster) -> set[str]:
+    """The network namespaces (/var/run/netns/cni-*) of the pods containerd holds."""
+    found: set[str] = set()
+    try:
+        for container in ctr(cluster, "containers", "ls", "-q", timeout=30).split():
+            info = json.loads(ctr(cluster, "containers", "info", container, timeout=30))
+            for space in ((info.get("Spec") or {}).get("linux") or {}).get("namespaces") or []:
+                if space.get("type") == "network" and str(space.get("path", "")).startswith("/var/run/netns/"):
+                    found.add(space["path"])
+    except (ClusterError, subprocess.TimeoutExpired, ValueError):
+        pass
+    return found
+
+
+def _drain(cluster: Cluster, netns: set[str], timeout: float = 30) -> None:
+    """Deletes the node's pods (the kubelet stops them through the CRI, which tears their network
+    down: the veth, the IP, the network namespace) and waits a while for that to be done."""
+    try:
+        bed.kubectl(
+            cluster, "delete", "pods", "--all-namespaces", "--field-selector", f"spec.nodeName={node_name(cluster)}",
+            "--grace-period=1", "--wait=false",
+        )  # fmt: skip
+    except ClusterError as err:
+        log(f"real node: could not delete its pods ({err}); stopping their containers directly")
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            tasks = ctr(cluster, "tasks", "ls", timeout=10).splitlines()[1:]
+        except (ClusterError, subprocess.TimeoutExpired):
+            return
+        # Every container stopped (sandboxes included), and every pod's network torn down.
+        if not any("RUNNING" in task for task in tasks) and not any(Path(path).exists() for path in netns):
+            return
+        time.sleep(0.5)
+
+
+def _remove_containers(cluster: Cluster) -> None:
+    """Kills and deletes whatever containers containerd still holds, so that no shim and no
+    process of a pod outlives the node."""
+    try:
+        for line in ctr(cluster, "tasks", "ls", timeout=30).splitlines()[1:]:
+            task = line.split()[0]
+            subprocess.run(
+                ["ctr", "--address", str(socket_path(cluster)), "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", task],
+                capture_output=True,
+                timeout=30,
+            )
+            subprocess.run(
+                ["ctr", "--address", str(socket_path(cluster)), "-n", "k8s.io", "tasks", "delete", "--force", task],
+                capture_output=True,
+                timeout=30,
+            )
+        for container in ctr(cluster, "containers", "ls", "-q", timeout=30).split():
+            subprocess.run(
+                ["ctr", "--address", str(socket_path(cluster)), "-n", "k8s.io", "containers", "delete", container],
+                capture_output=True,
+                timeout=30,
+            )
+    except (ClusterError, subprocess.TimeoutExpired) as err:
+        log(f"real node: could not remove every container: {err}")
+
+
+def _unmount_below(path: Path) -> None:
+    """Unmounts what the kubelet and containerd mounted under `path` (volumes, rootfs, netns)."""
+    try:
+        mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    except OSError:
+        return
+    for mount in sorted((m for m in mounts if m.startswith(str(path) + "/")), key=len, reverse=True):
+        subprocess.run(["umount", "-l", mount], capture_output=True)
+
+
+def down(cluster: Cluster) -> None:
+    """Stops the node's pods, the kubelet and containerd, and removes the bridge and the DNAT
+    rule. Safe to call when nothing runs."""
+    node = home(cluster)
+    if not node.exists():
+        return
+    kubelet_ran = bed.running_pid(cluster, "kubelet") is not None
+    containerd_ran = bed.running_pid(cluster, "containerd") is not None
+    netns = _sandbox_netns(cluster) if containerd_ran else set()
+    if kubelet_ran and containerd_ran and bed.running_pid(cluster, "kube-apiserver"):
+        _drain(cluster, netns)
+    bed.stop(cluster, "kubelet")
+    if containerd_ran:
+        _remove_containers(cluster)
+    bed.stop(cluster, "containerd")
+    for path in netns:  # what the kubelet did not tear down (no CNI DEL ran for it)
+        if Path(path).exists():
+            subprocess.run(["ip", "netns", "delete", Path(path).name], capture_output=True)
+    _network_down(cluster)
+    _unmount_below(node)
+    if bed.running_pid(cluster, "kube-apiserver"):
+        try:
+            bed.kubectl(cluster, "delete", "node", node_name(cluster), "--ignore-not-found", "--wait=false")
+        except ClusterError as err:
+            log(f"real node: could not delete the Node object: {err}")
+    if kubelet_ran or containerd_ran:
+        log(f"real node {node_name(cluster)} is down")
+
+
+def status(cluster: Cluster) -> bool:
+    for component in COMPONENTS:
+        pid = bed.running_pid(cluster, component)
+        print(f"{component:26} {f'running (pid {pid})' if pid else 'stopped'}")
+    print(f"{'node':26} {node_name(cluster)} ({'Ready' if _ready(cluster) else 'not Ready'})")
+    print(f"{'containerd socket':26} {socket_path(cluster)}")
+    return running(cluster) and _ready(cluster)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m testbed.node", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("command", choices=["up", "down", "status", "import"])
+    parser.add_argument("images", nargs="*", help="up, import: podman images to copy into the node's containerd")
+    parser.add_argument("--name", default=os.environ.get("VIGIL_CLUSTER", "default"), help="the cluster's name")
+    args = parser.parse_intermixed_args(argv)  # images before or after --name
+    cluster = Cluster.load(args.name)
+    if cluster is None:
+        bed.log(f"ERROR: no cluster {args.name!r}: `python -m testbed.cluster up --name {args.name}` first")
+        return 1
+    try:
+        if args.command == "up":
+            up(cluster, args.images)
+        elif args.command == "import":
+            import_images(cluster, args.images)
+        elif args.command == "down":
+            down(cluster)
+        else:
+            return 0 if status(cluster) else 3
+    except ClusterError as err:
+        log(f"ERROR: {err}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

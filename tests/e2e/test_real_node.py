@@ -1,0 +1,180 @@
+"""Vigil's injected agent in a real pod, on the bed's real node (a kubelet with containerd,
+testbed/node.py; the `real_node` fixture): an operator given `--agent-image` runs a VigilJob with
+the default heartbeat (required, agent unset) whose image has no Python and nothing of Vigil. The
+kubelet starts `vigil-agent --sidecar` as a native sidecar in one PID namespace with the job; the
+agent reaches the API server as the pod's service account, by the kubernetes Service's address,
+and beats by the pod's vigil.dev/heartbeat annotation (no --heartbeat-url).
+
+- the attempt runs, beats arrive (annotation and status.currentAttempt.lastHeartbeatAt), the job
+  Succeeds when its command exits 0, and `kubectl logs` shows the job's output;
+- under NoOverlap, the pod marked vigil.dev/superseded: the agent stops the job's container (the
+  kubelet reports 143 or 137), as the pod runs as one UID (65532) and the agent needs no capability.
+
+tests/e2e/test_sidecar_agent.py runs the same processes under podman; this is the kubelet's way."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import RealNode
+from tests.support.agents import HEARTBEAT_ANNOTATION, JOB_ACCOUNT, grant_heartbeat_rbac
+from tests.support.cluster import Kube, install_crds, read_pod, show_log
+from tests.support.jobs import GROUP, VERSION, create, pods_of, status
+from tests.support.operators import OperatorProcess
+from tests.support.waits import wait_until
+from vigil import api
+
+pytestmark = pytest.mark.e2e
+
+HEARTBEAT = {"intervalSeconds": 2, "timeoutSeconds": 10}  # required and agent left to their defaults
+GREETING = "hello from a real pod on the real node"
+
+
+def real_job(node: RealNode, name: str, script: str, guarantee: str = "AtLeastOnce") -> dict:
+    """A VigilJob whose pod runs `script` from the plain image on the real node, as UID 65532."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "VigilJob",
+        "metadata": {"name": name},
+        "spec": {
+            "guarantee": guarantee,
+            "heartbeat": HEARTBEAT,
+            "retry": {"maxAttempts": 1},
+            "template": {
+                "spec": {
+                    **node.placement,
+                    "serviceAccountName": JOB_ACCOUNT,
+                    # One UID for the whole pod: the agent inherits it and may signal the job.
+                    "securityContext": {"runAsUser": 65532, "runAsNonRoot": True},
+                    "terminationGracePeriodSeconds": 5,
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": node.plain_image,
+                            "imagePullPolicy": "Never",
+                            "command": ["/bin/sh", "-c", script],
+                        }
+                    ],
+                }
+            },
+        },
+    }
+
+
+@pytest.fixture
+def operator(kube: Kube, real_node: RealNode, own_namespace: str, tmp_path: Path, request) -> Iterator:
+    install_crds(kube)
+    grant_heartbeat_rbac(kube, own_namespace)
+    process = OperatorProcess(
+        kube, [own_namespace], tmp_path / "operator.log", extra_args=("--agent-image", real_node.vigil_image)
+    )
+    failed_before = request.session.testsfailed
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+        if request.session.testsfailed > failed_before:
+            show_log(process.log_path)
+
+
+def the_pod(kube: Kube, ns: str, job: dict):
+    (pod,) = wait_until(lambda: pods_of(kube, ns, job), 30, "the attempt's pod")
+    return pod
+
+
+def beat_of(kube: Kube, ns: str, pod: str) -> str | None:
+    found = read_pod(kube, ns, pod)
+    return (found.metadata.annotations or {}).get(HEARTBEAT_ANNOTATION) if found else None
+
+
+def new_beats(kube: Kube, ns: str, pod: str, count: int) -> list[str]:
+    seen: list[str] = []
+
+    def another() -> bool:
+        value = beat_of(kube, ns, pod)
+        if value and (not seen or seen[-1] != value):
+            seen.append(value)
+        return len(seen) > count
+
+    wait_until(another, 20 + count * HEARTBEAT["intervalSeconds"] * 2, f"{count} new beats on {pod}")
+    return seen
+
+
+def container_status(kube: Kube, ns: str, pod: str, name: str):
+    found = read_pod(kube, ns, pod)
+    statuses = [*(found.status.container_statuses or []), *(found.status.init_container_statuses or [])]
+    return next((s for s in statuses if s.name == name), None) if found else None
+
+
+def exit_code(kube: Kube, ns: str, pod: str, name: str = "main") -> int | None:
+    found = container_status(kube, ns, pod, name)
+    terminated = found.state.terminated if found and found.state else None
+    return terminated.exit_code if terminated else None
+
+
+def wait_running(kube: Kube, ns: str, name: str, pod: str) -> None:
+    def running() -> bool:
+        attempt = status(kube, ns, name).get("currentAttempt") or {}
+        return attempt.get("phase") == "Running"
+
+    # The first pod of the node starts its sandbox and Python in the agent: seconds, on 2 busy cores.
+    wait_until(running, 90, f"{name}'s attempt to run (pod {pod}: {container_status(kube, ns, pod, 'main')})")
+
+
+def test_a_job_from_a_plain_image_runs_with_the_injected_agent_beating_in_a_real_pod(
+    kube: Kube, real_node: RealNode, own_namespace: str, operator: OperatorProcess
+):
+    ns = own_namespace
+    script = f"echo '{GREETING}'; sleep 14; echo 'the job is done'"
+    job = create(kube, ns, real_job(real_node, "real", script))
+    pod = the_pod(kube, ns, job)
+    name = pod.metadata.name
+    assert pod.spec.share_process_namespace is True
+    agent = pod.spec.init_containers[-1]
+    assert (agent.name, agent.image, agent.restart_policy) == (api.AGENT_CONTAINER, real_node.vigil_image, "Always")
+
+    wait_running(kube, ns, "real", name)
+    found = read_pod(kube, ns, name)
+    assert found is not None and found.spec.node_name == real_node.name
+    new_beats(kube, ns, name, 2)  # by the agent in the pod, as the pod's service account
+    wait_until(
+        lambda: (status(kube, ns, "real").get("currentAttempt") or {}).get("lastHeartbeatAt"),
+        20,
+        "the job's status to show the attempt's last beat",
+    )
+
+    ended = ("Succeeded", "Failed", "DeadLettered")
+    wait_until(lambda: status(kube, ns, "real").get("phase") in ended, 60, "the job to end")
+    final = status(kube, ns, "real")
+    assert final["phase"] == "Succeeded", final
+    assert exit_code(kube, ns, name) == 0
+    logs = kube.kubectl("logs", "-n", ns, name, "-c", "main").stdout
+    assert GREETING in logs and "the job is done" in logs, logs
+
+
+def test_the_injected_agent_stops_the_job_of_a_superseded_pod_on_the_real_node(
+    kube: Kube, real_node: RealNode, own_namespace: str, operator: OperatorProcess
+):
+    ns = own_namespace
+    job = create(kube, ns, real_job(real_node, "fenced", "echo started; sleep 3600", guarantee="NoOverlap"))
+    name = the_pod(kube, ns, job).metadata.name
+    wait_running(kube, ns, "fenced", name)
+    new_beats(kube, ns, name, 1)
+    assert exit_code(kube, ns, name) is None
+
+    kube.core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": {api.ANNOTATION_SUPERSEDED: "2"}}})
+    code = wait_until(lambda: exit_code(kube, ns, name), 30, "the job's container to be stopped by the agent")
+    assert code in (143, 137), f"the job exited {code}, not by SIGTERM or SIGKILL"
+    print(f"the job's container on the real node, stopped by the injected agent: exit {code}", file=sys.__stderr__)
+    # The kubelet restarts a native sidecar that exits (75, here) while the job's container runs:
+    # what the first agent said may be in its previous container's log.
+    agent_logs = "".join(
+        kube.kubectl("logs", "-n", ns, name, "-c", api.AGENT_CONTAINER, f"--previous={previous}", check=False).stdout
+        for previous in ("false", "true")
+    )
+    assert "superseded" in agent_logs, agent_logs
