@@ -53,7 +53,7 @@ from vigil.metrics.collectors import StateCollector
 from vigil.runtime.clock import SYSTEM, Clock
 from vigil.servers import health
 from vigil.servers import metrics as metrics_server
-from vigil.servers.beats import BeatEndpoint
+from vigil.servers.beats import BeatEndpoint, outcome_counter
 from vigil.servers.http import Server, serve
 from vigil.servers.webhook import WebhookServer
 
@@ -315,7 +315,7 @@ class Operator:
                     keys=keys.keys,
                     pod_of=jobs.view.pods.by_uid,
                     heard=jobs.handlers.beat_heard,
-                    count=lambda outcome: metrics.heartbeat_posts.labels(outcome).inc(),
+                    count=outcome_counter(metrics.heartbeat_posts),
                     audience=settings.beat_channel.audience,
                     clock=clock,
                 )

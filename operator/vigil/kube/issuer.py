@@ -24,6 +24,17 @@ REFRESH_SECONDS = 3600.0  # the API server's keys change when its signing key is
 MAX_DOCUMENT_BYTES = 256 * 1024
 
 
+def fetch_due(current: beats.IssuerKeys | None, age: float | None, unknown_kid: str | None) -> bool:
+    """Whether to fetch the keys, holding `current` fetched `age` seconds ago (None: never
+    fetched), asked for `unknown_kid` (None: any key)."""
+    retry_ok = age is None or age >= beats.KEY_REFRESH_SECONDS  # failures and floods wait
+    if current is None:
+        return retry_ok
+    if age is not None and age >= REFRESH_SECONDS:
+        return True
+    return unknown_kid is not None and unknown_kid not in current.keys and retry_ok
+
+
 class IssuerKeySource:
     def __init__(self, client: ApiClient, clock: Clock = SYSTEM) -> None:
         self.client, self.clock = client, clock
@@ -35,22 +46,20 @@ class IssuerKeySource:
     async def keys(self, unknown_kid: str | None = None) -> beats.IssuerKeys | None:
         """The keys, fetched when none are held, when they are older than REFRESH_SECONDS, or
         when `unknown_kid` is not among them and the last fetch is older than the refresh
-        period for unknown keys. None while they cannot be fetched."""
-        async with self._lock:
-            return await self._keys(unknown_kid)
+        period for unknown keys. None while they cannot be fetched.
 
-    async def _keys(self, unknown_kid: str | None) -> beats.IssuerKeys | None:
+        Every beat asks: when no fetch is due (nearly always) and none is running, the keys
+        held are answered without taking the lock; a call during a fetch waits for its keys."""
+        if not self._lock.locked() and not self._due(unknown_kid):
+            return self.current
+        async with self._lock:
+            if self._due(unknown_kid):  # a fetch that ran while this call waited may have done
+                await self._fetch()
+            return self.current
+
+    def _due(self, unknown_kid: str | None) -> bool:
         age = None if self.fetched_at is None else self.clock.monotonic() - self.fetched_at
-        retry_ok = age is None or age >= beats.KEY_REFRESH_SECONDS  # failures and floods wait
-        if self.current is None:
-            due = retry_ok
-        elif age is not None and age >= REFRESH_SECONDS:
-            due = True
-        else:
-            due = unknown_kid is not None and unknown_kid not in self.current.keys and retry_ok
-        if due:
-            await self._fetch()
-        return self.current
+        return fetch_due(self.current, age, unknown_kid)
 
     async def _fetch(self) -> None:
         self.fetched_at = self.clock.monotonic()

@@ -13,13 +13,15 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client import Counter as PromCounter
 
 from tests.support.clock import FakeClock
 from tests.support.tokens import KEYS, OTHER_KEY, claims, token
 from vigil import api
 from vigil.core import beats
 from vigil.core.queueing.book import QueueSpec
-from vigil.servers.beats import BeatEndpoint
+from vigil.servers.beats import OUTCOMES, BeatEndpoint, outcome_counter
 from vigil.servers.webhook import WebhookServer
 
 pytestmark = pytest.mark.unit
@@ -144,3 +146,64 @@ def test_without_keys_a_beat_is_turned_away_to_retry(certs: Path) -> None:
     leader.keys = None
     (status, answer), = beat_all(certs, leader, [(leader.good_token(), BODY)])
     assert status == 503 and "keys" in answer["error"] and leader.heard == []
+
+
+def test_a_body_that_comes_after_its_headers_is_waited_for_and_one_that_never_comes_is_a_408(certs: Path) -> None:
+    leader = Leader()
+    endpoint = BeatEndpoint(
+        leading=lambda: True,
+        keys=leader.fetch,
+        pod_of=leader.pods.get,
+        heard=lambda pod: leader.heard.append(pod["metadata"]["uid"]),
+        count=lambda outcome: leader.outcomes.update([outcome]),
+        clock=leader.clock,
+        read_seconds=0.3,
+    )
+    server = WebhookServer(lambda namespace, queue: (QueueSpec(), 0))
+    body = json.dumps(BODY).encode()
+    got: list[tuple[int, str]] = []
+
+    async def post_in_two(rest: bytes | None) -> tuple[int, str]:
+        """The headers, then (once the server has them) the body, or nothing: a raw connection."""
+        context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port, ssl=context)
+        head = (
+            f"POST {beats.PATH} HTTP/1.1\r\nHost: vigil\r\nAuthorization: Bearer {leader.good_token()}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        )
+        writer.write(head.encode())
+        await writer.drain()
+        await asyncio.sleep(0.05)  # lets the server take the headers alone (either way, the answer is the same)
+        if rest is not None:
+            writer.write(rest)
+            await writer.drain()
+        answer = (await reader.read(65536)).decode()
+        writer.close()
+        await writer.wait_closed()
+        return int(answer.split()[1]), answer.rsplit("\r\n\r\n", 1)[1]
+
+    async def main() -> None:
+        await server.start("127.0.0.1:0", certs / "tls.crt", certs / "tls.key", also=endpoint.routes())
+        try:
+            got.append(await post_in_two(body))
+            got.append(await post_in_two(None))
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
+    assert got[0] == (200, '{"state": "Renewed"}')
+    assert got[1][0] == 408 and "did not arrive within 0.3 s" in got[1][1]
+    assert leader.heard == ["pod-uid-1"] and leader.outcomes == Counter({"counted": 1, "bad-request": 1})
+
+
+def test_the_outcome_counter_counts_each_outcome_and_shows_every_one_from_the_start() -> None:
+    registry = CollectorRegistry()
+    posts = PromCounter("posts", "Beats by outcome.", ["outcome"], registry=registry)
+    count = outcome_counter(posts)
+    assert {registry.get_sample_value("posts_total", {"outcome": o}) for o in OUTCOMES} == {0.0}
+    count("counted")
+    count("counted")
+    count("busy")
+    assert registry.get_sample_value("posts_total", {"outcome": "counted"}) == 2.0
+    assert registry.get_sample_value("posts_total", {"outcome": "busy"}) == 1.0
+    assert registry.get_sample_value("posts_total", {"outcome": "wrong-pod"}) == 0.0
