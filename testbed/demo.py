@@ -28,11 +28,13 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from testbed import cluster as testbed
 from vigil.servers import webhook
 
 ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
 TERMINAL = {"Succeeded", "DeadLettered"}
 STEPS = 5
 LEASE = ("default", "vigil")  # the Lease the operator leads on: namespace, name
@@ -57,7 +59,7 @@ subjects: [{kind: ServiceAccount, name: vigil-metrics-reader, namespace: default
 """
 
 
-def step(number: int, what: str, run: Callable[[], object]) -> object:
+def step(number: int, what: str, run: Callable[[], T]) -> T:
     """Runs one step of the demo between a line that says what it does and one that says it is done."""
     began = time.monotonic()
     testbed.log(f"[demo step {number}/{STEPS}] {what}")
@@ -279,7 +281,6 @@ def main(argv: list[str] | None = None) -> int:
             "vigil operator as the chart runs it (leader election, webhook, beats to the leader, metrics, health)",
             lambda: start_operator(cluster),
         )
-        assert isinstance(served, Served)
         finished = step(
             4, "the jobs in examples/, until each has finished", lambda: run_examples(cluster, args.timeout)
         )

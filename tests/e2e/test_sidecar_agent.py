@@ -36,9 +36,13 @@ INTERVAL, TIMEOUT = 1, 6  # the agent's beats: every second; fenced after 6 s wi
 CHECKPOINT = '{"offset":1200}'
 
 
-def beat_of(kube: Kube, ns: str, pod: str) -> str | None:
+def annotation_of(kube: Kube, ns: str, pod: str, key: str) -> str | None:
     found = read_pod(kube, ns, pod)
-    return (found.metadata.annotations or {}).get(HEARTBEAT_ANNOTATION) if found else None
+    return (found.metadata.annotations or {}).get(key) if found else None
+
+
+def beat_of(kube: Kube, ns: str, pod: str) -> str | None:
+    return annotation_of(kube, ns, pod, HEARTBEAT_ANNOTATION)
 
 
 def rss_kib(container: Container) -> int:
@@ -150,9 +154,7 @@ def test_the_injected_agent_waits_for_the_job_then_stops_beating_and_exits_0_whe
         assert pod.agent.exit_code() == 0, pod.agent.logs()
         assert "the job's processes have all exited" in pod.agent.logs()
         # Published at the job's end (within 30 s of the last one, and always at the end).
-        found = read_pod(kube, ns, "plain")
-        assert found is not None
-        assert (found.metadata.annotations or {}).get(api.ANNOTATION_CHECKPOINT) == CHECKPOINT, pod.agent.logs()
+        assert annotation_of(kube, ns, "plain", api.ANNOTATION_CHECKPOINT) == CHECKPOINT, pod.agent.logs()
         last = beat_of(kube, ns, "plain")
 
         def unchanged() -> None:
@@ -206,6 +208,4 @@ def test_the_any_image_example_resumes_from_its_checkpoint_beside_the_injected_a
         assert job.exit_code() == 0, job.logs()
         assert "attempt 2 starts at 2" in job.logs() and "counted to 5" in job.logs()
         assert wait_until(lambda: pod.agent.exit_code() is not None, 10, "the agent to exit") is True
-        found = read_pod(kube, ns, "plain")
-        assert found is not None
-        assert (found.metadata.annotations or {}).get(api.ANNOTATION_CHECKPOINT) == '{"done":5}', pod.agent.logs()
+        assert annotation_of(kube, ns, "plain", api.ANNOTATION_CHECKPOINT) == '{"done":5}', pod.agent.logs()
