@@ -12,10 +12,15 @@ renewal, and that renewal reached the API server no earlier than it was sent. So
 the old leader may have been received later than (its last renewal received) + renew deadline,
 plus a little for a request sent just before the fence closed to cross loopback. That moment is
 before the standby's takeover (at least lease duration - renew deadline = 1 s before it), and
-long before SIGCONT. What the fence cannot stop (docs/leader-election.md, "writes already on the
-wire") is a write frozen between its last fence check, in its worker thread, and its first byte
-on the socket: about a millisecond of Python per write, so a run has a small chance (well under
-1% at the few writes a second this test makes) of catching one; the failure then names it.
+long before SIGCONT. What no client-side fence can stop (docs/leader-election.md, "a process
+frozen mid-write") is a write frozen between its last fence check and its bytes reaching the
+socket: that stretch is synchronous code on the one event loop, so at most one write can be in it,
+and it is sent the moment the process wakes. On a loaded 2-core bed a run catches one now and
+then (CI did, 2026-12-03: `patch vigiljobs/j11/status -> 409`, received 6 ms before the woken
+operator logged its timeout). So the bound the test holds is: after the fence, at most one write,
+received within WAKE_SLACK of SIGCONT (a write whose check ran after waking is refused before it
+is sent); every other write before the fence. That one write carries the preconditions every
+write of Vigil carries, so it changes nothing a newer decision made (here: 409).
 
 Timings: lease 4 s, renew deadline 3 s, retry 1 s (as test_failover.py).
 """
@@ -41,6 +46,7 @@ pytestmark = pytest.mark.e2e
 
 LEASE_DURATION, RENEW_DEADLINE = 4.0, 3.0  # tests.support.operators.LEASE
 LOOPBACK_SLACK = 0.25  # a write sent just before the fence closed, on its way over loopback
+WAKE_SLACK = 1.0  # the one write frozen past its fence check, sent on the woken loop's first turns
 JOBS = 12
 WRITES = ("create", "update", "patch", "delete", "deletecollection")
 
@@ -167,18 +173,26 @@ def test_a_frozen_leader_is_replaced_and_once_woken_writes_nothing_and_exits(
         last_renewal = at(renewals(events, first)[-1]["requestReceivedTimestamp"])
         took_over = at(renewals(events, second)[0]["requestReceivedTimestamp"])
         fence = last_renewal + dt.timedelta(seconds=RENEW_DEADLINE + LOOPBACK_SLACK)
-        last_write = at(mine[-1]["requestReceivedTimestamp"])
-        late = [describe(e) for e in mine if at(e["requestReceivedTimestamp"]) > fence]
-        assert not late, f"the old leader wrote after its fence closed ({fence}): {late}"
-        assert not [e for e in mine if at(e["requestReceivedTimestamp"]) >= woken_at]
+        late = [e for e in mine if at(e["requestReceivedTimestamp"]) > fence]
+        woke_late = [
+            e
+            for e in late
+            if woken_at <= at(e["requestReceivedTimestamp"]) <= woken_at + dt.timedelta(seconds=WAKE_SLACK)
+        ]
+        assert len(late) <= 1 and late == woke_late, (
+            f"the old leader wrote after its fence closed ({fence}), other than the one write frozen "
+            f"past its fence check and sent as it woke ({woken_at}): {[describe(e) for e in late]}"
+        )
         assert fence < took_over
+        last_write = max(at(e["requestReceivedTimestamp"]) for e in mine if e not in late)
         operator_writes = [e for e in mine if "leader-election" not in e["userAgent"]]
         assert operator_writes, "the old leader made no write at all before it was frozen: nothing was tested"
         print(
             f"\nsplit brain: SIGSTOP {stopped_at:%H:%M:%S.%f}; standby leading {takeover:.2f}s later "
             f"(its acquiring write received {(took_over - stopped_at).total_seconds():.2f}s after SIGSTOP, "
             f"{(took_over - last_renewal).total_seconds():.2f}s after the old leader's last renewal); "
-            f"old leader: {len(mine)} writes ({len(operator_writes)} by the operator), the last received "
+            f"old leader: {len(mine)} writes ({len(operator_writes)} by the operator, {len(late)} sent as it woke), "
+            f"the last before its fence received "
             f"{(took_over - last_write).total_seconds():.2f}s before the takeover and "
             f"{(woken_at - last_write).total_seconds():.2f}s before SIGCONT; it exited with {code} "
             f"{exited:.2f}s after SIGCONT; the new leader made {len(theirs)} writes"
