@@ -28,9 +28,12 @@ image:
 # The cluster, Vigil's CRDs and operator, and the example jobs run until each has finished. It
 # builds only what the demo needs (etcd, Kubernetes, kwok). VIGIL_CLUSTER and VIGIL_PORT_BASE
 # (read by testbed.demo and testbed.cluster) run it as another cluster; `make down` stops that one.
+# REAL_NODE=1 (root) adds the bed's real node (the kubelet and containerd too, and Vigil's image)
+# and runs examples/any-image/ on it: the heartbeat, Uncertain, Lost, NoOverlap, a checkpoint.
+REAL_NODE ?=
 up: venv
-	testbed/build.sh demo
-	$(BIN)/python -m testbed.demo
+	testbed/build.sh $(if $(filter-out 0,$(REAL_NODE)),real-node,demo)
+	VIGIL_REAL_NODE=$(REAL_NODE) $(BIN)/python -m testbed.demo
 
 down:
 	$(PYTHON) -m testbed.cluster down

@@ -2,9 +2,10 @@
 # Builds the local control plane from the Go module proxy into a cache outside the checkout.
 # Binaries land in $VIGIL_CACHE/bin/<name>-<version>; a second run finds them and does nothing.
 #
-# Usage: testbed/build.sh [demo|all] [--print-bin-dir]
+# Usage: testbed/build.sh [demo|real-node|all] [--print-bin-dir]
 #   demo  what `make up` needs: etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 #         kubectl and kwok.
+#   real-node  what `make up REAL_NODE=1` needs: that, and the kubelet with containerd (below).
 #   all   (the default; `make testbed`, `make test`) that, and what only the tests use: helm,
 #         promtool, the prometheus-operator CRDs the chart's optional objects need, kstatus, and
 #         the kubelet of the bed's one real node (testbed/node.py), with containerd (Debian's
@@ -35,9 +36,9 @@ TARGET=all
 for arg in "$@"; do
   case $arg in
     --print-bin-dir) echo "$BIN"; exit 0 ;;
-    demo|all) TARGET=$arg ;;
+    demo|real-node|all) TARGET=$arg ;;
     -h|--help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
-    *) printf 'testbed/build.sh: unknown argument %q (demo, all or --print-bin-dir)\n' "$arg" >&2; exit 2 ;;
+    *) printf 'testbed/build.sh: unknown argument %q (demo, real-node, all or --print-bin-dir)\n' "$arg" >&2; exit 2 ;;
   esac
 done
 
@@ -51,7 +52,7 @@ declare -A COLD=([etcd]=56 [kube-apiserver]=209 [kube-controller-manager]=61 [ku
   [kubelet]=180 [containerd]=60)
 # The disk a cold build leaves in Go's module and build caches ($GOMODCACHE, $GOCACHE), and in
 # $BIN, in GB, measured the same way (`demo`: 1.1 GB of modules, 3.7 GB of build cache).
-declare -A COLD_GO_GB=([demo]=4.8 [all]=9.0) COLD_BIN_GB=([demo]=0.4 [all]=0.55)
+declare -A COLD_GO_GB=([demo]=4.8 [real-node]=5.0 [all]=9.0) COLD_BIN_GB=([demo]=0.4 [real-node]=0.5 [all]=0.55)
 PROGRESS_EVERY=${VIGIL_BUILD_PROGRESS_SECONDS:-15}
 TTY=0; [[ -t 2 ]] && TTY=1
 STEP=0 STEPS=0 STEP_BEGAN=$SECONDS STEP_NAME=
@@ -334,6 +335,10 @@ if [[ $TARGET == all ]]; then
     "promtool|$PROMETHEUS_VERSION|have promtool $PROMETHEUS_VERSION|build_promtool"
     "prometheus-operator-crds|$PROMETHEUS_OPERATOR_VERSION|test -f $PROMETHEUS_OPERATOR_CRDS/monitoring.coreos.com_servicemonitors.yaml|fetch_prometheus_operator_crds"
     "kstatus|$KSTATUS_VERSION|kstatus_cached|build_kstatus"
+  )
+fi
+if [[ $TARGET == all || $TARGET == real-node ]]; then
+  STEP_LIST+=(
     "kubelet|$KUBE_VERSION|have kubelet $KUBE_VERSION|build_kubelet"
     "containerd|(Debian)|containerd_installed|install_containerd"
   )
@@ -370,7 +375,8 @@ done
 # Stable names for the chosen versions, so PATH=$BIN works.
 links=("etcd $ETCD_VERSION" "kube-apiserver $KUBE_VERSION" "kube-controller-manager $KUBE_VERSION"
        "kube-scheduler $KUBE_VERSION" "kubectl $KUBE_VERSION" "kwok $KWOK_BUILD")
-[[ $TARGET == all ]] && links+=("helm $HELM_VERSION" "promtool $PROMETHEUS_VERSION" "kstatus $KSTATUS_VERSION" "kubelet $KUBE_VERSION")
+[[ $TARGET == all ]] && links+=("helm $HELM_VERSION" "promtool $PROMETHEUS_VERSION" "kstatus $KSTATUS_VERSION")
+[[ $TARGET == all || $TARGET == real-node ]] && links+=("kubelet $KUBE_VERSION")
 for pair in "${links[@]}"; do
   set -- $pair; ln -sfn "$1-$2" "$BIN/$1"
 done

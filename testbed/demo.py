@@ -1,14 +1,21 @@
 """`make up`: the local cluster, Vigil's CRDs, the operator, and the example jobs, watched until
 each one has finished. Leaves everything running; `make down` stops it all.
 
-    python -m testbed.demo [--nodes 3] [--timeout 180] [--name default] [--port-base 16443]
+    python -m testbed.demo [--nodes 3] [--timeout 180] [--name default] [--port-base 16443] [--real-node]
 
-Each of its five steps prints a "[demo step N/5]" line when it starts and when it is done, with
-the seconds it took. The operator runs as the chart runs it (templates/deployment.yaml), on
+Each of its five steps (seven with --real-node) prints a "[demo step N/M]" line when it starts and
+when it is done, with the seconds it took. The operator runs as the chart runs it (templates/deployment.yaml), on
 loopback: leader election on a Lease, the admission webhook (registered with the API server),
 beats to the leader, metrics over HTTPS for authorized tokens and the health probes; etcd
 fsyncs every write. Its ports follow the cluster's: webhook base+10, metrics +11, health +12.
 Step 5 shows the webhook's 429 for a job of the queue that takes none, and one scrape.
+
+--real-node (`make up REAL_NODE=1`; root) adds the bed's one real node (a kubelet with containerd,
+testbed/node.py) with Vigil's image (testbed/image.sh) and a plain image, runs the operator with
+that agent image and its webhook and beats on the node's bridge (where pods reach it), and ends
+with examples/any-image/stall.yaml and hang.yaml on that node (testbed.doubt): the default
+heartbeat from an image with nothing of Vigil, Uncertain and back, Lost, NoOverlap's fencing and
+a checkpoint carried to the next attempt.
 
 --name and --port-base (or $VIGIL_CLUSTER and $VIGIL_PORT_BASE, which
 `make up` and `make down` pass on) run the demo as another cluster beside the default one:
@@ -21,6 +28,7 @@ import argparse
 import json
 import os
 import ssl
+import subprocess
 import sys
 import time
 import urllib.error
@@ -31,15 +39,34 @@ from pathlib import Path
 from typing import TypeVar
 
 from testbed import cluster as testbed
+from testbed import doubt
+from testbed import node as real_node
 from vigil.servers import webhook
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
 TERMINAL = {"Succeeded", "DeadLettered"}
-STEPS = 5
+STEPS = [5]  # 7 with --real-node: set by main
 LEASE = ("default", "vigil")  # the Lease the operator leads on: namespace, name
 WEBHOOK_CONFIGURATION = "vigil-demo"
 CLOSED_QUEUE = "closed"  # examples/queue.yaml: maxQueued 0, so the webhook refuses every new job
+# The job account of examples/any-image/ with the Role the chart gives it (templates/heartbeat-rbac.yaml).
+JOB_ACCOUNT = """
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: vigil-job, namespace: default}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: vigil-heartbeat, namespace: default}
+rules: [{apiGroups: [""], resources: [pods], verbs: [get, patch]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: vigil-heartbeat, namespace: default}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: vigil-heartbeat}
+subjects: [{kind: ServiceAccount, name: vigil-job, namespace: default}]
+"""
 # Who may read the metrics: a service account bound as the chart's <release>-metrics-reader is.
 METRICS_READER = """
 apiVersion: v1
@@ -62,9 +89,9 @@ subjects: [{kind: ServiceAccount, name: vigil-metrics-reader, namespace: default
 def step(number: int, what: str, run: Callable[[], T]) -> T:
     """Runs one step of the demo between a line that says what it does and one that says it is done."""
     began = time.monotonic()
-    testbed.log(f"[demo step {number}/{STEPS}] {what}")
+    testbed.log(f"[demo step {number}/{STEPS[0]}] {what}")
     result = run()
-    testbed.log(f"[demo step {number}/{STEPS}] done in {time.monotonic() - began:.1f}s")
+    testbed.log(f"[demo step {number}/{STEPS[0]}] done in {time.monotonic() - began:.1f}s")
     return result
 
 
@@ -76,11 +103,13 @@ class Served:
     metrics: int
     health: int
     certs: Path  # ca.crt, tls.crt, tls.key: the webhook's and the metrics' serving certificate
+    address: str = "127.0.0.1"  # of the webhook and the beats: the real node's bridge when there is one
+    agent_image: str | None = None  # the injected agent's (--agent-image), on a real node
 
     @classmethod
-    def of(cls, cluster: testbed.Cluster) -> Served:
+    def of(cls, cluster: testbed.Cluster, address: str = "127.0.0.1", agent_image: str | None = None) -> Served:
         base = cluster.ports.apiserver
-        return cls(base + 10, base + 11, base + 12, cluster.dir / "vigil-demo-certs")
+        return cls(base + 10, base + 11, base + 12, cluster.dir / "vigil-demo-certs", address, agent_image)
 
 
 def _vigil_command(served: Served) -> list[str]:
@@ -91,13 +120,14 @@ def _vigil_command(served: Served) -> list[str]:
     return [
         str(script), "operator", "--log-level", "info",
         "--leader-elect", "--lease-namespace", LEASE[0], "--lease-name", LEASE[1],
-        "--webhook-address", f"127.0.0.1:{served.webhook}",
+        "--webhook-address", f"{served.address}:{served.webhook}",
         "--webhook-cert-file", str(certs / "tls.crt"), "--webhook-key-file", str(certs / "tls.key"),
-        "--heartbeat-url", f"https://127.0.0.1:{served.webhook}/v1/heartbeat",
+        "--heartbeat-url", f"https://{served.address}:{served.webhook}/v1/heartbeat",
         "--heartbeat-ca-file", str(certs / "ca.crt"),
         "--metrics-address", f"127.0.0.1:{served.metrics}",
         "--metrics-cert-file", str(certs / "tls.crt"), "--metrics-key-file", str(certs / "tls.key"),
         "--health-address", f"127.0.0.1:{served.health}",
+        *(("--agent-image", served.agent_image) if served.agent_image else ()),
     ]  # fmt: skip
 
 
@@ -144,13 +174,12 @@ def _ready(served: Served) -> bool:
         return False
 
 
-def start_operator(cluster: testbed.Cluster, timeout: float = 60) -> Served:
+def start_operator(cluster: testbed.Cluster, served: Served, timeout: float = 60) -> Served:
     """The operator, with a fresh serving certificate, and the webhook registered for it; until
     it is ready (it leads, and every watch has listed)."""
-    served = Served.of(cluster)
     testbed.stop(cluster, "vigil-operator")  # a new run gets the code as it is now
-    ca = webhook.make_self_signed(served.certs)
-    url = f"https://127.0.0.1:{served.webhook}{webhook.PATH}"
+    ca = webhook.make_self_signed(served.certs, ip_addresses=sorted({"127.0.0.1", served.address}))
+    url = f"https://{served.address}:{served.webhook}{webhook.PATH}"
     configuration = webhook.webhook_configuration(WEBHOOK_CONFIGURATION, ca, url=url)
     testbed.kubectl(cluster, "apply", "-f", "-", input=json.dumps(configuration))
     testbed.kubectl(cluster, "apply", "-f", "-", input=METRICS_READER)
@@ -235,16 +264,53 @@ def show_backpressure(cluster: testbed.Cluster, served: Served) -> None:
         print(f"$ {command}\n{str(refused).partition('failed: ')[2]}", flush=True)
     else:
         raise testbed.ClusterError(f"the webhook admitted a job for queue {CLOSED_QUEUE!r} (maxQueued: 0)")
+    lines = scrape(cluster, served)
+    wanted = ("vigil_jobs{", "vigil_attempts_started_total", "vigil_queue_admission_refusals_total{")
+    shown = [line for line in lines if line.startswith(wanted)]
+    url = f"https://127.0.0.1:{served.metrics}/metrics"
+    print(f"$ curl {url} (a token bound to the metrics reader): {len(lines)} lines, e.g.", flush=True)
+    print("\n".join(shown[:6]), flush=True)
+
+
+def scrape(cluster: testbed.Cluster, served: Served) -> list[str]:
+    """The operator's /metrics, read with a token allowed to read them; its lines."""
     token = testbed.kubectl(cluster, "create", "token", "vigil-metrics-reader", "-n", "default").strip()
     url = f"https://127.0.0.1:{served.metrics}/metrics"
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
     context = ssl.create_default_context(cafile=str(served.certs / "ca.crt"))
     with urllib.request.urlopen(request, timeout=10, context=context) as answer:
-        lines = answer.read().decode().splitlines()
-    wanted = ("vigil_jobs{", "vigil_attempts_started_total", "vigil_queue_admission_refusals_total{")
-    shown = [line for line in lines if line.startswith(wanted)]
-    print(f"$ curl {url} (a token bound to the metrics reader): {len(lines)} lines, e.g.", flush=True)
-    print("\n".join(shown[:6]), flush=True)
+        return answer.read().decode().splitlines()
+
+
+def start_real_node(cluster: testbed.Cluster) -> str:
+    """The real node, with Vigil's image (built by testbed/image.sh unless up to date) and the
+    plain image imported; Vigil's image's name."""
+    built = subprocess.run([str(ROOT / "testbed" / "image.sh")], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    if built.returncode:
+        raise testbed.ClusterError(f"testbed/image.sh could not build Vigil's image (exit {built.returncode})")
+    image = built.stdout.strip().splitlines()[-1]
+    real_node.up(cluster, [image, real_node.plain_image()])
+    return image
+
+
+def show_doubt(cluster: testbed.Cluster, served: Served, timeout: float = 240) -> None:
+    """examples/any-image/stall.yaml and hang.yaml on the real node, followed to their end; the
+    story they tell and the beats the leader counted, or an error naming what did not happen."""
+    testbed.kubectl(cluster, "apply", "-f", "-", input=JOB_ACCOUNT)
+    seen = doubt.watch(
+        lambda *args, input=None: testbed.kubectl(cluster, *args, input=input),
+        "default",
+        real_node.plain_image(),
+        real_node.POD_PLACEMENT,
+        timeout,
+        say=lambda line: print(line, flush=True),
+    )
+    print("\n".join(doubt.tell(seen)), flush=True)
+    posts = [line for line in scrape(cluster, served) if line.startswith("vigil_heartbeat_posts_total{")]
+    print("beats the real pods posted to the leader (vigil_heartbeat_posts_total), by outcome:", flush=True)
+    print("\n".join(line for line in posts if not line.endswith(" 0.0")), flush=True)
+    if missing := doubt.problems(seen):
+        raise testbed.ClusterError("the real node's jobs did not tell the whole story:\n" + "\n".join(missing))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -262,10 +328,17 @@ def main(argv: list[str] | None = None) -> int:
         default=int(os.environ["VIGIL_PORT_BASE"]) if os.environ.get("VIGIL_PORT_BASE") else None,
         help="the apiserver's port, the others follow it ($VIGIL_PORT_BASE; default: the cluster's own, else 16443)",
     )
+    parser.add_argument(
+        "--real-node",
+        action="store_true",
+        default=os.environ.get("VIGIL_REAL_NODE", "") not in ("", "0"),
+        help="add the bed's real node and run examples/any-image/ on it ($VIGIL_REAL_NODE=1; root)",
+    )
     args = parser.parse_args(argv)
     saved = testbed.Cluster.load(args.name)
     base = args.port_base or (saved.ports.apiserver if saved else 16443)
     cluster = testbed.Cluster(args.name, testbed.Ports.from_base(base))
+    STEPS[0] = 7 if args.real_node else 5
     began = time.monotonic()
     try:
         step(
@@ -274,21 +347,37 @@ def main(argv: list[str] | None = None) -> int:
             f"kwok and {args.nodes} nodes on {cluster.server}",
             lambda: testbed.up(cluster, args.nodes, durable=True),
         )
+        served = Served.of(cluster)
+        if args.real_node:
+            image = step(
+                2,
+                "the real node: a kubelet with containerd, with Vigil's image (testbed/image.sh) and a plain one",
+                lambda: start_real_node(cluster),
+            )
+            served = Served.of(cluster, address=real_node.gateway(cluster), agent_image=image)
         print(testbed.kubectl(cluster, "get", "nodes"), flush=True)
-        step(2, "Vigil's CRDs (crds/), until Established", lambda: install_crds(cluster))
-        served = step(
-            3,
+        offset = 1 if args.real_node else 0
+        step(2 + offset, "Vigil's CRDs (crds/), until Established", lambda: install_crds(cluster))
+        step(
+            3 + offset,
             "vigil operator as the chart runs it (leader election, webhook, beats to the leader, metrics, health)",
-            lambda: start_operator(cluster),
+            lambda: start_operator(cluster, served),
         )
         finished = step(
-            4, "the jobs in examples/, until each has finished", lambda: run_examples(cluster, args.timeout)
+            4 + offset, "the jobs in examples/, until each has finished", lambda: run_examples(cluster, args.timeout)
         )
         step(
-            5,
+            5 + offset,
             f"backpressure: a job for queue {CLOSED_QUEUE!r} (maxQueued: 0), and the metrics",
             lambda: show_backpressure(cluster, served),
         )
+        if args.real_node:
+            step(
+                7,
+                "on the real node, examples/any-image/stall.yaml and hang.yaml: the default heartbeat from "
+                "an image with nothing of Vigil, Uncertain and back, Lost, NoOverlap, a checkpoint carried",
+                lambda: show_doubt(cluster, served),
+            )
     except testbed.ClusterError as err:
         testbed.log(f"ERROR: {err}")
         return 1
@@ -296,10 +385,13 @@ def main(argv: list[str] | None = None) -> int:
     print(kubeconfig)
     print("kubectl get vj -l vigil.dev/dead-letter=true     # the dead-letter queue")
     print("kubectl describe vj flaky                         # attempts, backoff, events")
+    if args.real_node:
+        print("kubectl describe vj stall                         # HeartbeatUncertain, then HeartbeatResumed")
+        print("kubectl logs hang-2                               # the attempt that resumed from the checkpoint")
     down = "make down" if cluster.name == "default" else f"VIGIL_CLUSTER={cluster.name} make down"
     print(f"operator log: {cluster.logs / 'vigil-operator.log'}; stop everything with: {down}")
     print(
-        f"operator: webhook and beats https://127.0.0.1:{served.webhook}, "
+        f"operator: webhook and beats https://{served.address}:{served.webhook}, "
         f"metrics https://127.0.0.1:{served.metrics}/metrics "
         f"(a token: kubectl create token vigil-metrics-reader; CA {served.certs / 'ca.crt'}), "
         f"health http://127.0.0.1:{served.health}/healthz and /readyz, Lease {LEASE[0]}/{LEASE[1]}"

@@ -70,7 +70,8 @@ def socket_path(cluster: Cluster) -> Path:
 
 
 def kubelet_port(cluster: Cluster) -> int:
-    return cluster.ports.apiserver + 10  # the cluster's own ports are base .. base+5
+    # The cluster's own ports are base .. base+5, the demo operator's base+10 .. +12 (testbed.demo).
+    return cluster.ports.apiserver + 20
 
 
 def _net_id(cluster: Cluster) -> int:
@@ -120,30 +121,65 @@ def _libraries(binary: str) -> list[str]:
     return [word for line in shown.splitlines() for word in line.split() if word.startswith("/")]
 
 
-def pause_image() -> str:
-    """The sandbox image: this machine's `sleep infinity` as /pause (no registry has one to pull);
-    built with podman once per content; its name."""
-    files = {"/pause": "/bin/sleep", **{lib: lib for lib in _libraries("/bin/sleep")}}
+def _image_from_files(
+    repository: str, files: dict[str, str], changes: tuple[str, ...], folders: tuple[str, ...] = ()
+) -> str:
+    """An image of `files` (path inside -> path on this machine) and the shared libraries each
+    binary loads, with `podman import` and its `changes` (no registry, no package, a second);
+    tagged with a hash of what goes in, so it is made once per content; its name."""
+    for host in set(files.values()):
+        files = {**files, **{lib: lib for lib in _libraries(host)}}
     digest = hashlib.sha256()
     for inside, host in sorted(files.items()):
         digest.update(inside.encode() + b"\0" + Path(host).read_bytes())
-    name = f"{PAUSE_REPOSITORY}:{digest.hexdigest()[:12]}"
+    for folder in folders:
+        digest.update(b"dir\0" + folder.encode())
+    name = f"{repository}:{digest.hexdigest()[:12]}"
     if subprocess.run(["podman", "image", "exists", name]).returncode == 0:
         return name
     with tempfile.TemporaryDirectory() as tmp:
-        tarball = Path(tmp) / "pause.tar"
+        tarball = Path(tmp) / "image.tar"
         with tarfile.open(tarball, "w") as tar:
+            for folder in folders:
+                entry = tarfile.TarInfo(folder)
+                entry.type, entry.mode = tarfile.DIRTYPE, 0o1777
+                tar.addfile(entry)
             for inside, host in sorted(files.items()):
                 data = Path(host).read_bytes()
                 entry = tarfile.TarInfo(inside.lstrip("/"))
                 entry.size, entry.mode = len(data), 0o755
                 tar.addfile(entry, io.BytesIO(data))
-        _run(
-            "podman", "import",
-            "--change", 'ENTRYPOINT ["/pause"]', "--change", 'CMD ["infinity"]',
-            str(tarball), name,
-        )  # fmt: skip
+        changes_args = [arg for change in changes for arg in ("--change", change)]
+        _run("podman", "import", *changes_args, str(tarball), name, timeout=120)
     return name
+
+
+def pause_image() -> str:
+    """The sandbox image: this machine's `sleep infinity` as /pause (no registry has one to pull)."""
+    return _image_from_files(PAUSE_REPOSITORY, {"/pause": "/bin/sleep"}, ('ENTRYPOINT ["/pause"]', 'CMD ["infinity"]'))
+
+
+# An image with no Python and nothing of Vigil, for a job beside the injected agent: this
+# machine's own sleep, touch, mv, sed and dash (as /bin/sh), and sleep again as /pause (the pod's
+# infrastructure process, which the agent must not take for the job). It runs the scripts of
+# examples/any-image/ (written for busybox) unchanged: the tests and `make up REAL_NODE=1` use it
+# where busybox cannot be pulled.
+PLAIN_REPOSITORY = "localhost/vigil-test-plain"
+PLAIN_TOOLS = {
+    "/bin/sleep": "/bin/sleep",
+    "/bin/touch": "/usr/bin/touch",
+    "/bin/mv": "/bin/mv",  # a checkpoint renamed into place
+    "/bin/sed": "/bin/sed",  # examples/any-image/ read their checkpoint with it
+    "/bin/sh": "/bin/dash",
+    "/pause": "/bin/sleep",
+}
+
+
+def plain_image() -> str:
+    """The plain image above; /tmp and /var/run/vigil (where a liveness file lives) writable."""
+    return _image_from_files(
+        PLAIN_REPOSITORY, PLAIN_TOOLS, ("ENTRYPOINT []", 'CMD ["/bin/sh"]'), folders=("tmp", "var/run/vigil")
+    )
 
 
 def _podman_id(image: str) -> str:

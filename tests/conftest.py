@@ -171,7 +171,7 @@ def real_node(kube: Kube, image: str, tmp_path_factory: pytest.TempPathFactory) 
     session started it. It fails the tests that use it (never skips them) if it cannot start."""
     if not kube.on_testbed:
         pytest.fail("the real node is a part of the local test bed; $KUBECONFIG names another cluster")
-    plain = plain_image(tmp_path_factory.mktemp("plain-image"))
+    plain = plain_image()
     started_here = not real_node_bed.running(SUITE_CLUSTER)
     try:
         real_node_bed.up(SUITE_CLUSTER, [image, plain])

@@ -20,7 +20,6 @@ agent's post to the leader times out after 1 s and the annotation patch follows 
 from __future__ import annotations
 
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -30,7 +29,7 @@ from tests.support.agents import Agents, grant_heartbeat_rbac, heartbeat_job
 from tests.support.cluster import Kube, free_port, install_crds, read_pod, show_log
 from tests.support.jobs import create, pods_per_attempt, status, wait_phase
 from tests.support.leader_service import LeaderService
-from tests.support.operators import LEASE, OperatorProcess, holder, identity
+from tests.support.operators import LEASE, OperatorProcess, counted_beats, holder, identity
 from tests.support.waits import deadline, holds, wait_until
 from vigil.servers.webhook import make_self_signed
 
@@ -109,19 +108,6 @@ def test_an_agent_cut_off_from_the_leader_beats_by_its_annotation_and_stays_runn
         proxy.stop()
 
 
-def counted_beats(metrics_port: int) -> float:
-    """vigil_heartbeat_posts_total{outcome="counted"} on an operator's /metrics (0 if none yet)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2) as answer:
-            text = answer.read().decode()
-    except OSError:
-        return 0.0
-    for line in text.splitlines():
-        if line.startswith('vigil_heartbeat_posts_total{outcome="counted"}'):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
 class Replica:
     """One `vigil operator --leader-elect` with its own webhook and metrics ports."""
 
@@ -143,7 +129,7 @@ def test_beats_follow_the_leader_through_a_handover_and_a_sigkill_and_no_attempt
     make_self_signed(tmp_path / "certs")
     replicas: dict[str, Replica] = {}
     service = LeaderService(
-        lambda: (r.webhook_port if (r := replicas.get(holder(kube, own_namespace) or "")) is not None else None)
+        lambda: r.webhook_port if (r := replicas.get(holder(kube, own_namespace) or "")) is not None else None
     )
     beats_url = f"https://127.0.0.1:{service.port}/v1/heartbeat"
     logs = iter(tmp_path / f"operator-{i}.log" for i in range(10))

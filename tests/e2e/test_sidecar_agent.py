@@ -59,7 +59,7 @@ class Pod:
 
     def __init__(self, stack: ExitStack, kube: Kube, ns: str, tmp_path: Path, image: str, pod: str, **agent_env: str):
         self.stack, self.ns, self.pod = stack, ns, pod
-        self.plain = plain_image(tmp_path)
+        self.plain = plain_image()
         suffix = uuid.uuid4().hex[:8]
         self.pause_name = f"{CONTAINER_PREFIX}-pause-{suffix}"
         self.names = {role: f"{CONTAINER_PREFIX}-{role}-{suffix}" for role in ("agent", "job")}

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from testbed import node
+from testbed.cluster import ClusterError
 from tests.support.cluster import ROOT, Kube
 from tests.support.waits import deadline
 
@@ -152,54 +154,10 @@ def inline_kubeconfig(kube: Kube, path: Path, token: str | None = None) -> Path:
     return path
 
 
-# An image with no Python and nothing of Vigil, for the job beside the injected agent: this
-# machine's own sleep, touch, mv, sed and dash (as /bin/sh) with the C library they load, and sleep again
-# as /pause (the pod's infrastructure process, which the agent must not take for the job). Made
-# with `podman import` from a tarball in a second, with no registry and no package.
-PLAIN_REPOSITORY = "localhost/vigil-test-plain"
-PLAIN_TOOLS = (
-    ("/bin/sleep", "/bin/sleep"),
-    ("/usr/bin/touch", "/bin/touch"),
-    ("/bin/mv", "/bin/mv"),  # a checkpoint renamed into place
-    ("/bin/sed", "/bin/sed"),  # examples/any-image/count.yaml reads its checkpoint with it
-    ("/bin/dash", "/bin/sh"),
-    ("/bin/sleep", "/pause"),
-)
-
-
-def _libraries(binary: str) -> list[str]:
-    """The shared libraries `binary` loads, by ldd (the dynamic loader included)."""
-    shown = subprocess.run(["ldd", binary], capture_output=True, text=True, check=True).stdout
-    return [word for line in shown.splitlines() for word in line.split() if word.startswith("/")]
-
-
-def plain_image(workdir: Path) -> str:
-    """The image above (built once per content: its tag is a hash of what goes in); its name."""
-    import hashlib
-    import io
-    import tarfile
-
-    files = {inside: host for host, inside in PLAIN_TOOLS}
-    for host, _ in PLAIN_TOOLS:
-        files.update({library: library for library in _libraries(host)})
-    digest = hashlib.sha256()
-    for inside, host in sorted(files.items()):
-        digest.update(inside.encode() + b"\0" + Path(host).read_bytes())
-    name = f"{PLAIN_REPOSITORY}:{digest.hexdigest()[:12]}"
-    if podman("image", "exists", name).returncode == 0:
-        return name
-    tarball = workdir / "plain.tar"
-    with tarfile.open(tarball, "w") as tar:
-        for folder in ("tmp", "var/run/vigil"):  # /var/run/vigil: where a liveness file lives
-            entry = tarfile.TarInfo(folder)
-            entry.type, entry.mode = tarfile.DIRTYPE, 0o1777
-            tar.addfile(entry)
-        for inside, host in sorted(files.items()):
-            data = Path(host).read_bytes()
-            entry = tarfile.TarInfo(inside.lstrip("/"))
-            entry.size, entry.mode = len(data), 0o755
-            tar.addfile(entry, io.BytesIO(data))
-    made = podman("import", "--change", "ENTRYPOINT []", "--change", 'CMD ["/bin/sh"]', str(tarball), name, timeout=60)
-    if made.returncode:
-        pytest.fail(f"podman could not import the plain image: {made.stderr}")
-    return name
+def plain_image() -> str:
+    """testbed.node.plain_image: an image with no Python and nothing of Vigil (sleep, touch, mv,
+    sed and sh), made once per content; its name. Fails the test when podman cannot make it."""
+    try:
+        return node.plain_image()
+    except (ClusterError, OSError, subprocess.SubprocessError) as err:
+        pytest.fail(f"podman could not make the plain image: {err}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 from kubernetes import client
@@ -93,3 +94,16 @@ def holder(kube: Kube, namespace: str, name: str = LEASE_NAME) -> str | None:
             return None
         raise
     return lease.spec.holder_identity or None
+
+
+def counted_beats(metrics_port: int) -> float:
+    """vigil_heartbeat_posts_total{outcome="counted"} on an operator's /metrics (0 if none yet)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return 0.0
+    for line in text.splitlines():
+        if line.startswith('vigil_heartbeat_posts_total{outcome="counted"}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0

@@ -62,7 +62,7 @@ def test_the_kubelet_is_configured_for_this_machine_and_listens_on_its_own_ports
         "readOnlyPort": 0,
     }.items():
         assert config[key] == value, key
-    assert config["port"] == 29453 and config["healthzPort"] == 29454  # past the cluster's base .. base+5
+    assert config["port"] == 29463 and config["healthzPort"] == 29464  # past the cluster's and the demo's ports
     assert config["address"] == node.gateway(CLUSTER)
     assert config["authentication"]["anonymous"]["enabled"] is False
     assert config["containerRuntimeEndpoint"] == f"unix://{node.socket_path(CLUSTER)}"
