@@ -8,25 +8,33 @@ and beats by the pod's vigil.dev/heartbeat annotation (no --heartbeat-url).
 - the attempt runs, beats arrive (annotation and status.currentAttempt.lastHeartbeatAt), the job
   Succeeds when its command exits 0, and `kubectl logs` shows the job's output;
 - under NoOverlap, the pod marked vigil.dev/superseded: the agent stops the job's container (the
-  kubelet reports 143 or 137), as the pod runs as one UID (65532) and the agent needs no capability.
+  kubelet reports 143 or 137), as the pod runs as one UID (65532) and the agent needs no capability;
+- `make up REAL_NODE=1`'s last step (testbed.doubt), beats to the leader over the node's bridge:
+  Uncertain and back, Lost and fenced under NoOverlap, a checkpoint carried;
+- `heartbeat.agent: Image`: `vigil-agent -- python3 ...` in the job's own container (Vigil's
+  image), beating, passing the child's exit code through, carrying vigil.agent.checkpoint().
 
 tests/e2e/test_sidecar_agent.py runs the same processes under podman; this is the kubelet's way."""
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from testbed import doubt
+from testbed import node as real_node_bed
 from tests.conftest import RealNode
 from tests.support.agents import HEARTBEAT_ANNOTATION, JOB_ACCOUNT, grant_heartbeat_rbac
-from tests.support.cluster import Kube, install_crds, read_pod, show_log
+from tests.support.cluster import SUITE_CLUSTER, Kube, free_port, install_crds, read_pod, show_log
 from tests.support.jobs import GROUP, VERSION, create, pods_of, status
-from tests.support.operators import OperatorProcess
+from tests.support.operators import OperatorProcess, counted_beats
 from tests.support.waits import wait_until
 from vigil import api
+from vigil.servers.webhook import make_self_signed
 
 pytestmark = pytest.mark.e2e
 
@@ -178,3 +186,88 @@ def test_the_injected_agent_stops_the_job_of_a_superseded_pod_on_the_real_node(
         for previous in ("false", "true")
     )
     assert "superseded" in agent_logs, agent_logs
+
+
+def test_the_demo_of_doubt_runs_on_the_real_node_uncertain_and_back_lost_fenced_and_resumed(
+    kube: Kube, real_node: RealNode, own_namespace: str, tmp_path: Path, request
+):
+    """`make up REAL_NODE=1`'s last step (testbed.doubt), with the operator as it runs it: beats to
+    the leader, served on the real node's bridge, where the pods reach it. examples/any-image/
+    stall.yaml goes Uncertain and comes back to Running in one attempt; hang.yaml's first attempt
+    hangs, is Lost, and its agent stops it before attempt 2 starts (NoOverlap) from its checkpoint."""
+    ns = own_namespace
+    install_crds(kube)
+    grant_heartbeat_rbac(kube, ns, account="vigil-job")  # the examples' account, as the chart makes it
+    address = real_node_bed.gateway(SUITE_CLUSTER)
+    certs = tmp_path / "certs"
+    make_self_signed(certs, ip_addresses=("127.0.0.1", address))
+    port = free_port()
+    beats = (
+        "--webhook-address", f"{address}:{port}",
+        "--webhook-cert-file", str(certs / "tls.crt"), "--webhook-key-file", str(certs / "tls.key"),
+        "--heartbeat-url", f"https://{address}:{port}/v1/heartbeat", "--heartbeat-ca-file", str(certs / "ca.crt"),
+        "--agent-image", real_node.vigil_image,
+        "--metrics-address", f"127.0.0.1:{(metrics_port := free_port())}", "--metrics-insecure",
+    )  # fmt: skip
+    process = OperatorProcess(kube, [ns], tmp_path / "operator.log", extra_args=beats)
+    failed_before = request.session.testsfailed
+    process.start()
+    try:
+        seen = doubt.watch(
+            lambda *args, input=None: kube.kubectl(*args, input=input).stdout,
+            ns,
+            real_node.plain_image,
+            real_node.placement,
+            timeout=240,
+            say=lambda line: print(line, file=sys.__stderr__),
+        )
+        story = "\n".join(doubt.tell(seen))
+        assert not doubt.problems(seen), f"{doubt.problems(seen)}\n{story}"
+        print(story, file=sys.__stderr__)
+        assert counted_beats(metrics_port) > 0, "no beat from the real pods reached the leader over the bridge"
+    finally:
+        process.stop()
+        if request.session.testsfailed > failed_before:
+            show_log(process.log_path)
+
+
+# The job's own code under `vigil-agent -- CMD` (heartbeat.agent: Image), from Vigil's image: the
+# first attempt leaves a checkpoint with vigil.agent.checkpoint() and fails with 3, the second
+# reads it with previous_checkpoint() and succeeds.
+OWN_AGENT_JOB = """
+import sys, time
+from vigil.agent import checkpoint, previous_checkpoint
+before = previous_checkpoint()
+print("attempt starts from", before, flush=True)
+if before is None:
+    checkpoint({"step": 7})
+    time.sleep(6)
+    sys.exit(3)
+print("resumed at step", before["step"], flush=True)
+"""
+
+
+def test_vigil_agent_in_the_jobs_own_image_beats_passes_exit_codes_and_carries_a_checkpoint_on_the_real_node(
+    kube: Kube, real_node: RealNode, own_namespace: str, operator: OperatorProcess
+):
+    ns = own_namespace
+    job = real_job(real_node, "own-agent", "")
+    spec = job["spec"]
+    spec["heartbeat"] = {**HEARTBEAT, "agent": "Image"}
+    spec["retry"] = {"maxAttempts": 2, "backoff": {"initialSeconds": 1, "factor": 2.0, "maxSeconds": 5, "jitter": 0.0}}
+    (container,) = spec["template"]["spec"]["containers"]
+    container.update(image=real_node.vigil_image, command=["vigil-agent", "--", "python3", "-c", OWN_AGENT_JOB])
+    created = create(kube, ns, job)
+    first = the_pod(kube, ns, created).metadata.name
+    assert not [c for c in read_pod(kube, ns, first).spec.init_containers or [] if c.name == api.AGENT_CONTAINER]
+    new_beats(kube, ns, first, 2)  # by vigil-agent in the job's own container, as the pod's account
+
+    ended = ("Succeeded", "Failed", "DeadLettered")
+    wait_until(lambda: status(kube, ns, "own-agent").get("phase") in ended, 90, "the job to end")
+    final = status(kube, ns, "own-agent")
+    assert final["phase"] == "Succeeded" and final["attempts"] == 2, final
+    assert final["history"][0]["exitCode"] == 3, final["history"]  # the child's status, passed through
+    assert json.loads(final["lastCheckpoint"]) == {"step": 7}, final
+    second = next(p.metadata.name for p in pods_of(kube, ns, created) if p.metadata.name != first)
+    logs = kube.kubectl("logs", "-n", ns, second, "-c", "main").stdout
+    assert "resumed at step 7" in logs, logs
