@@ -46,7 +46,10 @@ done
 # What each step took from cold on 2 cores, measured with VIGIL_CACHE, GOMODCACHE and GOCACHE in
 # an empty directory: `demo` 7m06s, then `all` 6m22s more. A later Kubernetes binary reuses most
 # of what the one before it compiled. (kubelet: not measured cold; 10m30s with warm module caches
-# beside a running benchmark on 2 cores, 2026-12-03; containerd: an apt-get install.)
+# beside a running benchmark on 2 cores, 2026-12-03; containerd: an apt-get install.) Measured
+# again on 2026-12-03, `make up` in a fresh clone: `demo` took 13m05s (etcd 74 s, kube-apiserver
+# 452, kube-controller-manager 121, kube-scheduler 16, kubectl 33, kwok 88): the same machine
+# runs from one to two times these figures, so they are the fast end.
 declare -A COLD=([etcd]=56 [kube-apiserver]=209 [kube-controller-manager]=61 [kube-scheduler]=10
   [kubectl]=22 [kwok]=73 [helm]=71 [promtool]=294 [prometheus-operator-crds]=5 [kstatus]=17
   [kubelet]=180 [containerd]=60)
