@@ -41,12 +41,11 @@ from typing import TypeVar
 from testbed import cluster as testbed
 from testbed import doubt
 from testbed import node as real_node
+from vigil import api
 from vigil.servers import webhook
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
-TERMINAL = {"Succeeded", "DeadLettered"}
-STEPS = [5]  # 7 with --real-node: set by main
 LEASE = ("default", "vigil")  # the Lease the operator leads on: namespace, name
 WEBHOOK_CONFIGURATION = "vigil-demo"
 CLOSED_QUEUE = "closed"  # examples/queue.yaml: maxQueued 0, so the webhook refuses every new job
@@ -86,13 +85,20 @@ subjects: [{kind: ServiceAccount, name: vigil-metrics-reader, namespace: default
 """
 
 
-def step(number: int, what: str, run: Callable[[], T]) -> T:
-    """Runs one step of the demo between a line that says what it does and one that says it is done."""
-    began = time.monotonic()
-    testbed.log(f"[demo step {number}/{STEPS[0]}] {what}")
-    result = run()
-    testbed.log(f"[demo step {number}/{STEPS[0]}] done in {time.monotonic() - began:.1f}s")
-    return result
+class Steps:
+    """The demo's steps, numbered as they run, each between a line that says what it does and one
+    that says it is done, with its time: `[demo step N/total]`."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done = total, 0
+
+    def run(self, what: str, run: Callable[[], T]) -> T:
+        self.done += 1
+        began, label = time.monotonic(), f"[demo step {self.done}/{self.total}]"
+        testbed.log(f"{label} {what}")
+        result = run()
+        testbed.log(f"{label} done in {time.monotonic() - began:.1f}s")
+        return result
 
 
 @dataclass(frozen=True)
@@ -225,7 +231,7 @@ def run_examples(cluster: testbed.Cluster, timeout: float) -> bool:
         # Finished: every job in a final phase, and every queue's counts caught up with them.
         finished = (
             bool(jobs)
-            and all((job.get("status") or {}).get("phase") in TERMINAL for job in jobs)
+            and all((job.get("status") or {}).get("phase") in api.TERMINAL_PHASES for job in jobs)
             and all(not (q.get("status") or {}).get(n) for q in queues for n in ("running", "queued"))
         )
         if _without_age(table) != shown or finished:
@@ -338,42 +344,36 @@ def main(argv: list[str] | None = None) -> int:
     saved = testbed.Cluster.load(args.name)
     base = args.port_base or (saved.ports.apiserver if saved else 16443)
     cluster = testbed.Cluster(args.name, testbed.Ports.from_base(base))
-    STEPS[0] = 7 if args.real_node else 5
+    steps = Steps(7 if args.real_node else 5)
     began = time.monotonic()
     try:
-        step(
-            1,
+        steps.run(
             f"cluster {cluster.name!r}: etcd, kube-apiserver, controller manager, scheduler, "
             f"kwok and {args.nodes} nodes on {cluster.server}",
             lambda: testbed.up(cluster, args.nodes, durable=True),
         )
         served = Served.of(cluster)
         if args.real_node:
-            image = step(
-                2,
+            image = steps.run(
                 "the real node: a kubelet with containerd, with Vigil's image (testbed/image.sh) and a plain one",
                 lambda: start_real_node(cluster),
             )
             served = Served.of(cluster, address=real_node.gateway(cluster), agent_image=image)
         print(testbed.kubectl(cluster, "get", "nodes"), flush=True)
-        offset = 1 if args.real_node else 0
-        step(2 + offset, "Vigil's CRDs (crds/), until Established", lambda: install_crds(cluster))
-        step(
-            3 + offset,
+        steps.run("Vigil's CRDs (crds/), until Established", lambda: install_crds(cluster))
+        steps.run(
             "vigil operator as the chart runs it (leader election, webhook, beats to the leader, metrics, health)",
             lambda: start_operator(cluster, served),
         )
-        finished = step(
-            4 + offset, "the jobs in examples/, until each has finished", lambda: run_examples(cluster, args.timeout)
+        finished = steps.run(
+            "the jobs in examples/, until each has finished", lambda: run_examples(cluster, args.timeout)
         )
-        step(
-            5 + offset,
+        steps.run(
             f"backpressure: a job for queue {CLOSED_QUEUE!r} (maxQueued: 0), and the metrics",
             lambda: show_backpressure(cluster, served),
         )
         if args.real_node:
-            step(
-                7,
+            steps.run(
                 "on the real node, examples/any-image/stall.yaml and hang.yaml: the default heartbeat from "
                 "an image with nothing of Vigil, Uncertain and back, Lost, NoOverlap, a checkpoint carried",
                 lambda: show_doubt(cluster, served),

@@ -26,7 +26,6 @@ from vigil import api
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ("stall", "hang")  # examples/any-image/<name>.yaml
-TERMINAL = {"Succeeded", "DeadLettered", "Failed"}
 STARTS_AT = re.compile(r"attempt (\d+) starts at (\d+)")
 
 Kubectl = Callable[..., str]  # kubectl(*args, input=None) -> its stdout; raises when it fails
@@ -123,7 +122,7 @@ def watch(
                 mine.timeline.append((elapsed, now))
                 say(f"  {elapsed:5.1f}s  {name:6} {now}{_why(status)}")
             _observe_pods(kubectl, namespace, job, mine)
-        if all((s.status.get("phase") in TERMINAL) for s in seen.values()):
+        if all(s.status.get("phase") in api.TERMINAL_PHASES for s in seen.values()):
             break
         time.sleep(0.5)
     return seen

@@ -127,8 +127,7 @@ def _image_from_files(
     """An image of `files` (path inside -> path on this machine) and the shared libraries each
     binary loads, with `podman import` and its `changes` (no registry, no package, a second);
     tagged with a hash of what goes in, so it is made once per content; its name."""
-    for host in set(files.values()):
-        files = {**files, **{lib: lib for lib in _libraries(host)}}
+    files = {**files, **{lib: lib for host in set(files.values()) for lib in _libraries(host)}}
     digest = hashlib.sha256()
     for inside, host in sorted(files.items()):
         digest.update(inside.encode() + b"\0" + Path(host).read_bytes())

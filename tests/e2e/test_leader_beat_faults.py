@@ -29,7 +29,7 @@ from tests.support.agents import Agents, grant_heartbeat_rbac, heartbeat_job
 from tests.support.cluster import Kube, free_port, install_crds, read_pod, show_log
 from tests.support.jobs import create, pods_per_attempt, status, wait_phase
 from tests.support.leader_service import LeaderService
-from tests.support.operators import LEASE, OperatorProcess, counted_beats, holder, identity
+from tests.support.operators import LEASE, OperatorProcess, counted_beats, holder, identity, webhook_args
 from tests.support.waits import deadline, holds, wait_until
 from vigil.servers.webhook import make_self_signed
 
@@ -51,16 +51,6 @@ def to_the_leader_alone(kube: Kube, namespace: str, pods: list[str]) -> bool:
     before = [beat_value(kube, namespace, pod) for pod in pods]
     time.sleep(2.5 * INTERVAL)
     return before == [beat_value(kube, namespace, pod) for pod in pods]
-
-
-def webhook_args(certs: Path, port: int, beats_url: str) -> tuple[str, ...]:
-    return (
-        "--webhook-address", f"127.0.0.1:{port}",
-        "--webhook-cert-file", str(certs / "tls.crt"),
-        "--webhook-key-file", str(certs / "tls.key"),
-        "--heartbeat-url", beats_url,
-        "--heartbeat-ca-file", str(certs / "ca.crt"),
-    )  # fmt: skip
 
 
 def test_an_agent_cut_off_from_the_leader_beats_by_its_annotation_and_stays_running(

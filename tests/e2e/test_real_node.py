@@ -31,7 +31,7 @@ from tests.conftest import RealNode
 from tests.support.agents import HEARTBEAT_ANNOTATION, JOB_ACCOUNT, grant_heartbeat_rbac
 from tests.support.cluster import SUITE_CLUSTER, Kube, free_port, install_crds, read_pod, show_log
 from tests.support.jobs import GROUP, VERSION, create, pods_of, status
-from tests.support.operators import OperatorProcess, counted_beats
+from tests.support.operators import OperatorProcess, counted_beats, webhook_args
 from tests.support.waits import wait_until
 from vigil import api
 from vigil.servers.webhook import make_self_signed
@@ -156,8 +156,7 @@ def test_a_job_from_a_plain_image_runs_with_the_injected_agent_beating_in_a_real
         "the job's status to show the attempt's last beat",
     )
 
-    ended = ("Succeeded", "Failed", "DeadLettered")
-    wait_until(lambda: status(kube, ns, "real").get("phase") in ended, 60, "the job to end")
+    wait_until(lambda: status(kube, ns, "real").get("phase") in api.TERMINAL_PHASES, 60, "the job to end")
     final = status(kube, ns, "real")
     assert final["phase"] == "Succeeded", final
     assert exit_code(kube, ns, name) == 0
@@ -202,12 +201,11 @@ def test_the_demo_of_doubt_runs_on_the_real_node_uncertain_and_back_lost_fenced_
     certs = tmp_path / "certs"
     make_self_signed(certs, ip_addresses=("127.0.0.1", address))
     port = free_port()
+    metrics_port = free_port()
     beats = (
-        "--webhook-address", f"{address}:{port}",
-        "--webhook-cert-file", str(certs / "tls.crt"), "--webhook-key-file", str(certs / "tls.key"),
-        "--heartbeat-url", f"https://{address}:{port}/v1/heartbeat", "--heartbeat-ca-file", str(certs / "ca.crt"),
+        *webhook_args(certs, port, f"https://{address}:{port}/v1/heartbeat", address=address),
         "--agent-image", real_node.vigil_image,
-        "--metrics-address", f"127.0.0.1:{(metrics_port := free_port())}", "--metrics-insecure",
+        "--metrics-address", f"127.0.0.1:{metrics_port}", "--metrics-insecure",
     )  # fmt: skip
     process = OperatorProcess(kube, [ns], tmp_path / "operator.log", extra_args=beats)
     failed_before = request.session.testsfailed
@@ -262,8 +260,7 @@ def test_vigil_agent_in_the_jobs_own_image_beats_passes_exit_codes_and_carries_a
     assert not [c for c in read_pod(kube, ns, first).spec.init_containers or [] if c.name == api.AGENT_CONTAINER]
     new_beats(kube, ns, first, 2)  # by vigil-agent in the job's own container, as the pod's account
 
-    ended = ("Succeeded", "Failed", "DeadLettered")
-    wait_until(lambda: status(kube, ns, "own-agent").get("phase") in ended, 90, "the job to end")
+    wait_until(lambda: status(kube, ns, "own-agent").get("phase") in api.TERMINAL_PHASES, 90, "the job to end")
     final = status(kube, ns, "own-agent")
     assert final["phase"] == "Succeeded" and final["attempts"] == 2, final
     assert final["history"][0]["exitCode"] == 3, final["history"]  # the child's status, passed through
