@@ -313,6 +313,7 @@ class Operator:
                     # The leader alone counts beats; it leads while its elector's fence holds.
                     leading=lambda: jobs.reconciling and (elector_or_none is None or elector_or_none.deadline_ok()),
                     keys=keys.keys,
+                    held=keys.held,
                     pod_of=jobs.view.pods.by_uid,
                     heard=jobs.handlers.beat_heard,
                     count=outcome_counter(metrics.heartbeat_posts),

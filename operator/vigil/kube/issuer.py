@@ -57,6 +57,12 @@ class IssuerKeySource:
                 await self._fetch()
             return self.current
 
+    def held(self) -> beats.IssuerKeys | None:
+        """The keys as they are now, when no fetch is due or running; else None (then `keys()`)."""
+        if self._lock.locked() or self._due(None):
+            return None
+        return self.current
+
     def _due(self, unknown_kid: str | None) -> bool:
         age = None if self.fetched_at is None else self.clock.monotonic() - self.fetched_at
         return fetch_due(self.current, age, unknown_kid)

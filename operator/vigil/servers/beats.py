@@ -15,22 +15,21 @@ the first time a token is seen (about 50 us for RS256, then remembered, see
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from aiohttp import web
 from prometheus_client import Counter
 
 from vigil import api
 from vigil.core import beats
 from vigil.runtime.clock import SYSTEM, Clock
+from vigil.servers.http import FastRoute, Reply
 
 log = logging.getLogger(__name__)
 
-MAX_IN_FLIGHT = 256  # beats being read or verified at once; a beat is answered in well under 1 ms
+MAX_IN_FLIGHT = 256  # beats waiting for the issuer's keys at once (the rest are answered without waiting)
 READ_SECONDS = 2.0  # for the body (under 1 KiB) to arrive
 # Outcomes counted in vigil_heartbeat_posts_total (a bounded label set).
 OUTCOMES = ("counted", "bad-request", "unauthenticated", "wrong-pod", "unknown-pod", "busy", "not-leader", "no-keys")
@@ -43,7 +42,10 @@ _OUTCOME_OF_STATUS = {
 }
 
 # A verified beat's answer, one of three: made once, not encoded again for every beat.
-ANSWERS = {state: json.dumps({"state": state}).encode() for state in (beats.RENEWED, beats.SUPERSEDED, beats.DELETING)}
+ANSWERS = {
+    state: Reply(200, json.dumps({"state": state}).encode())
+    for state in (beats.RENEWED, beats.SUPERSEDED, beats.DELETING)
+}
 
 Keys = Callable[[str | None], Awaitable[beats.IssuerKeys | None]]
 
@@ -60,6 +62,7 @@ class BeatEndpoint:
 
     leading: whether this process leads (only the leader counts beats).
     keys: the issuer's keys, refreshed when given a key id they lack (`vigil.kube.issuer`).
+    held: the keys held now (None before the first fetch, or when one is due), not awaited.
     pod_of: the attempt pod of a UID the leader holds (the pod cache), or None.
     heard: counts a verified beat for that pod (`JobEvents.beat_heard`).
     count: called with each request's outcome (one of OUTCOMES), for the metrics.
@@ -70,6 +73,7 @@ class BeatEndpoint:
         *,
         leading: Callable[[], bool],
         keys: Keys,
+        held: Callable[[], beats.IssuerKeys | None],
         pod_of: Callable[[str], Mapping[str, Any] | None],
         heard: Callable[[Mapping[str, Any]], None],
         count: Callable[[str], None] = lambda outcome: None,
@@ -81,73 +85,63 @@ class BeatEndpoint:
         self.audience, self.clock, self.read_seconds = audience, clock, read_seconds
         self.in_flight = 0
         self.verified = beats.VerifiedTokens()  # a pod's token is checked once, not on every beat
+        self.held = held  # the keys held now, without a fetch: what the beats answered at once use
 
-    def routes(self) -> list[web.RouteDef]:
-        return [web.post(beats.PATH, self.handle)]
+    def routes(self) -> list[FastRoute]:
+        # Answered by the server's protocol itself (`vigil.servers.http.FastRoute`): a beat whose
+        # token was seen before is answered from the parser's callback, with no task.
+        return [FastRoute(beats.PATH, self.handle, beats.MAX_BODY_BYTES, self.read_seconds, self._refused)]
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        if self.in_flight >= MAX_IN_FLIGHT:
-            return self._refuse(request, "busy", 503, f"{MAX_IN_FLIGHT} beats in flight already; retry", close=True)
-        self.in_flight += 1
-        try:
-            return await self._answer(request)
-        finally:
-            self.in_flight -= 1
-
-    async def _answer(self, request: web.Request) -> web.StreamResponse:
+    def handle(self, headers: Mapping[str, str], body: bytes) -> Reply | Awaitable[Reply]:
+        """A beat's answer: at once when its token verifies against the keys held (nearly every
+        beat), else awaited (the keys not fetched yet, or a key id they lack)."""
         if not self.leading():
-            return self._refuse(request, "not-leader", 503, "this replica does not lead: beat by the pod annotation")
-        length = request.content_length
-        if length is not None and length > beats.MAX_BODY_BYTES:
-            return self._refuse(
-                request, "bad-request", 413, f"a beat is at most {beats.MAX_BODY_BYTES} bytes", close=True
-            )
+            return self._refuse("not-leader", 503, "this replica does not lead: beat by the pod annotation")
         try:
-            token = beats.bearer(request.headers.get("Authorization"))
-            body = await self._body(request)
+            token = beats.bearer(headers.get("authorization"))
             claimed = beats.read_body(body)
-            keys = await self.keys(None)
+            keys = self.held()
             if keys is None:
-                return self._refuse(request, "no-keys", 503, "the issuer's keys are not fetched yet; retry")
+                return self._awaited(token, claimed, None)
             try:
                 identity = self.verified.verify(token, keys, self.clock.wall().timestamp(), self.audience)
             except beats.UnknownKey as unknown:
-                fresh = await self.keys(unknown.kid)  # a rotated key: fetched at most every few seconds
-                if fresh is None or fresh is keys:
-                    raise
-                identity = self.verified.verify(token, fresh, self.clock.wall().timestamp(), self.audience)
-            beats.check_claimed(identity, claimed)
-            pod = self.pod_of(identity.uid)
-            state = beats.answer(identity, pod, api.ANNOTATION_SUPERSEDED)
-        except TimeoutError:
-            return self._refuse(
-                request, "bad-request", 408, f"the beat did not arrive within {self.read_seconds:g} s", close=True
-            )
+                return self._awaited(token, claimed, unknown.kid)
+            return self._counted(identity, claimed)
         except beats.Refused as refused:
-            return self._refuse(
-                request, _OUTCOME_OF_STATUS.get(refused.status, "bad-request"), refused.status, str(refused)
-            )
+            return self._refused_by(refused)
+
+    async def _awaited(self, token: str, claimed: beats.PodIdentity, kid: str | None) -> Reply:
+        if self.in_flight >= MAX_IN_FLIGHT:
+            return self._refuse("busy", 503, f"{MAX_IN_FLIGHT} beats waiting for the issuer's keys already; retry")
+        self.in_flight += 1
+        try:
+            keys = await self.keys(kid)  # a rotated key: fetched at most every few seconds
+            if keys is None:
+                return self._refuse("no-keys", 503, "the issuer's keys are not fetched yet; retry")
+            identity = self.verified.verify(token, keys, self.clock.wall().timestamp(), self.audience)
+            return self._counted(identity, claimed)
+        except beats.Refused as refused:
+            return self._refused_by(refused)
+        finally:
+            self.in_flight -= 1
+
+    def _counted(self, identity: beats.PodIdentity, claimed: beats.PodIdentity) -> Reply:
+        beats.check_claimed(identity, claimed)
+        pod = self.pod_of(identity.uid)
+        state = beats.answer(identity, pod, api.ANNOTATION_SUPERSEDED)
         assert pod is not None  # answer() refuses a pod it does not hold
         self.heard(pod)
         self.count("counted")
-        return web.Response(body=ANSWERS[state], content_type="application/json")
+        return ANSWERS[state]
 
-    async def _body(self, request: web.Request) -> bytes:
-        """The body, at most MAX_BODY_BYTES + 1 of it (more is refused). A beat's body comes in
-        the same TLS record as its headers, so it is most often all here already: then it is read
-        without arming a timer (a timer per beat, set and cancelled, was a cost of every beat);
-        else it has `read_seconds` to arrive."""
-        content = request.content
-        if content.is_eof():
-            return await content.read(beats.MAX_BODY_BYTES + 1)
-        async with asyncio.timeout(self.read_seconds):
-            return await content.read(beats.MAX_BODY_BYTES + 1)
+    def _refused_by(self, refused: beats.Refused) -> Reply:
+        return self._refuse(_OUTCOME_OF_STATUS.get(refused.status, "bad-request"), refused.status, str(refused))
 
-    def _refuse(
-        self, request: web.Request, outcome: str, status: int, why: str, *, close: bool = False
-    ) -> web.Response:
+    def _refused(self, status: int) -> None:
+        """A request the server refused before this endpoint saw it (too large, too slow, malformed)."""
+        self.count(_OUTCOME_OF_STATUS.get(status, "bad-request"))
+
+    def _refuse(self, outcome: str, status: int, why: str) -> Reply:
         self.count(outcome)
-        response = web.json_response({"error": why}, status=status)
-        if close:  # the body was not read: do not let aiohttp read and discard it on the loop
-            response.force_close()
-        return response
+        return Reply.error(status, why)

@@ -39,7 +39,7 @@ from vigil.core import admission
 from vigil.core.reviewbody import NotJson, skim
 from vigil.runtime.clock import SYSTEM, Clock
 from vigil.servers import skim_child
-from vigil.servers.http import Server, serve, split_address
+from vigil.servers.http import FastRoute, Server, serve, split_address
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ class WebhookServer:
         self._reloader: asyncio.Task | None = None
 
     async def start(
-        self, address: str, cert_file: str | Path, key_file: str | Path, also: Iterable[web.RouteDef] = ()
+        self, address: str, cert_file: str | Path, key_file: str | Path, also: Iterable[web.RouteDef | FastRoute] = ()
     ) -> None:
         """Serves on `address` ("HOST:PORT"; port 0 picks a free one, see `port`); `also`: more
         routes on the same server (the heartbeat endpoint, `vigil.servers.beats`)."""

@@ -38,7 +38,8 @@ class Leader:
         self.heard: list[str] = []
         self.outcomes: Counter[str] = Counter()
         self.key_requests: list[str | None] = []
-        self.keys: beats.IssuerKeys | None = KEYS
+        self.keys: beats.IssuerKeys | None = KEYS  # what a fetch brings
+        self.held: beats.IssuerKeys | None = KEYS  # what is held without a fetch
 
     async def fetch(self, kid: str | None) -> beats.IssuerKeys | None:
         self.key_requests.append(kid)
@@ -48,6 +49,7 @@ class Leader:
         return BeatEndpoint(
             leading=lambda: self.leading,
             keys=self.fetch,
+            held=lambda: self.held,
             pod_of=self.pods.get,
             heard=lambda pod: self.heard.append(pod["metadata"]["uid"]),
             count=lambda outcome: self.outcomes.update([outcome]),
@@ -136,14 +138,14 @@ def test_a_rotated_key_is_fetched_once_then_the_beat_counts(certs: Path) -> None
     leader = Leader()
     rotated = token(claims(leader.now), kid="k-new")
     assert beat_all(certs, leader, [(rotated, BODY)])[0][0] == 401  # the fetch brought no such key
-    assert leader.key_requests == [None, "k-new"]
+    assert leader.key_requests == ["k-new"]  # the keys held were used first, without a fetch
     leader.keys = beats.IssuerKeys(KEYS.issuer, {**KEYS.keys, "k-new": KEYS.keys["k1"]})
     assert beat_all(certs, leader, [(rotated, BODY)]) == [(200, {"state": "Renewed"})]
 
 
 def test_without_keys_a_beat_is_turned_away_to_retry(certs: Path) -> None:
     leader = Leader()
-    leader.keys = None
+    leader.keys = leader.held = None
     (status, answer), = beat_all(certs, leader, [(leader.good_token(), BODY)])
     assert status == 503 and "keys" in answer["error"] and leader.heard == []
 
@@ -153,6 +155,7 @@ def test_a_body_that_comes_after_its_headers_is_waited_for_and_one_that_never_co
     endpoint = BeatEndpoint(
         leading=lambda: True,
         keys=leader.fetch,
+        held=lambda: leader.held,
         pod_of=leader.pods.get,
         heard=lambda pod: leader.heard.append(pod["metadata"]["uid"]),
         count=lambda outcome: leader.outcomes.update([outcome]),

@@ -1,15 +1,20 @@
-"""The one HTTP server: what a connection to it costs while it stays open."""
+"""The one HTTP server: what a connection to it costs while it stays open, and its fast routes
+(the beats) answered by its own protocol beside aiohttp's routes on the same port."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import ssl
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 import pytest
 from aiohttp import web
 
-from vigil.servers.http import TLS_READ_BUFFER, serve
+from vigil.servers import http
+from vigil.servers.http import FAST_MAX_HEAD, TLS_READ_BUFFER, FastRoute, Reply, Server, serve
 
 pytestmark = pytest.mark.unit
 
@@ -40,3 +45,184 @@ def test_an_open_tls_connection_holds_a_record_sized_read_buffer_not_asyncios_25
 
     sizes = asyncio.run(test())
     assert sizes and all(size <= TLS_READ_BUFFER for size in sizes), sizes
+
+
+# --- Fast routes: the protocol that answers the beats ------------------------------------------
+
+FAST = "/v1/fast"
+
+
+class Fast:
+    """A server with one fast route beside an aiohttp route, on real TLS over loopback. The fast
+    handler answers at once, or (a body of b"wait") after the test lets it, or fails (b"fail")."""
+
+    def __init__(self, certs: Path) -> None:
+        self.certs = certs
+        self.seen: list[tuple[dict, bytes]] = []
+        self.refused: list[int] = []
+        self.release = asyncio.Event()
+
+    def handler(self, headers: Mapping[str, str], body: bytes) -> Reply | Awaitable[Reply]:
+        self.seen.append((dict(headers), body))
+        if body == b"fail":
+            raise RuntimeError("boom")
+        if body == b"wait":
+            return self._later()
+        return Reply(200, b'{"n": %d}' % len(self.seen))
+
+    async def _later(self) -> Reply:
+        await self.release.wait()
+        return Reply(200, b'{"waited": true}')
+
+    async def start(self, read_seconds: float = 5.0) -> Server:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(str(self.certs / "tls.crt"), str(self.certs / "tls.key"))
+
+        async def slow(_request: web.Request) -> web.Response:
+            return web.Response(text="aiohttp")
+
+        route = FastRoute(FAST, self.handler, 64, read_seconds, self.refused.append)
+        return await serve([web.get("/", slow), route], "127.0.0.1:0", ssl_context=context)
+
+    async def connect(self, server: Server) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        client = ssl.create_default_context(cafile=str(self.certs / "ca.crt"))
+        return await asyncio.open_connection("127.0.0.1", server.port, ssl=client)
+
+
+def post(body: bytes, *extra: str, path: str = FAST) -> bytes:
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t0k\r\nContent-Length: {len(body)}\r\n"
+    return (head + "".join(f"{h}\r\n" for h in extra) + "\r\n").encode() + body
+
+
+async def answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP answer off the stream: status, headers (lower-case names), body."""
+    head = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)).decode().split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in head[1:] if line)}
+    body = await asyncio.wait_for(reader.readexactly(int(headers.get("content-length", "0"))), 5)
+    return int(head[0].split()[1]), headers, body
+
+
+async def closed(reader: asyncio.StreamReader) -> bool:
+    return await asyncio.wait_for(reader.read(1), 5) == b""
+
+
+def run(certs: Path, body: Callable[[Fast, Server], Awaitable[None]], **start: float) -> Fast:
+    fast = Fast(certs)
+
+    async def main() -> None:
+        server = await fast.start(**start)
+        try:
+            await body(fast, server)
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
+    return fast
+
+
+def test_a_fast_route_is_answered_with_its_headers_and_body_and_the_connection_kept(certs: Path) -> None:
+    async def body(fast: Fast, server: Server) -> None:
+        reader, writer = await fast.connect(server)
+        for n in (1, 2, 3):
+            writer.write(post(b"hello"))
+            headers = {"content-type": "application/json", "content-length": "8"}
+            assert await answer(reader) == (200, headers, b'{"n": %d}' % n)
+        writer.close()
+
+    fast = run(certs, body)
+    headers = {"host": "x", "authorization": "Bearer t0k", "content-length": "5"}
+    assert fast.seen == [(headers, b"hello")] * 3
+
+
+def test_other_routes_on_the_same_port_are_aiohttps_and_so_is_the_fast_route_after_them(certs: Path) -> None:
+    async def body(fast: Fast, server: Server) -> None:
+        reader, writer = await fast.connect(server)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, _, text = await answer(reader)
+        assert (status, text) == (200, b"aiohttp")
+        writer.write(post(b"hello"))  # on a connection aiohttp serves: the same handler, through aiohttp
+        status, headers, text = await answer(reader)
+        assert (status, text) == (200, b'{"n": 1}') and headers["content-type"].startswith("application/json")
+        writer.close()
+
+    assert run(certs, body).seen[0][1] == b"hello"
+
+
+def test_pipelined_requests_are_answered_in_order_even_when_one_is_awaited(certs: Path) -> None:
+    async def body(fast: Fast, server: Server) -> None:
+        reader, writer = await fast.connect(server)
+        writer.write(post(b"one") + post(b"wait") + post(b"three"))
+        first = await answer(reader)
+        assert first[2] == b'{"n": 1}'
+        with contextlib.suppress(TimeoutError):  # the third is answered, but held back behind the second
+            await asyncio.wait_for(reader.read(1), 0.2)
+            raise AssertionError("an answer overtook the awaited one")
+        fast.release.set()
+        assert [(await answer(reader))[2] for _ in range(2)] == [b'{"waited": true}', b'{"n": 3}']
+        writer.close()
+
+    assert [b for _, b in run(certs, body).seen] == [b"one", b"wait", b"three"]
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "why"),
+    [
+        (post(b"x" * 65), 413, "at most 64 bytes"),
+        (post(b"x", "X-Big: " + "y" * (FAST_MAX_HEAD + 1)), 431, f"at most {FAST_MAX_HEAD} bytes"),
+        (post(b"x") + b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", 404, f"serves only POST {FAST}"),
+        (post(b"x") + b"POST \x00 nonsense\r\n\r\n", 400, "not an HTTP/1.1 request"),
+        (post(b"fail"), 500, "failed to answer"),
+    ],
+    ids=["body-too-large", "head-too-large", "another-path-after-a-fast-one", "malformed", "handler-raises"],
+)
+def test_a_bad_request_on_a_fast_connection_is_refused_with_why_and_the_connection_closed(
+    certs: Path, request_bytes: bytes, status: int, why: str
+) -> None:
+    async def body(fast: Fast, server: Server) -> None:
+        reader, writer = await fast.connect(server)
+        writer.write(request_bytes)
+        answers = [await answer(reader)]
+        if answers[0][0] == 200:  # the good request before the bad one
+            answers.append(await answer(reader))
+        got, headers, text = answers[-1]
+        assert got == status and why in json.loads(text)["error"] and headers["connection"] == "close"
+        assert await closed(reader)
+        writer.close()
+
+    fast = run(certs, body)
+    assert fast.refused == ([status] if status in (413, 431, 404, 400) else [])
+
+
+def test_a_request_that_does_not_arrive_in_time_is_a_408_and_an_idle_connection_is_closed(
+    certs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(http, "FAST_IDLE_SECONDS", 0.4)
+
+    async def body(fast: Fast, server: Server) -> None:
+        reader, writer = await fast.connect(server)
+        writer.write(post(b"hello")[:-2])  # two bytes of the body never come
+        status, _, text = await answer(reader)
+        assert status == 408 and "did not arrive within 0.2 s" in json.loads(text)["error"]
+        assert await closed(reader)
+        reader, writer = await fast.connect(server)
+        writer.write(post(b"hi"))
+        assert (await answer(reader))[0] == 200
+        assert await closed(reader)  # nothing more asked: closed once idle (within the reader's 5 s)
+        writer.close()
+
+    assert run(certs, body, read_seconds=0.2).refused == [408]
+
+
+def test_connection_close_and_expect_100_continue_are_honoured(certs: Path) -> None:
+    async def body(fast: Fast, server: Server) -> None:
+        reader, writer = await fast.connect(server)
+        writer.write(post(b"", "Expect: 100-continue").replace(b"Content-Length: 0", b"Content-Length: 2"))
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 100 Continue")
+        writer.write(b"hi")
+        assert (await answer(reader))[0] == 200
+        writer.write(post(b"bye", "Connection: close"))
+        status, headers, _ = await answer(reader)
+        assert status == 200 and headers["connection"] == "close" and await closed(reader)
+        writer.close()
+
+    assert [b for _, b in run(certs, body).seen] == [b"hi", b"bye"]
