@@ -29,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import results_out
 from vigil.kube.informer import POD_WATCH_PACE_SECONDS
 
 PACES = (0.0, POD_WATCH_PACE_SECONDS)
@@ -195,11 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     text = report(results, args)
     print(text)
     if args.out:
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"watch-reading-{stamp}.md").write_text(text + "\n")
         figures = {**vars(args), "out": str(args.out), "results": {str(k): v for k, v in results.items()}}
-        (args.out / f"watch-reading-{stamp}.json").write_text(json.dumps(figures, indent=1) + "\n")
+        results_out.write(args.out, "watch-reading", text, figures)
     return 0
 
 

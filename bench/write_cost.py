@@ -43,6 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench import results_out
 from bench.compare import (
     Api,
     cpu_seconds,
@@ -339,11 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     text = report(results, args.writes, args.rounds, where)
     print(text)
     if args.out:
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"write-cost-{stamp}.md").write_text(text + "\n")
         figures = {"where": where, "writes": args.writes, "rounds": args.rounds, "results": results}
-        (args.out / f"write-cost-{stamp}.json").write_text(json.dumps(figures, indent=1) + "\n")
+        figures = figures
+        results_out.write(args.out, "write-cost", text, figures)
     return 0
 
 
