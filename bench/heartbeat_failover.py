@@ -17,8 +17,9 @@ Once every attempt beats and the leader has settled, the leader is SIGKILLed. Pr
   (p50, p99, max, and how many within one interval), and when the new leader counted its first;
 - what the cut cost: the agents' fallbacks to the annotation, the PATCH pods the API server served;
 - after a hold of one heartbeat timeout and an interval past the takeover: attempts Lost
-  (vigil_attempts_lost_total of both replicas), jobs not Running or past attempt 1, and pods of an
-  attempt other than 1. Any of those is a failure (exit 1).
+  (the new leader's vigil_attempts_lost_total: the killed one's died with it, and what it may have
+  decided before dying shows in the API's objects, which are read next), jobs not Running or past
+  attempt 1, and pods of an attempt other than 1. Any of those is a failure (exit 1).
 """
 
 from __future__ import annotations
