@@ -413,10 +413,8 @@ def as_aiohttp(route: FastRoute) -> web.RouteDef:
     """The fast route as an aiohttp route too, for a connection handed to aiohttp that asks it."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
-        if request.content_length is not None and request.content_length > route.max_body:
-            route.refused(413)
-            reply = Reply.error(413, f"a request's body is at most {route.max_body} bytes", close=True)
-        else:
+        reply = None
+        if request.content_length is None or request.content_length <= route.max_body:
             try:
                 async with asyncio.timeout(route.read_seconds):
                     body = await request.content.read(route.max_body + 1)
@@ -424,12 +422,12 @@ def as_aiohttp(route: FastRoute) -> web.RouteDef:
                 route.refused(408)
                 reply = Reply.error(408, f"the request did not arrive within {route.read_seconds:g} s", close=True)
             else:
-                if len(body) > route.max_body:
-                    route.refused(413)
-                    reply = Reply.error(413, f"a request's body is at most {route.max_body} bytes", close=True)
-                else:
+                if len(body) <= route.max_body:
                     answer = route.handler({k.lower(): v for k, v in request.headers.items()}, body)
                     reply = answer if isinstance(answer, Reply) else await answer
+        if reply is None:  # declared or found too large
+            route.refused(413)
+            reply = Reply.error(413, f"a request's body is at most {route.max_body} bytes", close=True)
         response = web.Response(status=reply.status, body=reply.body, content_type="application/json")
         if reply.close:
             response.force_close()
