@@ -51,11 +51,14 @@ unit: venv
 # Every test. The lint and the pure tests (-m unit: no cluster, about 2 minutes of one core) run
 # beside the cluster's at the lowest CPU priority, so they take what the test bed leaves idle
 # rather than adding their time to the suite's; their report follows the cluster tests' report.
+# The cluster tests run as E2E_WORKERS pytest-xdist workers, a file at a time each, every worker on a
+# cluster of its own (tests/support/cluster.py); on a cluster of $KUBECONFIG's (kind) they run as one.
 PURE_LOG := .pure-tests.log
+E2E_WORKERS ?= $(if $(KUBECONFIG),0,2)
 test: venv testbed image
 	@(nice -n 19 $(BIN)/ruff check . && nice -n 19 $(BIN)/mypy && \
 	  nice -n 19 $(BIN)/pytest -m unit -p no:cacheprovider) > $(PURE_LOG) 2>&1 & pure=$$!; \
-	$(BIN)/pytest -m 'not unit'; cluster=$$?; \
+	$(BIN)/pytest -m 'not unit' -n $(E2E_WORKERS) --dist loadfile; cluster=$$?; \
 	wait $$pure; pure=$$?; \
 	echo "::: the lint and the pure tests (ruff, mypy, pytest -m unit), run beside the cluster's: exit $$pure"; \
 	cat $(PURE_LOG); \

@@ -42,6 +42,8 @@ def kube() -> Iterator[Kube]:
     given = os.environ.get("KUBECONFIG")
     started_here = False
     if given:
+        if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:  # each worker's operator would act on all t-*
+            pytest.fail(f"KUBECONFIG={given} is one cluster for every xdist worker: run the suite with -n 0")
         kubeconfig = Path(given)
     else:
         if not all(testbed.running_pid(SUITE_CLUSTER, c) for c in testbed.COMPONENTS):

@@ -3,8 +3,9 @@ up` again on the running one, then `make down`. Each `make up` must exit 0, say 
 build's and the demo's step lines), and leave the example jobs as the README's table shows them.
 
 It runs the demo as a cluster of its own (VIGIL_CLUSTER, VIGIL_PORT_BASE), so a developer's `make
-up` cluster ("default", 16443) and the suite's ("pytest", 17443) are left alone; it checks that.
-Self-contained: the standard library, pytest and `testbed` only.
+up` cluster ("default", 16443) and the suite's ("pytest", 17443, or this xdist worker's own) are
+left alone; it checks that. The standard library, pytest, `testbed` and the suite's cluster name
+only.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from testbed import cluster as testbed
+from tests.support.cluster import suite_cluster
 
 pytestmark = pytest.mark.e2e
 
@@ -108,8 +110,11 @@ def _running(cluster: testbed.Cluster) -> dict[str, int]:
 
 
 def _others() -> dict[str, dict[str, int]]:
-    """What runs of the other clusters on this machine (a developer's, the suite's): left alone."""
-    return {name: _running(testbed.Cluster(name, testbed.Ports.from_base(16443))) for name in ("default", "pytest")}
+    """What runs of the other clusters on this machine (a developer's, this worker's own suite
+    cluster): left alone. Another xdist worker's cluster is not among them: its own tests restart
+    its control plane meanwhile."""
+    names = ("default", suite_cluster(os.environ).name)
+    return {name: _running(testbed.Cluster(name, testbed.Ports.from_base(16443))) for name in names}
 
 
 def _assert_says_where_it_is(out: str) -> None:

@@ -31,10 +31,20 @@ ROOT = Path(__file__).resolve().parents[2]
 # The test bed the suite starts for itself: a name and ports of its own, so that a cluster a
 # developer brought up with `python -m testbed.cluster up` is left alone.
 # VIGIL_TEST_CLUSTER_NAME and VIGIL_TEST_PORT_BASE let two runs of the suite share a machine.
-SUITE_CLUSTER = testbed.Cluster(
-    os.environ.get("VIGIL_TEST_CLUSTER_NAME", "pytest"),
-    testbed.Ports.from_base(int(os.environ.get("VIGIL_TEST_PORT_BASE", 17443))),
-)
+# Under pytest-xdist (`make test` runs the cluster tests as two workers) worker gwN, N > 0, has a
+# cluster of its own beside the first's: "<name>-N", its ports 10·N above the base.
+PORTS_PER_WORKER = 10
+
+
+def suite_cluster(environ: Mapping[str, str]) -> testbed.Cluster:
+    name, base = environ.get("VIGIL_TEST_CLUSTER_NAME", "pytest"), int(environ.get("VIGIL_TEST_PORT_BASE", 17443))
+    worker = int(environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    if worker:
+        name, base = f"{name}-{worker}", base + PORTS_PER_WORKER * worker
+    return testbed.Cluster(name, testbed.Ports.from_base(base))
+
+
+SUITE_CLUSTER = suite_cluster(os.environ)
 
 
 @dataclass
