@@ -15,7 +15,8 @@ turns, `--rounds` times, so a drift of the machine shows as a spread:
 
 The client holds every connection open and beats at `--rate` a second in all, as agents do; the
 server's CPU (utime + stime from /proc) is read over the window alone, after the connections
-are made and the tokens verified once. What this leaves out, and bench.heartbeat_load measures:
+are made and the tokens verified once, and its resident memory at the window's end (every
+connection open). What this leaves out, and bench.heartbeat_load measures:
 what the operator does with a beat it counts (its liveness bookkeeping), and the agents' own code.
 """
 
@@ -81,6 +82,14 @@ async def serve(mode: str, connections: int, scratch: Path) -> None:
     await server.stop()
 
 
+def rss_mib(pid: int) -> float:
+    """The server's resident memory now (VmRSS): its connections' share shows at --connections 10000."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -123,6 +132,7 @@ async def beat(port: int, pid: int, tokens: list[str], args: argparse.Namespace,
     await asyncio.sleep(args.seconds)
     measuring.clear()
     cpu, seconds = cpu_seconds(pid) - before, loop.time() - began
+    rss = rss_mib(pid)  # every connection open and beating
     stop.set()
     outcomes = await asyncio.gather(*tasks, return_exceptions=True)
     broken = [repr(o) for o in outcomes if isinstance(o, BaseException)]  # a connection that died is a failure too
@@ -132,6 +142,7 @@ async def beat(port: int, pid: int, tokens: list[str], args: argparse.Namespace,
         "broken": broken[:5],
         "seconds": seconds,
         "server_cpu_seconds": cpu,
+        "server_rss_mib": rss,
     }
 
 
@@ -203,14 +214,16 @@ def report(results: dict[str, list[dict]], args: argparse.Namespace) -> str:
         f"(one pod each) beating {args.rate:g} a second in all, {args.seconds:g} s a window; "
         f"{args.rounds} rounds, the two ways taking turns",
         "",
-        "| served by | server CPU ms per beat (each round) | beats answered Renewed | failed | / aiohttp |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "| served by | server CPU ms per beat (each round) | beats answered Renewed | failed | / aiohttp "
+        "| server RSS, MiB (largest round) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for mode, runs in results.items():
         each = " / ".join(f"{r['server_cpu_ms_per_beat']:.3f}" for r in runs)
         against = min(r["server_cpu_ms_per_beat"] for r in runs) / base
         beats_, failed = sum(r["beats"] for r in runs), sum(r["failed"] for r in runs)
-        lines.append(f"| {mode} | {each} | {beats_} | {failed} | {against:.2f} |")
+        rss = max(r["server_rss_mib"] for r in runs)
+        lines.append(f"| {mode} | {each} | {beats_} | {failed} | {against:.2f} | {rss:.0f} |")
     return "\n".join(lines)
 
 

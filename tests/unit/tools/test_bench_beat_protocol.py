@@ -22,5 +22,6 @@ def test_the_bench_beats_through_both_ways_and_reports_them(tmp_path: Path):
     for mode, (run,) in results.items():
         assert run["failed"] == 0, (mode, run)
         assert run["beats"] >= 20, (mode, run)  # 40 a second for a second, less the edges of the window
+        assert 10 < run["server_rss_mib"] < 1024, (mode, run)  # a Python process's, read from /proc
     (table,) = tmp_path.glob("beat-protocol-*.md")
     assert "| aiohttp |" in table.read_text() and "| protocol |" in table.read_text()
