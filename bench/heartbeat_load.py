@@ -38,7 +38,6 @@ client side may not keep up, and then the figures are for the rate achieved.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import concurrent.futures
 import contextlib
 import copy
@@ -101,26 +100,12 @@ class TimedLeader(LeaderBeat):
     """The agent's LeaderBeat, timing each POST as the agent saw it and counting fallbacks.
 
     A pod's agent beats from one thread over one keep-alive connection; here each pod is pinned
-    to one worker thread (`Agents.slot`), and the pods of a thread share its event loop (a loop
-    per pod would be M epoll descriptors), so there is still one connection per pod, as M agents
+    to one worker thread (`Agents.slot`), so there is still one connection per pod, as M agents
     would hold against the operator."""
-
-    _loops = threading.local()
 
     def __init__(self, owner: Agents, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.owner = owner
-
-    def _new_loop(self) -> asyncio.AbstractEventLoop:
-        loop = getattr(TimedLeader._loops, "loop", None)
-        if loop is None:
-            loop = TimedLeader._loops.loop = asyncio.new_event_loop()
-            with self.owner.lock:
-                self.owner.loops.append(loop)
-        return loop
-
-    def _close_loop(self, loop: asyncio.AbstractEventLoop) -> None:
-        pass  # shared: Agents.stop closes the loops
 
     def post(self, beat: str) -> LeaderAnswer:
         began = time.monotonic()
@@ -233,7 +218,6 @@ class Agents:
         # A pod's beats always go through the same worker (see TimedLeader); a pool for the rest.
         self.workers = [concurrent.futures.ThreadPoolExecutor(1) for _ in range(workers)]
         self.slot: dict[str, int] = {}
-        self.loops: list[asyncio.AbstractEventLoop] = []
         self.pool = concurrent.futures.ThreadPoolExecutor(workers)
         self.due: list[tuple[float, str]] = []
         self.hearts: dict[str, Heart] = {}
@@ -344,8 +328,6 @@ class Agents:
         for channel in self.channels:
             with contextlib.suppress(Exception):
                 channel.close()
-        for loop in self.loops:
-            loop.close()
 
 
 class LoopProbe(threading.Thread):
