@@ -4,7 +4,8 @@ One namespace floods the operator with failing jobs at the shortest backoff the 
 (initialSeconds 1, factor 1, jitter 1, maxAttempts 10000) and no VigilQueue of its own; another
 namespace's submit -> pod created is timed, first on a quiet bed, then during the flood's first
 wave (shown: the bed's API server is saturated by 200 jobs starting, on 2 cores), then during its
-retry storm, when every job wants an attempt each second (asserted within 2x of the quiet bed).
+retry storm, when every job wants an attempt each second (asserted within 2x of the quiet bed,
+plus what waiting behind one of the flood's keys may cost).
 The operator runs as the chart runs it (its default queue policy for namespaces without a
 `default` VigilQueue). What keeps the quiet tenant's time within 2x: the work queue's round robin
 over namespaces, the 1 s floor under every retry, the default policy's maxRunning and retry
@@ -30,7 +31,7 @@ from kubernetes.client.rest import ApiException
 from tests.support.cluster import Kube, fresh_namespace, install_crds, show_log
 from tests.support.jobs import GROUP, PLURAL, VERSION, create, vigil_job
 from tests.support.operators import OperatorProcess
-from tests.support.waits import wait_until
+from tests.support.waits import deadline, wait_until
 from tests.support.watchers import PodWatch
 
 pytestmark = pytest.mark.e2e
@@ -40,7 +41,13 @@ FLOOD_JOBS = int(os.environ.get("VIGIL_FLOOD_JOBS", "200"))
 # budget, or a full queue (maxRunning is checked first: 100 of the flood's retries may run while
 # the rest say QueueSaturated, as a CI run showed).
 WAITING = {"BackingOff", "RetryBudgetExhausted", "QueueSaturated", "StartRateLimited"}
-SAMPLES = 3  # quiet submissions timed on each bed; the median is compared
+SAMPLES = 5  # quiet submissions timed on each bed; the median is compared
+# What the round robin lets the flood add to a quiet key: one flood key ahead of it, a reconcile
+# and its status write, well under a quarter second. The calm start itself ranges 0.02-0.09 s on
+# the bed (the other xdist worker's cluster shares its 2 cores), so 2x alone is a ratio of noise
+# (a CI run failed at 0.092 s against 0.039 s calm, no flood pod created while timed); behind the
+# whole flood, as a single FIFO would put it, the quiet key would wait seconds.
+ONE_FLOOD_KEY = 0.25
 # As charts/vigil/values.yaml runs the operator (operator.defaultQueue).
 CHART_DEFAULT_QUEUE = ("--default-queue-max-running=100", "--default-queue-retry-budget=0.2")
 # The least backoff the API admits, its jitter as short as it goes: the floor is what holds it.
@@ -129,9 +136,10 @@ def test_a_flood_of_failing_jobs_in_one_namespace_does_not_delay_another_namespa
                 f"during their retry storm {[f'{t:.3f}' for t in stormy]} s "
                 f"({seen} flood pods by then, {retried} of them retries, {during} while timed)"
             )
-            assert statistics.median(stormy) <= 2 * statistics.median(calm), (
+            bound = 2 * statistics.median(calm) + deadline(ONE_FLOOD_KEY)
+            assert statistics.median(stormy) <= bound, (
                 f"the flood slowed another namespace's start from {statistics.median(calm):.3f}s "
-                f"to {statistics.median(stormy):.3f}s (median of {SAMPLES})"
+                f"to {statistics.median(stormy):.3f}s (median of {SAMPLES}; at most {bound:.3f}s)"
             )
         except BaseException:
             operator.stop()
