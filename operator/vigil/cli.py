@@ -17,6 +17,7 @@ from vigil.core.election import (
     ElectionConfig,
     InvalidTimings,
 )
+from vigil.core.liveness import STAMP_WRITES_PER_SECOND
 from vigil.core.manifest import BeatChannel
 from vigil.core.queueing.book import QueueSpec
 from vigil.kube.informer import MAX_POD_WATCH_PACE_SECONDS, POD_WATCH_PACE_SECONDS
@@ -77,6 +78,13 @@ def _operator(args: argparse.Namespace) -> int:
         print(
             f"vigil operator: --pod-watch-pace must be between 0 and {MAX_POD_WATCH_PACE_SECONDS:g} seconds, "
             f"not {args.pod_watch_pace:g}",
+            file=sys.stderr,
+        )
+        return 2
+    if not args.heartbeat_stamp_writes_per_second > 0:
+        print(
+            "vigil operator: --heartbeat-stamp-writes-per-second must be a positive rate, "
+            f"not {args.heartbeat_stamp_writes_per_second:g}",
             file=sys.stderr,
         )
         return 2
@@ -148,6 +156,7 @@ def _operator(args: argparse.Namespace) -> int:
         webhook=webhook,
         beat_channel=beat_channel,
         agent_image=args.agent_image or None,
+        stamp_writes_per_second=args.heartbeat_stamp_writes_per_second,
         lease=lease,
         pod_watch_pace=args.pod_watch_pace,
         default_queue=default_queue,
@@ -305,6 +314,15 @@ def main(argv: list[str] | None = None) -> int:
         help="the image of the agent Vigil injects into attempt pods as a native sidecar (heartbeat.agent: "
         "Sidecar), and the default agent of jobs that leave heartbeat.agent unset; the chart passes the "
         "operator's own image (default: none: such jobs run `vigil-agent` from their own image)",
+    )
+    operator.add_argument(
+        "--heartbeat-stamp-writes-per-second",
+        type=float,
+        metavar="RATE",
+        default=STAMP_WRITES_PER_SECOND,
+        help="how many jobs' status.currentAttempt.lastHeartbeatAt may be refreshed alone per second, in all: "
+        "each job's is refreshed every max(5m, timeout/2, attempts tracked / RATE) seconds, so the column costs "
+        f"the API server at most RATE status writes a second at any scale (default: {STAMP_WRITES_PER_SECOND:g})",
     )
     operator.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default: info"

@@ -35,6 +35,7 @@ from vigil.controllers.dispatcher import Dispatcher
 from vigil.controllers.jobs import JobController, job_queue
 from vigil.controllers.queues import QueueStatusController
 from vigil.core.election import ElectionConfig
+from vigil.core.liveness import STAMP_WRITES_PER_SECOND
 from vigil.core.manifest import BeatChannel
 from vigil.core.objects import strip, strip_job
 from vigil.core.podstate import keep_job_pod
@@ -89,6 +90,8 @@ class OperatorSettings:
     beat_channel: BeatChannel | None = None
     # The image of the injected agent (heartbeat.agent: Sidecar, and the default when set).
     agent_image: str | None = None
+    # The lastHeartbeatAt stamps written alone, a second, across all jobs (liveness.stamp_floor).
+    stamp_writes_per_second: float = STAMP_WRITES_PER_SECOND
     lease: tuple[ElectionConfig, str, str] | None = None  # (timings, namespace, name); None: act alone
     pod_watch_pace: float = POD_WATCH_PACE_SECONDS
     # The limits of a namespace's `default` queue while it has no VigilQueue `default`; None:
@@ -261,6 +264,7 @@ class Operator:
             sweep_scopes=watch_scopes(settings.namespaces)[0],
             beat_channel=settings.beat_channel,
             agent_image=settings.agent_image,
+            stamp_writes_per_second=settings.stamp_writes_per_second,
             accept=watch_scopes(settings.namespaces)[1],
         )
         self.jobs_watch.add_handler(self.jobs.handlers.job_delta)
@@ -296,6 +300,7 @@ class Operator:
                 )
             )
         if settings.webhook:
+
             def lookup(namespace: str, queue: str) -> tuple[QueueSpec | None, int]:  # memory only, no await
                 return book.spec((namespace, queue)), book.count((namespace, queue), Standing.QUEUED)
 

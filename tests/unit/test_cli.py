@@ -17,6 +17,14 @@ def test_a_pod_watch_pace_out_of_range_is_refused_with_its_bounds(pace: str, cap
     assert f"--pod-watch-pace must be between 0 and 1 seconds, not {float(pace):g}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("rate", ["0", "-2"])
+def test_a_stamp_budget_that_is_not_positive_is_refused(rate: str, capsys: pytest.CaptureFixture[str]):
+    assert cli.main(["operator", "--heartbeat-stamp-writes-per-second", rate]) == 2
+    assert (
+        f"--heartbeat-stamp-writes-per-second must be a positive rate, not {float(rate):g}" in capsys.readouterr().err
+    )
+
+
 def test_a_webhook_address_without_its_certificate_is_refused(capsys: pytest.CaptureFixture[str]):
     assert cli.main(["operator", "--webhook-address", "0.0.0.0:9443"]) == 2
     assert "--webhook-address needs --webhook-cert-file and --webhook-key-file" in capsys.readouterr().err

@@ -84,6 +84,7 @@ def decide(
     liveness: Mapping[str, Liveness] | None = None,
     beat_channel: BeatChannel | None = None,
     agent_image: str | None = None,
+    stamp_floor: float = 0.0,
 ) -> Decision:
     """The actions that move `job` on, given every pod observed for it at time `now`.
 
@@ -103,12 +104,21 @@ def decide(
     liveness: the failure detector's verdicts by pod UID (only the current attempt's is read).
         None, or a UID missing, means no information: Healthy, never Lost.
     beat_channel, agent_image: how new pods beat (`vigil.core.manifest.attempt_pod_manifest`).
+    stamp_floor: the least period of a lastHeartbeatAt written alone, for the attempts the leader
+        tracks (`liveness.stamp_floor`).
     """
     parsed = _parse(job)
     observed = _ObservedPods.of(parsed.metadata.namespace, parsed.metadata.uid, pods)
     if parsed.metadata.deletion_timestamp is not None:
         return _release_all(parsed, observed)  # the garbage collector deletes the pods
-    draft = _Draft(parsed, now, liveness=liveness or {}, beat_channel=beat_channel, agent_image=agent_image)
+    draft = _Draft(
+        parsed,
+        now,
+        liveness=liveness or {},
+        beat_channel=beat_channel,
+        agent_image=agent_image,
+        stamp_floor=stamp_floor,
+    )
 
     _adopt_newer_attempt(draft, observed)
     _honour_redrive(draft)
@@ -215,6 +225,7 @@ class _Draft:
     liveness: Mapping[str, Liveness] = field(default_factory=dict)
     beat_channel: BeatChannel | None = None  # where new pods beat besides their annotation
     agent_image: str | None = None  # the injected agent's image (heartbeat.agent: Sidecar)
+    stamp_floor: float = 0.0  # liveness.stamp_floor of the attempts the leader tracks
     status: VigilJobStatus = field(init=False)
     pod_actions: list[CreatePod | DeletePod | AnnotatePod] = field(default_factory=list)
     releases: list[ReleasePod] = field(default_factory=list)
@@ -331,14 +342,15 @@ class _Draft:
 
     def _stamp_last_beat(self, *, written_anyway: bool) -> None:
         """lastHeartbeatAt rides along with other writes, and is written alone only when stale
-        by liveness.stamp_period: a beat must not cost an API write."""
+        by liveness.stamp_period: a beat must not cost an API write, and the stamps of all jobs
+        together stay within liveness.STAMP_WRITES_PER_SECOND."""
         current = self.status.current_attempt
         if self.beat is None or current is None or current.pod_uid != self.beat[0]:
             return
         beat_at = self.beat[1].replace(microsecond=0)
         if beat_at == current.last_heartbeat_at:
             return
-        if written_anyway or beat_stamp_due(current.last_heartbeat_at, beat_at, self.spec.heartbeat):
+        if written_anyway or beat_stamp_due(current.last_heartbeat_at, beat_at, self.spec.heartbeat, self.stamp_floor):
             self.update_attempt(last_heartbeat_at=beat_at)
 
     def _refresh_conditions(self) -> None:

@@ -46,7 +46,8 @@ G = heartbeat.startupGraceSeconds:
 - heartbeat.required false: always Healthy; liveness is then the pod's phase alone.
 
 The wall-clock time of the last beat (`Liveness.last_beat_at`) is carried only for display in
-`status.currentAttempt.lastHeartbeatAt`; see `beat_stamp_due` for how rarely it is written.
+`status.currentAttempt.lastHeartbeatAt`; see `beat_stamp_due` for how rarely it is written, and
+`stamp_floor` for why that rarity grows with the attempts beating.
 """
 
 from __future__ import annotations
@@ -68,6 +69,11 @@ State = Literal["Healthy", "Uncertain", "Lost"]
 # the heartbeat (KEP-589): a stamp written every few beats would cost a status write per job
 # per period, the dearest request there is (bench/heartbeat_load.py measures it).
 MIN_STAMP_PERIOD_SECONDS = 300.0
+# ...and no more often, across every job the leader tracks, than this many stamps a second. A
+# period of its own per job still costs M / 300 status writes a second: at the seed's 50,000
+# attempts in flight 167 a second, each 5-12 ms of kube-apiserver CPU (bench.write_cost), a core
+# or two for a column people glance at. Below 3,000 attempts this changes nothing.
+STAMP_WRITES_PER_SECOND = 10.0
 
 
 @dataclass(frozen=True)
@@ -94,13 +100,25 @@ def thresholds(heartbeat: api.Heartbeat) -> tuple[float, float]:
     return min(timeout, max(2.0 * heartbeat.interval_seconds, timeout / 2.0)), timeout
 
 
-def stamp_period(heartbeat: api.Heartbeat) -> float:
-    """How stale status.currentAttempt.lastHeartbeatAt may get before it is written on its own."""
-    return max(MIN_STAMP_PERIOD_SECONDS, heartbeat.timeout_seconds / 2.0)
+def stamp_floor(beating: int, writes_per_second: float = STAMP_WRITES_PER_SECOND) -> float:
+    """The least period between one job's stamps that keeps all `beating` attempts' stamps
+    within `writes_per_second` (each stamp of a job written alone once a period, the jobs' beats
+    spread over it as they come)."""
+    if writes_per_second <= 0:
+        raise ValueError(f"stamp writes per second must be positive, not {writes_per_second}")
+    return max(0, beating) / writes_per_second
 
 
-def beat_stamp_due(stored: datetime | None, last_beat_at: datetime | None, heartbeat: api.Heartbeat) -> bool:
-    """Whether lastHeartbeatAt deserves a status write of its own.
+def stamp_period(heartbeat: api.Heartbeat, floor: float = 0.0) -> float:
+    """How stale status.currentAttempt.lastHeartbeatAt may get before it is written on its own:
+    `floor` is `stamp_floor` of the attempts the leader tracks."""
+    return max(MIN_STAMP_PERIOD_SECONDS, heartbeat.timeout_seconds / 2.0, floor)
+
+
+def beat_stamp_due(
+    stored: datetime | None, last_beat_at: datetime | None, heartbeat: api.Heartbeat, floor: float = 0.0
+) -> bool:
+    """Whether lastHeartbeatAt deserves a status write of its own (`floor`: see stamp_period).
 
     decide() also refreshes it whenever it writes status anyway; this is for the quiet case. The
     shell may call it on a beat to decide whether that beat is worth a reconcile.
@@ -110,7 +128,7 @@ def beat_stamp_due(stored: datetime | None, last_beat_at: datetime | None, heart
     if stored is None:
         return True
     # abs(): after a leader change the new leader's wall clock may be behind the stored stamp.
-    return abs((last_beat_at - stored).total_seconds()) >= stamp_period(heartbeat)
+    return abs((last_beat_at - stored).total_seconds()) >= stamp_period(heartbeat, floor)
 
 
 @dataclass(slots=True)

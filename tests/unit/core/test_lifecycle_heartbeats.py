@@ -33,8 +33,9 @@ def run(
     *,
     liveness: Mapping[str, Liveness] | None = None,
     may_start: bool = True,
+    stamp_floor: float = 0.0,
 ) -> Decision:
-    return decide(job, pods, now, rng=random.Random(0), may_start=may_start, liveness=liveness)
+    return decide(job, pods, now, rng=random.Random(0), may_start=may_start, liveness=liveness, stamp_floor=stamp_floor)
 
 
 def step(job: dict[str, Any], pods: list[dict[str, Any]] = (), now: datetime = T0, **kwargs: Any):
@@ -222,6 +223,17 @@ def test_last_heartbeat_at_is_written_first_then_only_when_stale_by_the_period()
     job, decision = step(job, pods, at(310), liveness=beat_at(310.5))
     assert kinds(decision) == ["PatchStatus"]
     assert job["status"]["currentAttempt"]["lastHeartbeatAt"] == "2025-03-01T12:05:10Z"  # seconds
+
+
+def test_with_many_attempts_tracked_last_heartbeat_at_is_written_alone_more_rarely() -> None:
+    # 10,000 attempts under the 10 stamps a second: each job's stamp every 1,000 s, not 300 s.
+    job, _ = step(running_job(), [make_pod(1, phase="Running")], at(10), liveness=beat_at(10))
+    pods = [make_pod(1, phase="Running")]
+    assert run(job, pods, at(310), liveness=beat_at(310), stamp_floor=1000.0).actions == ()
+    assert run(job, pods, at(1009), liveness=beat_at(1009), stamp_floor=1000.0).actions == ()
+    job, decision = step(job, pods, at(1010), liveness=beat_at(1010), stamp_floor=1000.0)
+    assert kinds(decision) == ["PatchStatus"]
+    assert job["status"]["currentAttempt"]["lastHeartbeatAt"] == "2025-03-01T12:16:50Z"
 
 
 def test_last_heartbeat_at_rides_along_with_any_other_write() -> None:

@@ -11,7 +11,14 @@ from hypothesis import strategies as st
 
 from tests.support.builders import T0, make_pod
 from vigil import api
-from vigil.core.liveness import HeartbeatTracker, beat_stamp_due, stamp_period, thresholds
+from vigil.core.liveness import (
+    STAMP_WRITES_PER_SECOND,
+    HeartbeatTracker,
+    beat_stamp_due,
+    stamp_floor,
+    stamp_period,
+    thresholds,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -226,6 +233,24 @@ def test_last_heartbeat_at_is_written_alone_only_when_stale_by_the_period() -> N
     assert not beat_stamp_due(T0, T0 + timedelta(seconds=299), HB)
     assert beat_stamp_due(T0, T0 + timedelta(seconds=300), HB)
     assert beat_stamp_due(T0 + timedelta(seconds=400), T0, HB)  # a new leader's clock behind
+
+
+def test_the_stamps_of_all_jobs_stay_within_the_budget_at_any_scale() -> None:
+    assert STAMP_WRITES_PER_SECOND == 10
+    assert stamp_period(HB, stamp_floor(3000)) == 300  # below 3,000 attempts nothing changes
+    floor = stamp_floor(10_000)
+    assert floor == 1000
+    assert not beat_stamp_due(T0, T0 + timedelta(seconds=999), HB, floor)
+    assert beat_stamp_due(T0, T0 + timedelta(seconds=1000), HB, floor)
+    for beating in (1, 2_999, 10_000, 50_000):  # each job once a period: beating / period a second
+        assert beating / stamp_period(HB, stamp_floor(beating)) <= STAMP_WRITES_PER_SECOND
+    assert stamp_floor(50_000, 2.5) == 20_000
+
+
+@pytest.mark.parametrize("rate", [0.0, -1.0])
+def test_a_stamp_budget_that_is_not_positive_is_refused(rate: float) -> None:
+    with pytest.raises(ValueError, match="must be positive"):
+        stamp_floor(10, rate)
 
 
 # ------------------------------------------------------------------------------- properties

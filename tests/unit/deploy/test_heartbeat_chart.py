@@ -36,7 +36,15 @@ def test_by_default_the_pods_beat_to_the_webhook_service_with_its_ca() -> None:
 def test_without_the_webhook_or_when_turned_off_every_beat_patches_its_pod() -> None:
     for sets in (("heartbeat.leaderChannel=false",), ("webhook.enabled=false",)):
         args, _ = rendered(*sets)
-        assert not [a for a in args if a.startswith("--heartbeat-")], sets
+        leader_flags = ("--heartbeat-url", "--heartbeat-ca-file", "--heartbeat-audience")
+        assert not [a for a in args if a.startswith(leader_flags)], sets
+
+
+def test_the_stamp_budget_reaches_the_operator() -> None:
+    args, _ = rendered()
+    assert "--heartbeat-stamp-writes-per-second=10" in args
+    args, _ = rendered("heartbeat.stampWritesPerSecond=4")
+    assert "--heartbeat-stamp-writes-per-second=4" in args
 
 
 def test_by_default_the_injected_agent_is_the_operators_own_image() -> None:

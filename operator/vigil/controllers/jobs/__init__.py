@@ -27,6 +27,7 @@ from vigil.controllers.jobs.orphans import Releaser
 from vigil.controllers.jobs.reconciler import JobReconciler
 from vigil.controllers.jobs.view import ClusterView
 from vigil.controllers.worker import Worker
+from vigil.core.liveness import STAMP_WRITES_PER_SECOND
 from vigil.core.manifest import BeatChannel
 from vigil.core.objects import Key
 from vigil.core.orphans import SWEEP_SECONDS
@@ -72,12 +73,13 @@ class JobController:
         sweep_seconds: float = SWEEP_SECONDS,
         beat_channel: BeatChannel | None = None,
         agent_image: str | None = None,
+        stamp_writes_per_second: float = STAMP_WRITES_PER_SECOND,
     ) -> None:
         self.kube, self.dispatcher, self.events, self.metrics = kube, dispatcher, events, metrics
         self.clock = clock
         rng = rng or random.Random()
         self.reconciling = False  # between start() and stop(): this process leads (beats count)
-        self.view = ClusterView()
+        self.view = ClusterView(stamp_writes_per_second)
         self.queue = queue
         self.releaser = Releaser(
             kube,

@@ -199,4 +199,5 @@ class JobEvents:
             return False  # no stamp: liveness is the pod phase alone
         stored = (status.get("currentAttempt") or {}).get("lastHeartbeatAt")
         last_beat_at = self.view.tracker.last_beat_at(uid)
-        return beat_stamp_due(dt.datetime.fromisoformat(stored) if stored else None, last_beat_at, heartbeat)
+        stamped = dt.datetime.fromisoformat(stored) if stored else None
+        return beat_stamp_due(stamped, last_beat_at, heartbeat, self.view.stamp_floor())

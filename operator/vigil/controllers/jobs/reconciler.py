@@ -187,6 +187,7 @@ class JobReconciler:
             liveness=liveness,
             beat_channel=self.beat_channel,
             agent_image=self.agent_image,
+            stamp_floor=view.stamp_floor(),
         )
         self.dispatcher.decided(job, permit, decision)
         return Decided(decision, held_back, permit, states)

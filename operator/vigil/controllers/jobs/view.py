@@ -19,7 +19,7 @@ from typing import Any
 
 from vigil import api
 from vigil.controllers.jobs.podcache import PodCache
-from vigil.core.liveness import HeartbeatTracker
+from vigil.core.liveness import STAMP_WRITES_PER_SECOND, HeartbeatTracker, stamp_floor
 from vigil.core.objects import Key, is_older, key_of
 
 Job = Mapping[str, Any]
@@ -34,7 +34,8 @@ def parse_heartbeat(job: Job) -> api.Heartbeat:
 
 
 class ClusterView:
-    def __init__(self) -> None:
+    def __init__(self, stamp_writes_per_second: float = STAMP_WRITES_PER_SECOND) -> None:
+        self.stamp_writes_per_second = stamp_writes_per_second
         self.jobs: dict[Key, Job] = {}
         self.pods = PodCache()
         self.tracker = HeartbeatTracker()
@@ -43,6 +44,10 @@ class ClusterView:
         self.looked_at: set[str] = set()  # UIDs of pods whose watched versions reached a reconcile
         self._uids: dict[str, Key] = {}  # job UID -> key, of the jobs above
         self.phases: Counter[str] = Counter()  # of the jobs above, "New" for a job with no phase yet
+
+    def stamp_floor(self) -> float:
+        """The least period of a job's lastHeartbeatAt written alone, for the attempts tracked."""
+        return stamp_floor(len(self.tracker), self.stamp_writes_per_second)
 
     def job(self, key: Key) -> Job | None:
         return self.jobs.get(key)
