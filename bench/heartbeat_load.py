@@ -176,6 +176,16 @@ def histogram(api: Api, name: str, match: dict[str, str]) -> dict[float, float]:
     return buckets
 
 
+def status_writes(api: Api) -> float:
+    """The VigilJob status writes (PATCH or PUT of vigiljobs/status) the API server has served."""
+    return sum(
+        histogram(
+            api, "apiserver_request_duration_seconds", {"verb": verb, "resource": "vigiljobs", "subresource": "status"}
+        ).get(math.inf, 0.0)
+        for verb in ("PATCH", "PUT")
+    )
+
+
 def bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float:
     """The q-quantile of the observations between two scrapes, as Prometheus' histogram_quantile
     estimates it (linear within the bucket)."""
@@ -464,6 +474,7 @@ def report(result: dict, args: argparse.Namespace, max_gap: float) -> int:
 SIDE_BY_SIDE = (
     "beats_intended_per_second", "beats_per_second", "beats_renewed", "beat_errors", "beats_seen_by_operator",
     "posts_counted", "leader_fallbacks_to_annotation", "apiserver_patch_pods_requests_in_window",
+    "apiserver_vigiljob_status_writes_in_window",
     "leader_post_p50_seconds", "leader_post_p99_seconds", "apiserver_patch_pods_p50_seconds",
     "apiserver_patch_pods_p99_seconds", "operator_cpu_seconds_per_1000_beats", "operator_cpu_cores",
     "operator_peak_rss_mib", "event_loop_lag_healthz_p50_seconds", "event_loop_lag_healthz_p99_seconds",
@@ -676,6 +687,8 @@ def run_channel(args: argparse.Namespace, api: Api, cluster, kubeconfig: Path, c
         probe = LoopProbe(operator.health_port)
         patch_match = {"verb": "PATCH", "resource": "pods", "subresource": ""}
         hist_before = histogram(api, "apiserver_request_duration_seconds", patch_match)
+        # Writes of vigiljobs/status: once every job runs, the LAST-BEAT stamps are most of them.
+        status_before = status_writes(api)
         uncertain_before = operator.metric("vigil_attempts_uncertain_total")
         seen_before = operator.metric("vigil_heartbeats_total")
         reconciles_before = operator.metric("controller_runtime_reconcile_total")
@@ -712,6 +725,7 @@ def run_channel(args: argparse.Namespace, api: Api, cluster, kubeconfig: Path, c
             profiler.stop()
         lags = probe.stop()
         hist_after = histogram(api, "apiserver_request_duration_seconds", patch_match)
+        status_after = status_writes(api)
         posts_after = operator.metrics(*post_names)
         seen = operator.metric("vigil_heartbeats_total") - seen_before
         reconciles = operator.metric("controller_runtime_reconcile_total") - reconciles_before
@@ -755,6 +769,7 @@ def run_channel(args: argparse.Namespace, api: Api, cluster, kubeconfig: Path, c
             "apiserver_patch_pods_p50_seconds": bucket_quantile(hist_before, hist_after, 0.5),
             "apiserver_patch_pods_p99_seconds": bucket_quantile(hist_before, hist_after, 0.99),
             "apiserver_patch_pods_requests_in_window": patch_pods,
+            "apiserver_vigiljob_status_writes_in_window": status_after - status_before,
             "vigil_attempts_uncertain_total": uncertain_total - uncertain_before,
             "vigil_attempts_uncertain_total_since_start": uncertain_total,
             "jobs_by_phase": phases,
