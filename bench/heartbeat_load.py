@@ -246,6 +246,7 @@ class Agents:
         self.lateness: list[float] = []  # seconds a beat started after it was due (the bench's own lag)
         self.last_renewal: dict[str, float] = {}
         self.max_gap = 0.0
+        self.hold_from, self.hold_seconds = math.inf, 0.0  # see hold()
         self.thread = threading.Thread(target=self.run, daemon=True)
         self.thread.start()
 
@@ -301,6 +302,16 @@ class Agents:
             self.wake.wait(min(max(wait, 0.001), 1.0))
             self.wake.clear()
 
+    def hold(self, seconds: float) -> float:
+        """No beat starts for `seconds`: every agent's next beat moves that much later (their
+        spread kept, so no burst when they resume); a beat already in flight ends and its next is
+        moved too. Returns when the hold began (monotonic)."""
+        with self.lock:
+            self.hold_from, self.hold_seconds = time.monotonic(), seconds
+            self.due = [(due + seconds, pod) for due, pod in self.due]
+            heapq.heapify(self.due)
+            return self.hold_from
+
     def beat(self, pod: str, due: float) -> None:
         if self.halt.is_set():
             return
@@ -325,6 +336,8 @@ class Agents:
                 self.last_renewal[pod] = ended
             else:
                 self.errors[observed.value] = self.errors.get(observed.value, 0) + 1
+            if began < self.hold_from <= ended:  # in flight as the hold began: its next beat waits too
+                delay += self.hold_seconds
             heapq.heappush(self.due, (began + delay, pod))
         self.wake.set()
 
@@ -397,6 +410,30 @@ def wait_until_settled(operator: Operator, attempts: int, quiet: float, deadline
         elif all_running_since is None:
             all_running_since = time.monotonic()
     return time.monotonic() - began
+
+
+QUIET_DRAIN_SECONDS = 0.5  # for the beats in flight as a hold begins to be answered
+
+
+def quiet_seconds_allowed(heartbeat: Heartbeat, interval: float, slack: float = 5.0) -> float:
+    """The longest hold of every agent that keeps each pod's silence under the detector's
+    Uncertain threshold: the threshold, less one interval with the agent's +10% jitter, less
+    `slack` seconds for the bench's own lateness in starting a beat."""
+    uncertain_after, _lost_after = thresholds(heartbeat)
+    return max(0.0, uncertain_after - 1.1 * interval - slack)
+
+
+def quiet_window(agents: Agents, pids: dict[str, int], seconds: float) -> dict[str, float]:
+    """Each process's CPU (cores) over a hold of every agent: what holding the M attempts
+    costs with no beat arriving, so that the window's figures less these are what the beats
+    cost. The hold is short enough that no attempt becomes Uncertain (quiet_seconds_allowed)."""
+    agents.hold(seconds)
+    time.sleep(QUIET_DRAIN_SECONDS)  # the beats in flight as it began are answered
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    began = time.monotonic()
+    time.sleep(seconds - QUIET_DRAIN_SECONDS)
+    took = time.monotonic() - began
+    return {name: (cpu_seconds(pid) - before[name]) / took for name, pid in pids.items()}
 
 
 def vigil_job(i: int, interval: float, timeout: float, grace: float, account: str = "") -> dict:
@@ -477,8 +514,10 @@ SIDE_BY_SIDE = (
     "apiserver_vigiljob_status_writes_in_window",
     "leader_post_p50_seconds", "leader_post_p99_seconds", "apiserver_patch_pods_p50_seconds",
     "apiserver_patch_pods_p99_seconds", "operator_cpu_seconds_per_1000_beats", "operator_cpu_cores",
+    "operator_cpu_seconds_per_1000_beats_for_beats", "quiet_operator_cpu_cores",
     "operator_peak_rss_mib", "event_loop_lag_healthz_p50_seconds", "event_loop_lag_healthz_p99_seconds",
-    "apiserver_cpu_cores", "etcd_cpu_cores", "vigil_attempts_uncertain_total", "max_gap_between_renewals_seconds",
+    "apiserver_cpu_cores", "quiet_apiserver_cpu_cores", "apiserver_cpu_cores_for_beats", "etcd_cpu_cores",
+    "vigil_attempts_uncertain_total", "max_gap_between_renewals_seconds",
     "false_uncertain", "settled",
 )  # fmt: skip
 
@@ -544,6 +583,14 @@ def main(argv: list[str] | None = None) -> int:
         default="both",
         help="beat by the pod's annotation, POST to the leader, or both one after the other (default both)",
     )
+    parser.add_argument(
+        "--quiet-seconds",
+        type=float,
+        default=None,
+        help="before the window, hold every agent this long and measure each process's CPU with no beat "
+        "arriving, to say what the beats themselves cost (0: no hold; at most, and by default up to 10, the "
+        "detector's Uncertain threshold less 1.1 intervals and 5 s)",
+    )
     parser.add_argument("--workers", type=int, default=16, help="threads that make the agents' patches (default 16)")
     parser.add_argument("--threads", type=int, default=8, help="client threads that submit the jobs (default 8)")
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
@@ -561,6 +608,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     m = args.attempts
+    allowed = quiet_seconds_allowed(heartbeat_of(args), args.interval)
+    if args.quiet_seconds is None:
+        args.quiet_seconds = min(10.0, allowed)
+    if not 0 <= args.quiet_seconds <= allowed:
+        parser.error(
+            f"--quiet-seconds {args.quiet_seconds:g}: at most {allowed:g} with --interval {args.interval:g} and "
+            f"--timeout {args.timeout:g}, or the hold itself would make attempts Uncertain (0 for no hold)"
+        )
     if args.settle_seconds is None:
         args.settle_seconds = max(300.0, m / 2)
     if args.seconds is None:
@@ -683,6 +738,11 @@ def run_channel(args: argparse.Namespace, api: Api, cluster, kubeconfig: Path, c
             for component in ("kube-apiserver", "etcd"):
                 if pid := testbed.running_pid(cluster, component):
                     pids[component] = pid
+        quiet: dict[str, float] = {}
+        if args.quiet_seconds > QUIET_DRAIN_SECONDS:
+            log(f"holding every agent for {args.quiet_seconds:g} s: the processes' CPU with no beat arriving")
+            quiet = quiet_window(agents, pids, args.quiet_seconds)
+            time.sleep(1.1 * args.interval)  # the beats resume at their pace before the window opens
         sampler = Sampler(pids)
         probe = LoopProbe(operator.health_port)
         patch_match = {"verb": "PATCH", "resource": "pods", "subresource": ""}
@@ -778,6 +838,18 @@ def run_channel(args: argparse.Namespace, api: Api, cluster, kubeconfig: Path, c
         for name in ("kube-apiserver", "etcd"):
             if name in pids:
                 result[f"{name.replace('kube-', '')}_cpu_cores"] = (cpu_after[name] - cpu_before[name]) / window
+        if quiet:
+            # What the beats cost, over what holding M attempts costs anyway: the window's CPU less
+            # the hold's (the LAST-BEAT stamps, which only a beat brings due, count as the beats').
+            result["quiet_seconds"] = args.quiet_seconds
+            for name, cores in quiet.items():
+                short = name.replace("kube-", "")
+                result[f"quiet_{short}_cpu_cores"] = cores
+                result[f"{short}_cpu_cores_for_beats"] = result[f"{short}_cpu_cores"] - cores
+            per_second = beats / window
+            result["operator_cpu_seconds_per_1000_beats_for_beats"] = (
+                1000 * result["operator_cpu_cores_for_beats"] / per_second if per_second else math.nan
+            )
         if leader is not None:
             for name, outcome in zip(post_names, OUTCOMES, strict=True):
                 result[f"posts_{outcome}"] = posts_after[name] - posts_before[name]

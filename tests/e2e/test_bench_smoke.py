@@ -90,6 +90,11 @@ def test_heartbeat_load_runs_and_finds_no_false_uncertain(kube: Kube, tmp_path: 
             assert not missing(figures.get(key)), (channel, key)
         assert figures["vigil_attempts_uncertain_total_since_start"] == 0, channel
         assert figures["jobs_by_phase"] == {"Running": 50}, channel
+        # The hold before the window: the operator's CPU with no beat arriving, and what the beats cost above it.
+        assert figures["quiet_seconds"] > 0, channel
+        assert not missing(figures.get("operator_cpu_seconds_per_1000_beats_for_beats")), channel
+        if kube.on_testbed:  # the API server's CPU is read from /proc of the local test bed
+            assert not missing(figures.get("apiserver_cpu_cores_for_beats")), channel
     assert not missing(both["annotation"].get("apiserver_patch_pods_p99_seconds"))
     leader = both["leader"]
     assert leader["posts_counted"] > 0

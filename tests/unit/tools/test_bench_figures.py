@@ -1,14 +1,14 @@
 """Figures the benches derive, checked without a cluster: the operator's /metrics as
 `compare.sum_samples` reads them (a wrong sum would move every settle and per-beat figure), when
 `compare` says a side was not bound by the CPU, how it paces a stream, and when `heartbeat_load`
-calls an Uncertain false."""
+calls an Uncertain false, and how long it may hold the agents to measure the cost without beats."""
 
 from __future__ import annotations
 
 import pytest
 
 from bench.compare import default_timeout, due_after, not_cpu_bound, sum_samples
-from bench.heartbeat_load import falsely_uncertain
+from bench.heartbeat_load import falsely_uncertain, quiet_seconds_allowed
 from vigil.api import Heartbeat
 
 pytestmark = pytest.mark.unit
@@ -45,6 +45,15 @@ def test_an_uncertain_is_false_only_when_no_pod_was_silent_as_long_as_the_uncert
     # Beats held up 57 s by a saturated API server: Uncertain is the right verdict, though under the timeout.
     assert not falsely_uncertain(3297, max_gap=57.0, heartbeat=EVERY_10_S)
     assert not falsely_uncertain(0, max_gap=11.2, heartbeat=EVERY_10_S)
+
+
+def test_the_hold_keeps_every_pods_silence_under_the_uncertain_threshold():
+    # Uncertain after 30 s: a beat up to 11 s late (the +10% jitter) and 5 s of the bench's own lag leave 14 s.
+    assert quiet_seconds_allowed(EVERY_10_S, 10) == pytest.approx(14.0)
+    every_2_s = Heartbeat.model_validate({"intervalSeconds": 2, "timeoutSeconds": 30})  # Uncertain after 15 s
+    assert quiet_seconds_allowed(every_2_s, 2) == pytest.approx(7.8)
+    tight = Heartbeat.model_validate({"intervalSeconds": 10, "timeoutSeconds": 15})  # Uncertain = Lost at 15 s
+    assert quiet_seconds_allowed(tight, 10) == 0.0
 
 
 def test_a_side_that_left_the_cpu_idle_is_named_and_cpu_bound_sides_say_nothing():
