@@ -529,13 +529,22 @@ WAITS = (
 )
 
 
+def py_spy() -> Path:
+    """The py-spy beside this Python (the `bench` extra), or SystemExit saying how to install it:
+    called when the arguments are read, not after a run's slow start."""
+    spy = Path(sys.executable).with_name("py-spy")
+    if not spy.exists():
+        raise SystemExit(f"--profile needs py-spy, which is not at {spy}: pip install -e '.[bench]'")
+    return spy
+
+
 class Profiler:
     """py-spy (the `bench` extra) sampling the operator for the run; `top` reads its stacks."""
 
     def __init__(self, pid: int, path: Path):
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        spy = Path(sys.executable).with_name("py-spy")
+        spy = py_spy()
         self.proc = subprocess.Popen(
             [str(spy), "record", "--pid", str(pid), "--rate", "100", "--function", "--nonblocking"]
             + ["--format", "raw", "--output", str(path)],
@@ -1172,6 +1181,8 @@ def main(argv: list[str] | None = None) -> int:
         "--operator-args", default="", help="more arguments for `vigil operator`, e.g. '--workers 8' (default none)"
     )
     args = parser.parse_args(argv)
+    if args.profile:
+        py_spy()  # before the bed starts, not after the run
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     if bad := [w for w in workloads if w not in WORKLOADS] + [k for k in kinds if k not in KINDS]:

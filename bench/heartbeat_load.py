@@ -79,6 +79,7 @@ from bench.compare import (  # noqa: E402
     own_cluster,
     percentile,
     pod_spec,
+    py_spy,
     release_vigil_pods,
     testbed_of,
 )
@@ -616,6 +617,8 @@ def main(argv: list[str] | None = None) -> int:
             f"--quiet-seconds {args.quiet_seconds:g}: at most {allowed:g} with --interval {args.interval:g} and "
             f"--timeout {args.timeout:g}, or the hold itself would make attempts Uncertain (0 for no hold)"
         )
+    if args.profile:
+        py_spy()
     if args.settle_seconds is None:
         args.settle_seconds = max(300.0, m / 2)
     if args.seconds is None:
