@@ -99,6 +99,41 @@ def test_a_beat_brings_a_look_when_the_last_beat_stamp_is_due(required: bool):
     assert drain(c) == ([("ns", "j")] if required else [])
 
 
+def test_stamps_come_due_together_and_are_written_at_most_r_a_second():
+    """Jobs started together come due together: their beats bring at most R looks a second for
+    their stamps (R = 2 here), the rest waiting for a later beat, never all at once."""
+    clock = FakeClock(wall=WALL)
+    c = job_controller(None, clock, pod_batch_seconds=0, stamp_writes_per_second=2)
+    names = [f"j{i}" for i in range(20)]
+    for n, name in enumerate(names):
+        one = job()
+        one["metadata"].update(name=name, uid=f"{name}-uid")
+        c.handlers.job_seen(one)
+        c.handlers.pod_changed(named_pod(name, 10 + n, beat="1"))
+    drain(c)
+    clock.tick(300)  # every stamp is due now
+    looked: list[tuple[str, str]] = []
+    for second in range(12):
+        for n, name in enumerate(names):
+            if ("ns", name) not in looked:  # the looked-at job's stamp is written: it is due no more
+                c.handlers.beat_heard(named_pod(name, 10 + n, beat="1"))
+        now = drain(c)
+        assert len(now) <= 2, f"second {second}: {len(now)} stamps at once"
+        looked += now
+        clock.tick(1)
+        for key in now:  # as the look's status write would: the stamp is fresh again
+            c.view.jobs[key]["status"]["currentAttempt"]["lastHeartbeatAt"] = clock.wall().isoformat()
+    assert len(set(looked)) == len(looked) == 20, "every due stamp gets its turn, at 2 a second"
+
+
+def named_pod(job_name: str, version: int, beat: str) -> dict[str, Any]:
+    one = pod(version, beat=beat)
+    owner = {**OWNER, "name": job_name, "uid": f"{job_name}-uid"}
+    one["metadata"].update(name=f"{job_name}-1", uid=f"{job_name}-pod", ownerReferences=[owner])
+    one["metadata"]["labels"] = {"vigil.dev/job-uid": f"{job_name}-uid", "vigil.dev/attempt": "1"}
+    return one
+
+
 def test_a_beat_wakes_an_uncertain_job_at_once():
     clock = FakeClock(wall=WALL)
     c = controller(clock)

@@ -200,4 +200,6 @@ class JobEvents:
         stored = (status.get("currentAttempt") or {}).get("lastHeartbeatAt")
         last_beat_at = self.view.tracker.last_beat_at(uid)
         stamped = dt.datetime.fromisoformat(stored) if stored else None
-        return beat_stamp_due(stamped, last_beat_at, heartbeat, self.view.stamp_floor())
+        if not beat_stamp_due(stamped, last_beat_at, heartbeat, self.view.stamp_floor()):
+            return False
+        return self.view.stamp_allowed(self.clock.monotonic())  # at most R stamps a second, bursts too

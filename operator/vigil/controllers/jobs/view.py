@@ -21,6 +21,7 @@ from vigil import api
 from vigil.controllers.jobs.podcache import PodCache
 from vigil.core.liveness import STAMP_WRITES_PER_SECOND, HeartbeatTracker, stamp_floor
 from vigil.core.objects import Key, is_older, key_of
+from vigil.core.ratelimit import TokenBucket
 
 Job = Mapping[str, Any]
 Pod = Mapping[str, Any]
@@ -36,6 +37,10 @@ def parse_heartbeat(job: Job) -> api.Heartbeat:
 class ClusterView:
     def __init__(self, stamp_writes_per_second: float = STAMP_WRITES_PER_SECOND) -> None:
         self.stamp_writes_per_second = stamp_writes_per_second
+        # The floor spreads the stamps' average; this bounds their bursts: jobs started together
+        # (10,000 submitted at once) come due together, every period, at whatever pace the
+        # operator can write. A beat whose stamp is due and finds no token waits for a later beat.
+        self.stamps = TokenBucket(rate=stamp_writes_per_second, burst=max(1, round(stamp_writes_per_second)))
         self.jobs: dict[Key, Job] = {}
         self.pods = PodCache()
         self.tracker = HeartbeatTracker()
@@ -48,6 +53,10 @@ class ClusterView:
     def stamp_floor(self) -> float:
         """The least period of a job's lastHeartbeatAt written alone, for the attempts tracked."""
         return stamp_floor(len(self.tracker), self.stamp_writes_per_second)
+
+    def stamp_allowed(self, now: float) -> bool:
+        """Whether a stamp due at monotonic `now` may be written now (counted if so)."""
+        return self.stamps.take(now)
 
     def job(self, key: Key) -> Job | None:
         return self.jobs.get(key)
