@@ -113,12 +113,13 @@ class Releaser:
 
     def _sweep_now(self) -> None:
         if self._sweep_task is None or self._sweep_task.done():  # a slow sweep does not pile up
-            self._sweep_task = self._in_background(self._sweep, "sweeping for pods whose job is gone")
+            self._sweep_task = self._in_background(self.sweep, "sweeping for pods whose job is gone")
         self.start_sweeping()
 
-    async def _sweep(self) -> None:
-        """Lists Vigil's pods from the API server, page by page; asks about every one that still
-        carries the finalizer and whose job the operator does not know."""
+    async def sweep(self) -> None:
+        """One sweep (the timer runs one every `sweep_seconds`): lists Vigil's pods from the API
+        server, page by page, as their metadata; asks about every one that still carries the
+        finalizer and whose job the operator does not know."""
         for scope in self.scopes:
             async for page in self.kube.list_vigil_pods(scope):
                 found = orphans.candidates([pod for pod in page if self.accept(pod)], self.knows_job)
