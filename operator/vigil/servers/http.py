@@ -8,7 +8,10 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
+import resource
 import ssl
+import time
 from asyncio import sslproto
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -28,6 +31,25 @@ DEFAULT_MAX_BODY = 1024**2  # aiohttp's own default: endpoints that take bodies 
 # calls on large answers. The attribute is the class's: it applies to every TLS connection of
 # the process, the API client's too.
 TLS_READ_BUFFER = 16 * 1024
+
+
+# Connections one server holds open at once. Every beating pod keeps one to the leader, so the
+# seed's 50,000 attempts in flight need 50,000; anyone who can reach the port can open more, and
+# each costs a descriptor and ~50 KiB (bench/README.md). Past the limit a new connection is
+# closed as soon as it is made (an agent then beats by annotation, and tries the leader again
+# next beat), so a flood can neither exhaust the memory nor take the descriptors the operator's
+# own API connections and its Lease need: RESERVED_FDS of the open-file limit are kept for them.
+MAX_CONNECTIONS = 65_536  # ~3.2 GiB of connections at most
+RESERVED_FDS = 1024
+_REFUSAL_LOG_SECONDS = 60.0  # a flood's refusals are logged at most this often
+
+
+def connection_limit(open_files: int, reserved: int = RESERVED_FDS, ceiling: int = MAX_CONNECTIONS) -> int:
+    """The connections a server may hold under an open-file limit (RLIMIT_NOFILE's soft value;
+    negative: unlimited), keeping `reserved` descriptors for the rest of the process."""
+    if open_files < 0:
+        return ceiling
+    return max(1, min(ceiling, open_files - reserved))
 
 
 def lean_tls_buffers() -> None:
@@ -70,7 +92,10 @@ async def serve(
     *,
     ssl_context: ssl.SSLContext | None = None,
     max_body: int = DEFAULT_MAX_BODY,
+    max_connections: int | None = None,
 ) -> Server:
+    """`max_connections` bounds the connections of a server with fast routes (default:
+    `connection_limit` of this process's open-file limit)."""
     if ssl_context is not None:
         lean_tls_buffers()
     every = list(routes)
@@ -83,7 +108,9 @@ async def serve(
     if not fast:
         await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
         return Server(runner)
-    front = _FastServer(fast, runner.server)  # type: ignore[arg-type]  # web.Server makes aiohttp's protocol
+    if max_connections is None:
+        max_connections = connection_limit(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    front = _FastServer(fast, runner.server, max_connections)  # type: ignore[arg-type]  # aiohttp's protocol
     # What aiohttp's TCPSite does, with the fast protocol in front of aiohttp's.
     listener = await asyncio.get_running_loop().create_server(
         front.protocol, host, port, ssl=ssl_context, backlog=128, reuse_address=True
@@ -161,10 +188,13 @@ class _Stop(Exception):
 
 
 class _FastServer:
-    """The listening side's state: its routes, its open fast connections and one timer for all
-    of them (a timer per request, armed and cancelled, would cost as much as the request)."""
+    """The listening side's state: its routes, its open connections (the fast ones, and those
+    handed to aiohttp, counted until their transport closes) and one timer for all of them (a
+    timer per request, armed and cancelled, would cost as much as the request)."""
 
-    def __init__(self, routes: Iterable[FastRoute], hand_off: Callable[[], asyncio.Protocol]) -> None:
+    def __init__(
+        self, routes: Iterable[FastRoute], hand_off: Callable[[], asyncio.Protocol], max_connections: int
+    ) -> None:
         self.routes = {("POST", route.path): route for route in routes}
         self.prefixes = [f"POST {route.path}".encode() for route in self.routes.values()]
         self.sniff_bytes = max(len(prefix) for prefix in self.prefixes) + 1
@@ -172,11 +202,36 @@ class _FastServer:
         self.hand_off = hand_off
         self.loop = asyncio.get_running_loop()
         self.connections: set[_FastConnection] = set()
+        self.handed_off: set[asyncio.BaseTransport] = set()  # aiohttp's: counted until closed
+        self.max_connections = max_connections
+        self.refused = 0  # connections closed at once, the server holding max_connections
+        self._refusal_logged = self._handed_off_walked = -math.inf
         self.reading: set[_FastConnection] = set()  # a request begun and not yet all here
         self._sweeper = self.loop.create_task(self._sweep())
 
     def protocol(self) -> _FastConnection:
         return _FastConnection(self)
+
+    def admits(self) -> bool:
+        """Whether one more connection may stay open (counted as refused if not)."""
+        if len(self.connections) + len(self.handed_off) < self.max_connections:
+            return True
+        now = time.monotonic()
+        if self.handed_off and now - self._handed_off_walked >= 1.0:  # at most once a second under a flood
+            self._handed_off_walked = now
+            self.handed_off = {t for t in self.handed_off if not t.is_closing()}  # closed since the last sweep
+            if len(self.connections) + len(self.handed_off) < self.max_connections:
+                return True
+        self.refused += 1
+        if now - self._refusal_logged >= _REFUSAL_LOG_SECONDS:
+            self._refusal_logged = now
+            log.warning(
+                "%d connections open, the most this server holds: new ones are closed at once (%d so far); agents "
+                "beat by annotation meanwhile. Raise the open-file limit, or find who opens so many",
+                self.max_connections,
+                self.refused,
+            )
+        return False
 
     def route_of(self, first_bytes: bytes | bytearray) -> FastRoute | None:
         """The fast route a connection's first request asks for, or None (aiohttp answers it)."""
@@ -197,6 +252,7 @@ class _FastServer:
                 idle_due = now + FAST_IDLE_SECONDS / 8
                 for connection in [c for c in self.connections if c.idle(now)]:
                     connection.close()
+                self.handed_off = {t for t in self.handed_off if not t.is_closing()}
 
     async def stop(self) -> None:
         self._sweeper.cancel()
@@ -234,6 +290,10 @@ class _FastConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        if not self.server.admits():
+            self.closing = True
+            self.transport.abort()  # type: ignore[union-attr]
+            return
         self.server.connections.add(self)  # idle until its first bytes, as aiohttp's would be
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -400,6 +460,7 @@ class _FastConnection(asyncio.Protocol):
         """Hands the connection, and what it sent so far, to aiohttp's protocol."""
         assert self.transport is not None and self.sniffed is not None
         self.server.connections.discard(self)
+        self.server.handed_off.add(self.transport)
         self.server.reading.discard(self)
         protocol = self.server.hand_off()
         self.transport.set_protocol(protocol)

@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from vigil.servers import http
-from vigil.servers.http import FAST_MAX_HEAD, TLS_READ_BUFFER, FastRoute, Reply, Server, serve
+from vigil.servers.http import FAST_MAX_HEAD, TLS_READ_BUFFER, FastRoute, Reply, Server, connection_limit, serve
 
 pytestmark = pytest.mark.unit
 
@@ -74,7 +74,7 @@ class Fast:
         await self.release.wait()
         return Reply(200, b'{"waited": true}')
 
-    async def start(self, read_seconds: float = 5.0) -> Server:
+    async def start(self, read_seconds: float = 5.0, max_connections: int | None = None) -> Server:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(str(self.certs / "tls.crt"), str(self.certs / "tls.key"))
 
@@ -82,7 +82,9 @@ class Fast:
             return web.Response(text="aiohttp")
 
         route = FastRoute(FAST, self.handler, 64, read_seconds, self.refused.append)
-        return await serve([web.get("/", slow), route], "127.0.0.1:0", ssl_context=context)
+        return await serve(
+            [web.get("/", slow), route], "127.0.0.1:0", ssl_context=context, max_connections=max_connections
+        )
 
     async def connect(self, server: Server) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         client = ssl.create_default_context(cafile=str(self.certs / "ca.crt"))
@@ -226,3 +228,59 @@ def test_connection_close_and_expect_100_continue_are_honoured(certs: Path) -> N
         writer.close()
 
     assert [b for _, b in run(certs, body).seen] == [b"hi", b"bye"]
+
+
+def test_past_its_connection_limit_a_new_connection_is_closed_at_once_and_the_open_ones_are_served(
+    certs: Path,
+) -> None:
+    """A flood of connections cannot take the descriptors or memory the operator needs: with 2
+    open (a beat's and aiohttp's), a third is closed unanswered; once one closes, one more is let in."""
+
+    async def body(fast: Fast, server: Server) -> None:
+        beat_reader, beat_writer = await fast.connect(server)
+        beat_writer.write(post(b"one"))
+        assert (await answer(beat_reader))[0] == 200
+        other_reader, other_writer = await fast.connect(server)
+        other_writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # handed to aiohttp: counted too
+        assert (await answer(other_reader))[2] == b"aiohttp"
+        extra_reader, extra_writer = await fast.connect(server)
+        extra_writer.write(post(b"two"))
+        with contextlib.suppress(ConnectionError):  # closed at once: no answer, whatever was sent
+            assert await closed(extra_reader)
+        beat_writer.write(post(b"three"))  # the connections held are served as before
+        assert (await answer(beat_reader))[0] == 200
+        other_writer.close()
+        await other_writer.wait_closed()
+        # aiohttp's closed connections are found at most once a second: poll until one more is let in
+        for _ in range(50):
+            reader, writer = await fast.connect(server)
+            writer.write(post(b"four"))
+            try:
+                assert (await answer(reader))[0] == 200
+                break
+            except (asyncio.IncompleteReadError, ConnectionError):
+                writer.close()
+                await asyncio.sleep(0.1)  # poll step, 5 s in all
+        else:
+            raise AssertionError("no connection let in after one of the two closed")
+        for w in (beat_writer, writer, extra_writer):
+            w.close()
+
+    fast = Fast(certs)
+
+    async def main() -> None:
+        server = await fast.start(max_connections=2)
+        try:
+            await body(fast, server)
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
+    assert [b for _, b in fast.seen] == [b"one", b"three", b"four"]
+
+
+def test_the_connection_limit_keeps_descriptors_for_the_operators_own_connections():
+    assert connection_limit(20_000) == 20_000 - 1024  # this bed's hard limit
+    assert connection_limit(1_048_576) == 65_536  # containerd's default: the memory bound then
+    assert connection_limit(-1) == 65_536  # unlimited
+    assert connection_limit(1000) == 1  # a tiny limit still serves
