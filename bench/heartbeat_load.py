@@ -88,7 +88,7 @@ from vigil.agent.channel import LeaderAnswer, LeaderBeat  # noqa: E402
 from vigil.agent.runner import Heart, PodHeartbeat, Settings, leader_timeout, request_timeout  # noqa: E402
 from vigil.api import Heartbeat  # noqa: E402
 from vigil.core import fencing  # noqa: E402
-from vigil.core.liveness import stamp_period, thresholds  # noqa: E402
+from vigil.core.liveness import stamp_floor, stamp_period, thresholds  # noqa: E402
 from vigil.servers.beats import OUTCOMES  # noqa: E402
 from vigil.servers.webhook import make_self_signed  # noqa: E402
 
@@ -568,8 +568,8 @@ def main(argv: list[str] | None = None) -> int:
         "--seconds",
         type=float,
         default=None,
-        help="the measured window (default: one LAST-BEAT stamp period, max(300, timeout/2) s, so the "
-        "status writes of the stamps count at their steady rate)",
+        help="the measured window (default: one LAST-BEAT stamp period, max(300, timeout/2, M/10) s, so "
+        "the status writes of the stamps count at their steady rate: a shorter window may hold none)",
     )
     parser.add_argument(
         "--settle-seconds",
@@ -622,7 +622,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.settle_seconds is None:
         args.settle_seconds = max(300.0, m / 2)
     if args.seconds is None:
-        args.seconds = stamp_period(heartbeat_of(args))
+        args.seconds = stamp_period(heartbeat_of(args), stamp_floor(m))
 
     kubeconfig = args.kubeconfig
     if args.use_existing_cluster and not kubeconfig:
