@@ -235,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         patches_before = histogram(api, "apiserver_request_duration_seconds", patch_match).get(math.inf, 0.0)
         with agents.lock:
             fallbacks_before = agents.fallbacks
+            agents.lateness.clear()  # from the SIGKILL on: whether the bench's agents kept their pace
 
         killed_at = time.monotonic()
         leader.proc.send_signal(signal.SIGKILL)
@@ -263,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         with agents.lock:
             answered = {pod: at - took_over for pod, at in agents.first_answer.items()}
             fallbacks = agents.fallbacks - fallbacks_before
+            lateness = list(agents.lateness)
         patches = histogram(api, "apiserver_request_duration_seconds", patch_match).get(math.inf, 0.0) - patches_before
         lost = standby.metric("vigil_attempts_lost_total")
         jobs = api.custom.list_namespaced_custom_object("vigil.dev", "v1alpha1", namespace, "vigiljobs")["items"]
@@ -288,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
             "answer_after_takeover_p99_seconds": percentile(delays, 99),
             "answer_after_takeover_max_seconds": max(delays) if delays else math.nan,
             "fallbacks_to_annotation": fallbacks,
+            # The bench's own agents starting beats late (their threads waiting on beats that time
+            # out) delay the answers above without any fault of the new leader's.
+            "agents_beat_start_lateness_p99_seconds": percentile(lateness, 99),
+            "agents_beat_start_lateness_max_seconds": max(lateness) if lateness else math.nan,
             "apiserver_patch_pods_requests": patches,
             "attempts_lost": lost,
             "jobs_not_running_at_attempt_1": not_running,
