@@ -106,9 +106,8 @@ class Kube:
 
     async def list_vigil_pods(self, namespace: str | None, limit: int = 500) -> AsyncIterator[list[dict]]:
         """Every pod labelled with a job's UID, in one namespace or all (None), a page at a time,
-        as its metadata alone (what the orphan sweep reads: identity, labels, owner, finalizers):
-        at 10,000 pods a full listing cost the leader ~8 s of CPU every sweep, most of it
-        decoding specs and statuses it then dropped."""
+        as its metadata alone: what the orphan sweep reads (identity, labels, owner, finalizers),
+        without decoding specs and statuses it would drop (bench/README.md)."""
         async for page in self.list_pods(namespace, LABEL_JOB_UID, limit, metadata_only=True):
             yield page
 

@@ -11,7 +11,6 @@ import logging
 import math
 import resource
 import ssl
-import time
 from asyncio import sslproto
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -216,7 +215,7 @@ class _FastServer:
         """Whether one more connection may stay open (counted as refused if not)."""
         if len(self.connections) + len(self.handed_off) < self.max_connections:
             return True
-        now = time.monotonic()
+        now = self.loop.time()
         if self.handed_off and now - self._handed_off_walked >= 1.0:  # at most once a second under a flood
             self._handed_off_walked = now
             self.handed_off = {t for t in self.handed_off if not t.is_closing()}  # closed since the last sweep
