@@ -413,6 +413,19 @@ def wait_until_settled(operator: Operator, attempts: int, quiet: float, deadline
     return time.monotonic() - began
 
 
+# The operator's own readings of what held its loop, counted over the window.
+LAG_COUNT = "vigil_event_loop_lag_seconds_count"
+LAG_QUARTER = 'vigil_event_loop_lag_seconds_bucket{le="0.25"}'
+FULL_COUNT = 'vigil_gc_pause_seconds_count{generation="2"}'
+FULL_SUM = 'vigil_gc_pause_seconds_sum{generation="2"}'
+GC_QUARTERS = [
+    (
+        f'vigil_gc_pause_seconds_count{{generation="{g}"}}',
+        f'vigil_gc_pause_seconds_bucket{{generation="{g}",le="0.25"}}',
+    )
+    for g in "012"
+]
+STALL_SAMPLES = [LAG_COUNT, LAG_QUARTER, FULL_COUNT, FULL_SUM, *(name for pair in GC_QUARTERS for name in pair)]
 QUIET_DRAIN_SECONDS = 0.5  # for the beats in flight as a hold begins to be answered
 
 
@@ -517,6 +530,8 @@ SIDE_BY_SIDE = (
     "apiserver_patch_pods_p99_seconds", "operator_cpu_seconds_per_1000_beats", "operator_cpu_cores",
     "operator_cpu_seconds_per_1000_beats_for_beats", "quiet_operator_cpu_cores",
     "operator_peak_rss_mib", "event_loop_lag_healthz_p50_seconds", "event_loop_lag_healthz_p99_seconds",
+    "event_loop_lag_healthz_max_seconds", "event_loop_lag_inside_over_quarter_second", "gc_full_collections",
+    "gc_full_collection_mean_seconds", "gc_pauses_over_quarter_second",
     "apiserver_cpu_cores", "quiet_apiserver_cpu_cores", "apiserver_cpu_cores_for_beats", "etcd_cpu_cores",
     "vigil_attempts_uncertain_total", "max_gap_between_renewals_seconds",
     "false_uncertain", "settled",
@@ -757,6 +772,7 @@ def run_channel(args: argparse.Namespace, api: Api, cluster, kubeconfig: Path, c
         reconciles_before = operator.metric("controller_runtime_reconcile_total")
         post_names = [f'vigil_heartbeat_posts_total{{outcome="{o}"}}' for o in OUTCOMES]
         posts_before = operator.metrics(*post_names)
+        stalls_before = operator.metrics(*STALL_SAMPLES)
         with agents.lock:
             beats_before, renewed_before, fallbacks_before = agents.beats, agents.renewed, agents.fallbacks
             agents.lateness.clear()
@@ -790,6 +806,8 @@ def run_channel(args: argparse.Namespace, api: Api, cluster, kubeconfig: Path, c
         hist_after = histogram(api, "apiserver_request_duration_seconds", patch_match)
         status_after = status_writes(api)
         posts_after = operator.metrics(*post_names)
+        stalls_after = operator.metrics(*STALL_SAMPLES)
+        stalls = {name: stalls_after[name] - stalls_before[name] for name in STALL_SAMPLES}
         seen = operator.metric("vigil_heartbeats_total") - seen_before
         reconciles = operator.metric("controller_runtime_reconcile_total") - reconciles_before
         uncertain_total = operator.metric("vigil_attempts_uncertain_total")
@@ -829,6 +847,13 @@ def run_channel(args: argparse.Namespace, api: Api, cluster, kubeconfig: Path, c
             "event_loop_lag_healthz_p99_seconds": percentile(lags, 99),
             "event_loop_lag_healthz_max_seconds": max(lags) if lags else math.nan,
             "healthz_failures": probe.failures,
+            # What held the loop, from the operator's own metrics (vigil.runtime.stalls).
+            "event_loop_lag_inside_looks": stalls[LAG_COUNT],
+            "event_loop_lag_inside_over_quarter_second": stalls[LAG_COUNT] - stalls[LAG_QUARTER],
+            "gc_full_collections": stalls[FULL_COUNT],
+            "gc_full_collection_seconds": stalls[FULL_SUM],
+            "gc_full_collection_mean_seconds": stalls[FULL_SUM] / stalls[FULL_COUNT] if stalls[FULL_COUNT] else 0.0,
+            "gc_pauses_over_quarter_second": sum(stalls[c] - stalls[q] for c, q in GC_QUARTERS),
             "apiserver_patch_pods_p50_seconds": bucket_quantile(hist_before, hist_after, 0.5),
             "apiserver_patch_pods_p99_seconds": bucket_quantile(hist_before, hist_after, 0.99),
             "apiserver_patch_pods_requests_in_window": patch_pods,

@@ -26,6 +26,7 @@ import fnmatch
 import logging
 import signal
 import ssl
+import time
 from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -52,6 +53,7 @@ from vigil.leaderelection.mark import LeaderMark, OwnPod
 from vigil.metrics import Metrics
 from vigil.metrics.collectors import StateCollector
 from vigil.runtime.clock import SYSTEM, Clock
+from vigil.runtime.stalls import CollectorPauses, LagProbe, watch_collections
 from vigil.servers import health
 from vigil.servers import metrics as metrics_server
 from vigil.servers.beats import BeatEndpoint, outcome_counter
@@ -184,6 +186,24 @@ class _Served:
             await self.server.stop()
 
 
+class _CollectorWatch:
+    """The garbage collector's pauses, timed while the operator runs (a real pause: the machine's
+    clock, as a request's latency)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        gauge = metrics.gc_pauses
+        self.pauses = CollectorPauses(time.perf_counter, lambda gen, seconds: gauge.labels(str(gen)).observe(seconds))
+        self._unhook: Callable[[], None] | None = None
+
+    async def start(self) -> None:
+        self._unhook = watch_collections(self.pauses)
+
+    async def stop(self) -> None:
+        if self._unhook is not None:
+            self._unhook()
+            self._unhook = None
+
+
 class _Webhook:
     def __init__(
         self,
@@ -273,7 +293,8 @@ class Operator:
         self.pods_watch.add_handler(self.jobs.handlers.pod_delta)
         metrics.collect_from(StateCollector(lambda: self.jobs.view.phases, self.dispatcher.queue_numbers))
 
-        self.always: list[Runnable] = []
+        # The loop's lag and the collector's pauses, whether or not this process leads.
+        self.always: list[Runnable] = [LagProbe(clock, metrics.loop_lag.observe), _CollectorWatch(metrics)]
         if settings.health_address:
             self.always.append(_Served("health", settings.health_address, self._health_routes))
         if settings.metrics_address and settings.metrics_tls is not None:

@@ -89,6 +89,9 @@ def test_heartbeat_load_runs_and_finds_no_false_uncertain(kube: Kube, tmp_path: 
         ):
             assert not missing(figures.get(key)), (channel, key)
         assert figures["vigil_attempts_uncertain_total_since_start"] == 0, channel
+        # The operator's own look at its loop, 4 a second (vigil.runtime.stalls), over the window.
+        assert figures["event_loop_lag_inside_looks"] >= 2 * figures["window_seconds"], channel
+        assert not missing(figures.get("gc_full_collection_mean_seconds")), channel
         assert figures["jobs_by_phase"] == {"Running": 50}, channel
         # The hold before the window: the operator's CPU with no beat arriving, and what the beats cost above it.
         assert figures["quiet_seconds"] > 0, channel

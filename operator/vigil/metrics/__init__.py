@@ -30,6 +30,8 @@ QUEUE_CONTROLLER = "vigilqueue"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 DURATION_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
 GAP_BUCKETS = (0.5, 1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 300)
+# Seconds the event loop was held: a millisecond is healthy, a second delays every beat's answer.
+STALL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
 class Metrics:
@@ -177,6 +179,24 @@ class Metrics:
             ["cause"],
             registry=r,
         )
+        # What holds the event loop (vigil.runtime.stalls): how late a timer set every 0.25 s
+        # fires, and how long each of the garbage collector's collections takes, by generation.
+        self.loop_lag = Histogram(
+            "vigil_event_loop_lag_seconds",
+            "How late a timer the operator sets every 0.25 s fires: its event loop's lag. Every beat "
+            "answered, silence alarm and write waits this long.",
+            buckets=STALL_BUCKETS,
+            registry=r,
+        )
+        self.gc_pauses = Histogram(
+            "vigil_gc_pause_seconds",
+            "Collections of Python's garbage collector by generation (0-2), and how long each held the process.",
+            ["generation"],
+            buckets=STALL_BUCKETS,
+            registry=r,
+        )
+        for generation in ("0", "1", "2"):
+            self.gc_pauses.labels(generation)
         for cause in ("rate-limit", "backlog"):  # both series from the start, so the first drop shows in a rate
             self.events_dropped.labels(cause)
 
