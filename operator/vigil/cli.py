@@ -81,6 +81,13 @@ def _operator(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.beat_connections is not None and args.beat_connections < 1:
+        print(
+            f"vigil operator: --beat-connections must be at least 1, not {args.beat_connections} (leave it out to "
+            "follow the container's memory and open-file limits)",
+            file=sys.stderr,
+        )
+        return 2
     if not args.heartbeat_stamp_writes_per_second > 0:
         print(
             "vigil operator: --heartbeat-stamp-writes-per-second must be a positive rate, "
@@ -157,6 +164,7 @@ def _operator(args: argparse.Namespace) -> int:
         beat_channel=beat_channel,
         agent_image=args.agent_image or None,
         stamp_writes_per_second=args.heartbeat_stamp_writes_per_second,
+        beat_connections=args.beat_connections,
         lease=lease,
         pod_watch_pace=args.pod_watch_pace,
         default_queue=default_queue,
@@ -323,6 +331,15 @@ def main(argv: list[str] | None = None) -> int:
         help="how many jobs' status.currentAttempt.lastHeartbeatAt may be refreshed alone per second, in all: "
         "each job's is refreshed every max(5m, timeout/2, attempts tracked / RATE) seconds, so the column costs "
         f"the API server at most RATE status writes a second at any scale (default: {STAMP_WRITES_PER_SECOND:g})",
+    )
+    operator.add_argument(
+        "--beat-connections",
+        type=int,
+        metavar="N",
+        default=None,
+        help="the most connections the webhook's server holds open at once: each beating pod keeps one, ~45 KiB "
+        "each; past it a new one is closed at once and its agent beats by annotation (default: half the "
+        "container's memory limit at 64 KiB a connection, within the open-file limit, at most 65,536)",
     )
     operator.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default: info"

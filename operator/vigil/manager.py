@@ -94,6 +94,8 @@ class OperatorSettings:
     agent_image: str | None = None
     # The lastHeartbeatAt stamps written alone, a second, across all jobs (liveness.stamp_floor).
     stamp_writes_per_second: float = STAMP_WRITES_PER_SECOND
+    # The connections the webhook's server holds open; None: from the memory and open-file limits.
+    beat_connections: int | None = None
     lease: tuple[ElectionConfig, str, str] | None = None  # (timings, namespace, name); None: act alone
     pod_watch_pace: float = POD_WATCH_PACE_SECONDS
     # The limits of a namespace's `default` queue while it has no VigilQueue `default`; None:
@@ -327,6 +329,7 @@ class Operator:
 
             self.webhook = WebhookServer(
                 lookup,
+                max_connections=settings.beat_connections,
                 exists=lambda namespace, name: (namespace, name) in self.jobs.view.jobs,
                 on_refused=lambda namespace, queue: metrics.queue_refusals.labels(namespace, queue).inc(),
                 clock=clock,

@@ -25,6 +25,12 @@ def test_a_stamp_budget_that_is_not_positive_is_refused(rate: str, capsys: pytes
     )
 
 
+@pytest.mark.parametrize("count", ["0", "-5"])
+def test_a_connection_limit_below_one_is_refused(count: str, capsys: pytest.CaptureFixture[str]):
+    assert cli.main(["operator", "--beat-connections", count]) == 2
+    assert f"--beat-connections must be at least 1, not {count}" in capsys.readouterr().err
+
+
 def test_a_webhook_address_without_its_certificate_is_refused(capsys: pytest.CaptureFixture[str]):
     assert cli.main(["operator", "--webhook-address", "0.0.0.0:9443"]) == 2
     assert "--webhook-address needs --webhook-cert-file and --webhook-key-file" in capsys.readouterr().err

@@ -34,21 +34,55 @@ TLS_READ_BUFFER = 16 * 1024
 
 # Connections one server holds open at once. Every beating pod keeps one to the leader, so the
 # seed's 50,000 attempts in flight need 50,000; anyone who can reach the port can open more, and
-# each costs a descriptor and ~50 KiB (bench/README.md). Past the limit a new connection is
+# each costs a descriptor and ~45 KiB (bench/README.md). Past the limit a new connection is
 # closed as soon as it is made (an agent then beats by annotation, and tries the leader again
 # next beat), so a flood can neither exhaust the memory nor take the descriptors the operator's
-# own API connections and its Lease need: RESERVED_FDS of the open-file limit are kept for them.
-MAX_CONNECTIONS = 65_536  # ~3.2 GiB of connections at most
+# own API connections and its Lease need: RESERVED_FDS of the open-file limit are kept for them,
+# and connections take at most MEMORY_SHARE of the container's memory limit (cgroup), counted at
+# CONNECTION_BYTES each: the chart's 512 MiB holds 4,096 (docs/capacity-planning.md). Without the
+# share a default install OOMs at ~6,000 beating attempts, and so does a flood of connections.
+MAX_CONNECTIONS = 65_536  # ~3 GiB of connections at most
 RESERVED_FDS = 1024
+CONNECTION_BYTES = 64 * 1024  # ~45 KiB measured idle, with room for a request and its answer in flight
+MEMORY_SHARE = 0.5  # the rest for the jobs and pods kept, and a list's page at start
 _REFUSAL_LOG_SECONDS = 60.0  # a flood's refusals are logged at most this often
 
 
-def connection_limit(open_files: int, reserved: int = RESERVED_FDS, ceiling: int = MAX_CONNECTIONS) -> int:
+def connection_limit(
+    open_files: int,
+    memory_limit: int | None = None,
+    *,
+    reserved: int = RESERVED_FDS,
+    ceiling: int = MAX_CONNECTIONS,
+) -> int:
     """The connections a server may hold under an open-file limit (RLIMIT_NOFILE's soft value;
-    negative: unlimited), keeping `reserved` descriptors for the rest of the process."""
-    if open_files < 0:
-        return ceiling
-    return max(1, min(ceiling, open_files - reserved))
+    negative: unlimited), keeping `reserved` descriptors for the rest of the process, and under a
+    memory limit in bytes (None: none), of which they take at most MEMORY_SHARE."""
+    limit = ceiling if open_files < 0 else min(ceiling, open_files - reserved)
+    if memory_limit is not None:
+        limit = min(limit, int(memory_limit * MEMORY_SHARE) // CONNECTION_BYTES)
+    return max(1, limit)
+
+
+def memory_limit(read: Callable[[str], str] | None = None) -> int | None:
+    """The memory limit of this process's container, in bytes, from its cgroup (v2, then v1), or
+    None where it has none (`max`, v1's "no limit" of ~2^63, or no cgroup file to read)."""
+    read = read or _read_text
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = read(path).strip()
+        except OSError:
+            continue
+        if text == "max" or not text.isdigit():
+            return None
+        value = int(text)
+        return value if value < 2**60 else None  # v1 writes "no limit" as a page-rounded 2^63 - 1
+    return None
+
+
+def _read_text(path: str) -> str:
+    with open(path, encoding="ascii") as f:
+        return f.read(64)
 
 
 def lean_tls_buffers() -> None:
@@ -94,7 +128,7 @@ async def serve(
     max_connections: int | None = None,
 ) -> Server:
     """`max_connections` bounds the connections of a server with fast routes (default:
-    `connection_limit` of this process's open-file limit)."""
+    `connection_limit` of this process's open-file and memory limits)."""
     if ssl_context is not None:
         lean_tls_buffers()
     every = list(routes)
@@ -108,7 +142,7 @@ async def serve(
         await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
         return Server(runner)
     if max_connections is None:
-        max_connections = connection_limit(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        max_connections = connection_limit(resource.getrlimit(resource.RLIMIT_NOFILE)[0], memory_limit())
     front = _FastServer(fast, runner.server, max_connections)  # type: ignore[arg-type]  # aiohttp's protocol
     # What aiohttp's TCPSite does, with the fast protocol in front of aiohttp's.
     listener = await asyncio.get_running_loop().create_server(
@@ -226,7 +260,8 @@ class _FastServer:
             self._refusal_logged = now
             log.warning(
                 "%d connections open, the most this server holds: new ones are closed at once (%d so far); agents "
-                "beat by annotation meanwhile. Raise the open-file limit, or find who opens so many",
+                "beat by annotation meanwhile. Raise the memory limit (or --beat-connections), or find who opens so "
+                "many",
                 self.max_connections,
                 self.refused,
             )

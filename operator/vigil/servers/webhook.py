@@ -156,8 +156,10 @@ class WebhookServer:
         on_refused: Callable[[str, str], None] = lambda namespace, queue: None,
         read_seconds: float = READ_SECONDS,
         skimmer: Skimmer | None = None,
+        max_connections: int | None = None,
     ) -> None:
         self.lookup = lookup
+        self.max_connections = max_connections  # None: http.connection_limit of this process
         self.on_refused = on_refused  # (namespace, queue) of each refusal, for the metrics
         self.exists = exists
         self.clock = clock
@@ -180,7 +182,11 @@ class WebhookServer:
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.load_cert_chain(str(cert_file), str(key_file))
         self._server = await serve(
-            [web.post(PATH, self._handle), *also], address, ssl_context=context, max_body=MAX_REQUEST_BYTES
+            [web.post(PATH, self._handle), *also],
+            address,
+            ssl_context=context,
+            max_body=MAX_REQUEST_BYTES,
+            max_connections=self.max_connections,
         )
         self._reloader = asyncio.create_task(self._reload(context, Path(cert_file), Path(key_file)))
         log.info("admission webhook serving https://%s:%d%s", split_address(address)[0], self.port, PATH)

@@ -47,6 +47,13 @@ def test_the_stamp_budget_reaches_the_operator() -> None:
     assert "--heartbeat-stamp-writes-per-second=4" in args
 
 
+def test_the_connection_limit_follows_the_memory_limit_unless_set() -> None:
+    args, _ = rendered()
+    assert not [a for a in args if a.startswith("--beat-connections")]  # the operator derives it
+    args, _ = rendered("heartbeat.maxConnections=12000")
+    assert "--beat-connections=12000" in args
+
+
 def test_by_default_the_injected_agent_is_the_operators_own_image() -> None:
     args, docs = rendered()
     (deployment,) = [doc for doc in docs if doc["kind"] == "Deployment"]

@@ -14,7 +14,16 @@ import pytest
 from aiohttp import web
 
 from vigil.servers import http
-from vigil.servers.http import FAST_MAX_HEAD, TLS_READ_BUFFER, FastRoute, Reply, Server, connection_limit, serve
+from vigil.servers.http import (
+    FAST_MAX_HEAD,
+    TLS_READ_BUFFER,
+    FastRoute,
+    Reply,
+    Server,
+    connection_limit,
+    memory_limit,
+    serve,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -284,3 +293,32 @@ def test_the_connection_limit_keeps_descriptors_for_the_operators_own_connection
     assert connection_limit(1_048_576) == 65_536  # containerd's default: the memory bound then
     assert connection_limit(-1) == 65_536  # unlimited
     assert connection_limit(1000) == 1  # a tiny limit still serves
+
+
+def test_the_connection_limit_keeps_half_the_containers_memory_for_the_rest():
+    mib = 1024 * 1024
+    # The chart's 512 MiB: 4,096 connections of 64 KiB (~45 KiB measured), 256 MiB, not the ~6,000
+    # that would OOM the leader with the jobs and pods it keeps.
+    assert connection_limit(1_048_576, 512 * mib) == 4096
+    assert connection_limit(1_048_576, 4 * 1024 * mib) == 32_768
+    assert connection_limit(20_000, 4 * 1024 * mib) == 20_000 - 1024  # the lower of the two limits
+    assert connection_limit(1_048_576, None) == 65_536  # no memory limit: the ceiling
+    assert connection_limit(1_048_576, 32 * 1024) == 1
+
+
+def test_the_memory_limit_is_read_from_cgroup_v2_then_v1():
+    v2, v1 = "/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"
+
+    def files(found: dict[str, str]):
+        def read(path: str) -> str:
+            if path not in found:
+                raise FileNotFoundError(path)
+            return found[path]
+
+        return read
+
+    assert memory_limit(files({v2: "536870912\n"})) == 512 * 1024 * 1024
+    assert memory_limit(files({v2: "max\n"})) is None  # v2, no limit
+    assert memory_limit(files({v1: "1073741824\n"})) == 1024 * 1024 * 1024
+    assert memory_limit(files({v1: "9223372036854771712\n"})) is None  # v1's "no limit"
+    assert memory_limit(files({})) is None  # no cgroup to read: outside a container
