@@ -40,7 +40,7 @@ TLS_READ_BUFFER = 16 * 1024
 # own API connections and its Lease need: RESERVED_FDS of the open-file limit are kept for them,
 # and connections take at most MEMORY_SHARE of the container's memory limit (cgroup), counted at
 # CONNECTION_BYTES each: the chart's 512 MiB holds 4,096 (docs/capacity-planning.md). Without the
-# share a default install OOMs at ~6,000 beating attempts, and so does a flood of connections.
+# share a default install would be OOM-killed at ~6,000 beating attempts, or by a flood of connections.
 MAX_CONNECTIONS = 65_536  # ~3 GiB of connections at most
 RESERVED_FDS = 1024
 CONNECTION_BYTES = 64 * 1024  # ~45 KiB measured idle, with room for a request and its answer in flight
