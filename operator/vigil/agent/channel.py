@@ -50,10 +50,24 @@ class LeaderAnswer:
 
     observed: Observed | None
     why: str = ""
+    # > 0: the operator holds as many connections as it may and asked not to be tried again for
+    # this many seconds (a 503's Retry-After): the beats go by annotation meanwhile.
+    rest_seconds: float = 0.0
 
 
-def fallback(why: str) -> LeaderAnswer:
-    return LeaderAnswer(None, why)
+def fallback(why: str, rest_seconds: float = 0.0) -> LeaderAnswer:
+    return LeaderAnswer(None, why, rest_seconds)
+
+
+MAX_REST_SECONDS = 900.0  # a Retry-After longer than this is taken as this: the leader is asked again
+
+
+def rest_seconds(status: int, retry_after: str | None) -> float:
+    """How long a 503's `Retry-After` (delta-seconds; an HTTP date is not honoured) asks the
+    agent not to ask the leader, at most MAX_REST_SECONDS; 0 for any other answer."""
+    if status != 503 or not retry_after or not retry_after.strip().isdigit():
+        return 0.0
+    return min(float(retry_after.strip()), MAX_REST_SECONDS)
 
 
 def _short(text: str, limit: int = 160) -> str:
@@ -61,11 +75,12 @@ def _short(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def leader_outcome(status: int, body: bytes) -> LeaderAnswer:
-    """What the operator's answer (status, body) means: a verdict only for a 200 whose body is
-    {"state": one of STATES}; anything else falls back to the annotation."""
+def leader_outcome(status: int, body: bytes, retry_after: str | None = None) -> LeaderAnswer:
+    """What the operator's answer (status, body, its Retry-After header) means: a verdict only for
+    a 200 whose body is {"state": one of STATES}; anything else falls back to the annotation."""
     if status != 200:
-        return fallback(f"HTTP {status}" + (f": {_short(body.decode('utf-8', 'replace'))}" if body.strip() else ""))
+        why = f"HTTP {status}" + (f": {_short(body.decode('utf-8', 'replace'))}" if body.strip() else "")
+        return fallback(why, rest_seconds(status, retry_after))
     try:
         answer = json.loads(body)
     except (ValueError, UnicodeDecodeError):
@@ -141,7 +156,12 @@ class _Answer:
         self.body = bytearray()
         self.complete = False
         self.keep_alive = False
+        self.retry_after: str | None = None
         self.parser: httptools.HttpResponseParser | None = None
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == b"retry-after":
+            self.retry_after = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
         # asked here, as uvicorn does: once the message is complete llhttp has reset its state
@@ -262,7 +282,7 @@ class LeaderBeat:
         status = parser.get_status_code()
         if len(answer.body) > MAX_ANSWER_BYTES:
             return fallback(f"HTTP {status} with an answer larger than {MAX_ANSWER_BYTES} bytes")
-        return leader_outcome(status, bytes(answer.body))
+        return leader_outcome(status, bytes(answer.body), answer.retry_after)
 
     def post(self, beat: str) -> LeaderAnswer:
         try:

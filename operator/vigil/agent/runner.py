@@ -52,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import math
 import os
 import queue
 import random
@@ -271,6 +272,7 @@ class Heart(threading.Thread):
         self.checkpoint_sent_at = CLOCK()  # the rate limit runs from the start: short jobs write at exit only
         self.checkpoint_failing = False  # the last checkpoint patch failed (logged once)
         self.falling_back = False  # the leader channel failed on the last beat that tried it (logged once)
+        self.leader_rests_until = -math.inf  # CLOCK() before which the leader is not asked (its Retry-After)
 
     def run(self) -> None:
         while not self.halt.is_set():
@@ -360,10 +362,17 @@ class Heart(threading.Thread):
         """The leader's verdict on this beat, or None to beat by annotation; logs the switch
         between the channels once each way, never per beat."""
         assert self.leader is not None
+        if CLOCK() < self.leader_rests_until:  # it asked not to be tried yet: no handshake, no post
+            return None
         try:
             answer = self.leader.post(value)
         except Exception as err:  # a bug of the leader channel must not cost the beat: the annotation stays
             answer = LeaderAnswer(None, f"{type(err).__name__}: {err}")
+        if answer.rest_seconds > 0:
+            self.leader_rests_until = CLOCK() + answer.rest_seconds
+            log(f"heartbeat endpoint at capacity ({answer.why}): beating by annotation for {answer.rest_seconds:g}s")
+            self.falling_back = True
+            return None
         if answer.observed is not None:
             if self.falling_back:
                 log("heartbeat endpoint answering again: beating by the operator")

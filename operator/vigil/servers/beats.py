@@ -32,7 +32,10 @@ log = logging.getLogger(__name__)
 MAX_IN_FLIGHT = 256  # beats waiting for the issuer's keys at once (the rest are answered without waiting)
 READ_SECONDS = 2.0  # for the body (under 1 KiB) to arrive
 # Outcomes counted in vigil_heartbeat_posts_total (a bounded label set).
-OUTCOMES = ("counted", "bad-request", "unauthenticated", "wrong-pod", "unknown-pod", "busy", "not-leader", "no-keys")
+OUTCOMES = (
+    "counted", "bad-request", "unauthenticated", "wrong-pod", "unknown-pod", "busy", "not-leader", "no-keys",
+    "over-capacity",
+)  # fmt: skip
 _OUTCOME_OF_STATUS = {
     400: "bad-request",
     413: "bad-request",
@@ -139,8 +142,9 @@ class BeatEndpoint:
         return self._refuse(_OUTCOME_OF_STATUS.get(refused.status, "bad-request"), refused.status, str(refused))
 
     def _refused(self, status: int) -> None:
-        """A request the server refused before this endpoint saw it (too large, too slow, malformed)."""
-        self.count(_OUTCOME_OF_STATUS.get(status, "bad-request"))
+        """A request the server refused before this endpoint saw it (too large, too slow, malformed;
+        503: on a connection past the server's limit, servers.http.connection_limit)."""
+        self.count("over-capacity" if status == 503 else _OUTCOME_OF_STATUS.get(status, "bad-request"))
 
     def _refuse(self, outcome: str, status: int, why: str) -> Reply:
         self.count(outcome)

@@ -9,6 +9,7 @@ import contextlib
 import json
 import logging
 import math
+import random as _random
 import resource
 import ssl
 from asyncio import sslproto
@@ -32,20 +33,29 @@ DEFAULT_MAX_BODY = 1024**2  # aiohttp's own default: endpoints that take bodies 
 TLS_READ_BUFFER = 16 * 1024
 
 
-# Connections one server holds open at once. Every beating pod keeps one to the leader, so the
-# seed's 50,000 attempts in flight need 50,000; anyone who can reach the port can open more, and
-# each costs a descriptor and ~45 KiB (bench/README.md). Past the limit a new connection is
-# closed as soon as it is made (an agent then beats by annotation, and tries the leader again
-# next beat), so a flood can neither exhaust the memory nor take the descriptors the operator's
-# own API connections and its Lease need: RESERVED_FDS of the open-file limit are kept for them,
-# and connections take at most MEMORY_SHARE of the container's memory limit (cgroup), counted at
-# CONNECTION_BYTES each: the chart's 512 MiB holds 4,096 (docs/capacity-planning.md). Without the
-# share a default install would be OOM-killed at ~6,000 beating attempts, or by a flood of connections.
+# Connections held open for fast routes (the beats) at once. Every beating pod keeps one to the
+# leader, so the seed's 50,000 attempts in flight need 50,000; each costs a descriptor and ~45 KiB
+# (bench/README.md). They take at most MEMORY_SHARE of the container's memory limit (cgroup), at
+# CONNECTION_BYTES each (the chart's 512 MiB holds 4,096: docs/capacity-planning.md; without the
+# share a default install would be OOM-killed at ~6,000 beating attempts), within the open-file
+# limit less RESERVED_FDS for the operator's own API connections and Lease, and SPARE_CONNECTIONS
+# for everything else the server answers (the API server's admission reviews, and the answers
+# below). A beat on a new connection past the limit is answered 503 with a Retry-After of about
+# BUSY_RETRY_SECONDS (its agent beats by annotation until then, instead of paying a TLS handshake
+# here every beat), and the connection closed. Past the limit and the spare together a new
+# connection is closed as soon as it is made: a flood takes neither the memory nor the descriptors.
 MAX_CONNECTIONS = 65_536  # ~3 GiB of connections at most
 RESERVED_FDS = 1024
+SPARE_CONNECTIONS = 256
 CONNECTION_BYTES = 64 * 1024  # ~45 KiB measured idle, with room for a request and its answer in flight
 MEMORY_SHARE = 0.5  # the rest for the jobs and pods kept, and a list's page at start
+BUSY_RETRY_SECONDS = 300  # answered as 150-450 s, at random: the refused agents do not come back together
 _REFUSAL_LOG_SECONDS = 60.0  # a flood's refusals are logged at most this often
+
+
+def busy_retry_after(u: float) -> int:
+    """The Retry-After of a beat past the limit, for `u` uniform in [0, 1)."""
+    return round(BUSY_RETRY_SECONDS * (0.5 + u))
 
 
 def connection_limit(
@@ -58,7 +68,7 @@ def connection_limit(
     """The connections a server may hold under an open-file limit (RLIMIT_NOFILE's soft value;
     negative: unlimited), keeping `reserved` descriptors for the rest of the process, and under a
     memory limit in bytes (None: none), of which they take at most MEMORY_SHARE."""
-    limit = ceiling if open_files < 0 else min(ceiling, open_files - reserved)
+    limit = ceiling if open_files < 0 else min(ceiling, open_files - reserved - SPARE_CONNECTIONS)
     if memory_limit is not None:
         limit = min(limit, int(memory_limit * MEMORY_SHARE) // CONNECTION_BYTES)
     return max(1, limit)
@@ -126,9 +136,12 @@ async def serve(
     ssl_context: ssl.SSLContext | None = None,
     max_body: int = DEFAULT_MAX_BODY,
     max_connections: int | None = None,
+    spare_connections: int = SPARE_CONNECTIONS,
+    random: Callable[[], float] = _random.random,
 ) -> Server:
-    """`max_connections` bounds the connections of a server with fast routes (default:
-    `connection_limit` of this process's open-file and memory limits)."""
+    """`max_connections` bounds the connections a server with fast routes holds for them
+    (default: `connection_limit` of this process's open-file and memory limits), and
+    `spare_connections` the others on top (`random` draws the Retry-After past the limit)."""
     if ssl_context is not None:
         lean_tls_buffers()
     every = list(routes)
@@ -143,7 +156,7 @@ async def serve(
         return Server(runner)
     if max_connections is None:
         max_connections = connection_limit(resource.getrlimit(resource.RLIMIT_NOFILE)[0], memory_limit())
-    front = _FastServer(fast, runner.server, max_connections)  # type: ignore[arg-type]  # aiohttp's protocol
+    front = _FastServer(fast, runner.server, max_connections, spare_connections, random)  # type: ignore[arg-type]
     # What aiohttp's TCPSite does, with the fast protocol in front of aiohttp's.
     listener = await asyncio.get_running_loop().create_server(
         front.protocol, host, port, ssl=ssl_context, backlog=128, reuse_address=True
@@ -172,15 +185,18 @@ class Reply:
     it. Its bytes on the wire are made once per Reply: a handler that answers nearly every
     request with one of a few Replies made once encodes nothing per request."""
 
-    __slots__ = ("status", "body", "close", "_wire")
+    __slots__ = ("status", "body", "close", "headers", "_wire")
 
-    def __init__(self, status: int, body: bytes, *, close: bool = False) -> None:
+    def __init__(
+        self, status: int, body: bytes, *, close: bool = False, headers: Mapping[str, str] | None = None
+    ) -> None:
         self.status, self.body, self.close = status, body, close
+        self.headers = dict(headers or {})
         self._wire: list[bytes | None] = [None, None]
 
     @classmethod
-    def error(cls, status: int, why: str, *, close: bool = False) -> Reply:
-        return cls(status, json.dumps({"error": why}).encode(), close=close)
+    def error(cls, status: int, why: str, *, close: bool = False, headers: Mapping[str, str] | None = None) -> Reply:
+        return cls(status, json.dumps({"error": why}).encode(), close=close, headers=headers)
 
     def wire(self, keep_alive: bool) -> bytes:
         keep = keep_alive and not self.close
@@ -188,10 +204,14 @@ class Reply:
         if made is None:
             phrase = HTTPStatus(self.status).phrase
             connection = b"" if keep else b"Connection: close\r\n"
-            made = b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n%s" % (
+            extra = b"".join(
+                b"%s: %s\r\n" % (k.encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()
+            )
+            made = b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s%s\r\n%s" % (
                 self.status,
                 phrase.encode(),
                 len(self.body),
+                extra,
                 connection,
                 self.body,
             )
@@ -226,7 +246,12 @@ class _FastServer:
     timer per request, armed and cancelled, would cost as much as the request)."""
 
     def __init__(
-        self, routes: Iterable[FastRoute], hand_off: Callable[[], asyncio.Protocol], max_connections: int
+        self,
+        routes: Iterable[FastRoute],
+        hand_off: Callable[[], asyncio.Protocol],
+        max_connections: int,
+        spare_connections: int = SPARE_CONNECTIONS,
+        random: Callable[[], float] = _random.random,
     ) -> None:
         self.routes = {("POST", route.path): route for route in routes}
         self.prefixes = [f"POST {route.path}".encode() for route in self.routes.values()]
@@ -236,8 +261,9 @@ class _FastServer:
         self.loop = asyncio.get_running_loop()
         self.connections: set[_FastConnection] = set()
         self.handed_off: set[asyncio.BaseTransport] = set()  # aiohttp's: counted until closed
-        self.max_connections = max_connections
-        self.refused = 0  # connections closed at once, the server holding max_connections
+        self.max_connections, self.spare_connections, self.random = max_connections, spare_connections, random
+        self.fast = 0  # connections held for fast routes, counted against max_connections
+        self.refused = 0  # connections closed at once, or answered 503 past max_connections
         self._refusal_logged = self._handed_off_walked = -math.inf
         self.reading: set[_FastConnection] = set()  # a request begun and not yet all here
         self._sweeper = self.loop.create_task(self._sweep())
@@ -246,26 +272,50 @@ class _FastServer:
         return _FastConnection(self)
 
     def admits(self) -> bool:
-        """Whether one more connection may stay open (counted as refused if not)."""
-        if len(self.connections) + len(self.handed_off) < self.max_connections:
+        """Whether one more connection may be opened, of any kind (counted as refused if not)."""
+        most = self.max_connections + self.spare_connections
+        if len(self.connections) + len(self.handed_off) < most:
             return True
         now = self.loop.time()
         if self.handed_off and now - self._handed_off_walked >= 1.0:  # at most once a second under a flood
             self._handed_off_walked = now
             self.handed_off = {t for t in self.handed_off if not t.is_closing()}  # closed since the last sweep
-            if len(self.connections) + len(self.handed_off) < self.max_connections:
+            if len(self.connections) + len(self.handed_off) < most:
                 return True
+        self.refusing("new connections are closed at once")
+        return False
+
+    def holds_fast(self) -> bool:
+        """Whether one more connection may be held for fast routes (counted if so)."""
+        if self.fast < self.max_connections:
+            self.fast += 1
+            return True
+        self.refusing(f"beats on new ones are answered 503, retry in ~{BUSY_RETRY_SECONDS} s")
+        return False
+
+    def busy(self) -> Reply:
+        """The answer to a fast request on a connection past the limit."""
+        retry = busy_retry_after(self.random())
+        return Reply.error(
+            503,
+            f"this server holds {self.max_connections} connections, the most it may: retry in {retry} s",
+            close=True,
+            headers={"Retry-After": str(retry)},
+        )
+
+    def refusing(self, how: str) -> None:
         self.refused += 1
+        now = self.loop.time()
         if now - self._refusal_logged >= _REFUSAL_LOG_SECONDS:
             self._refusal_logged = now
             log.warning(
-                "%d connections open, the most this server holds: new ones are closed at once (%d so far); agents "
-                "beat by annotation meanwhile. Raise the memory limit (or --beat-connections), or find who opens so "
-                "many",
+                "%d connections held for beats, the most this server holds: %s (%d refused so far); those agents "
+                "beat by annotation meanwhile. Raise the memory limit (or --beat-connections), or find who opens "
+                "so many",
                 self.max_connections,
+                how,
                 self.refused,
             )
-        return False
 
     def route_of(self, first_bytes: bytes | bytearray) -> FastRoute | None:
         """The fast route a connection's first request asks for, or None (aiohttp answers it)."""
@@ -319,6 +369,7 @@ class _FastConnection(asyncio.Protocol):
         self.route: FastRoute | None = None
         self.answers: deque[tuple[Reply | asyncio.Future[Reply], bool]] = deque()
         self.paused = False
+        self.held = False  # counted in the server's connections for fast routes
 
     # asyncio.Protocol
 
@@ -332,6 +383,9 @@ class _FastConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        if self.held:
+            self.held = False
+            self.server.fast -= 1
         self.server.connections.discard(self)
         self.server.reading.discard(self)
         for answer, _ in self.answers:
@@ -355,6 +409,7 @@ class _FastConnection(asyncio.Protocol):
                 return
             data, self.sniffed = bytes(self.sniffed), None
             self.parser = httptools.HttpRequestParser(self)
+            self.held = self.server.holds_fast()  # else its request is answered busy(), and it closes
         for start in range(0, len(data), _FEED_PIECE):
             piece = data[start : start + _FEED_PIECE]
             if not self.in_body:  # a head being read (counted from the end of the request before)
@@ -427,6 +482,13 @@ class _FastConnection(asyncio.Protocol):
         self.server.reading.discard(self)
         self.began, self.in_body, self.head_bytes = 0.0, False, 0
         keep_alive = self.parser.should_keep_alive()
+        if not self.held:  # past the limit: told when to come back, and closed
+            self.route.refused(503)
+            if not self.answers:
+                self._write(self.server.busy(), False)
+            else:
+                self.answers.append((self.server.busy(), False))
+            return
         try:
             answer = self.route.handler(self.headers, b"".join(self.body))
         except Exception:

@@ -671,3 +671,50 @@ def test_the_timeout_bounds_the_whole_exchange_not_each_read(certs: Path, token:
         finally:
             leader.close()
     assert answer.observed is None and "no answer within 0.5s" in answer.why
+
+
+# --- a leader at its connection limit ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "retry_after", "rest"),
+    [(503, "300", 300.0), (503, " 42 ", 42.0), (503, "86400", channel.MAX_REST_SECONDS), (503, None, 0.0),
+     (503, "Wed, 21 Oct 2026 07:28:00 GMT", 0.0), (503, "-5", 0.0), (429, "300", 0.0), (200, "300", 0.0)],
+)  # fmt: skip
+def test_only_a_503s_retry_after_in_seconds_rests_the_leader_and_never_for_long(status, retry_after, rest):
+    assert channel.rest_seconds(status, retry_after) == rest
+
+
+def test_a_leader_at_capacity_is_not_asked_again_until_its_retry_after(tmp_path: Path, clock: Clock, capsys):
+    busy = LeaderAnswer(None, "HTTP 503: at capacity", rest_seconds=300.0)
+    pod, leader = FakePod(), FakeLeader(busy)
+    h = heart(tmp_path, pod, leader)
+    assert h.beat() is Observed.RENEWED  # by annotation, at once
+    leader.answer = LeaderAnswer(Observed.RENEWED)
+    for _ in range(29):  # every 10 s for 290 s: no handshake, no post, each beat patched
+        clock.now += 10
+        assert h.beat() is Observed.RENEWED
+    assert len(leader.beats) == 1 and len(pod.patches) == 30
+    clock.now += 10  # 300 s on: the leader is asked again, and beats there
+    assert h.beat() is Observed.RENEWED
+    assert len(leader.beats) == 2 and len(pod.patches) == 30
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        "vigil-agent: heartbeat endpoint at capacity (HTTP 503: at capacity): beating by annotation for 300s",
+        "vigil-agent: heartbeat endpoint answering again: beating by the operator",
+    ]
+
+
+def test_over_https_a_503_with_retry_after_is_read_as_a_rest(certs: Path, token: Path):
+    body = b'{"error":"at capacity"}'
+    busy = (
+        b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+        b"Retry-After: 217\r\nConnection: close\r\n\r\n%s" % (len(body), body)
+    )
+    with raw_operator(certs, lambda n: (busy, True)) as server:
+        leader = leader_beat(server.url, (certs / "ca.crt").read_text(), token)
+        try:
+            answer = leader.post("1:ab")
+        finally:
+            leader.close()
+    assert answer.observed is None and answer.rest_seconds == 217.0 and "HTTP 503" in answer.why
