@@ -351,6 +351,9 @@ class Operator:
                 )
                 routes, warm = self.beats.routes(), keys.keys
             self.always.append(_Webhook(self.webhook, settings.webhook, routes, warm))
+            webhook = self.webhook
+            metrics.beat_connections.set_function(lambda: float(webhook.beat_connections()[0]))
+            metrics.beat_connections_limit.set_function(lambda: float(webhook.beat_connections()[1]))
 
         mark: list[Runnable] = []
         if (elector := self.elector) is not None and settings.lease is not None:

@@ -179,6 +179,18 @@ class Metrics:
             ["cause"],
             registry=r,
         )
+        # Set to read the webhook's server at scrape time (vigil.servers.http.connection_limit).
+        self.beat_connections = Gauge(
+            "vigil_beat_connections",
+            "Connections this operator holds open for beats to the leader (one per beating pod).",
+            registry=r,
+        )
+        self.beat_connections_limit = Gauge(
+            "vigil_beat_connections_limit",
+            "The most connections this operator holds for beats (--beat-connections, or half its memory limit "
+            "at 64 KiB each); past it, beats on new connections are answered 503 and go by annotation.",
+            registry=r,
+        )
         # What holds the event loop (vigil.runtime.stalls): how late a timer set every 0.25 s
         # fires, and how long each of the garbage collector's collections takes, by generation.
         self.loop_lag = Histogram(

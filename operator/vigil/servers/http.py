@@ -115,6 +115,12 @@ class Server:
             return int(self._listener.sockets[0].getsockname()[1])
         return int(self._runner.addresses[0][1])
 
+    def fast_connections(self) -> tuple[int, int]:
+        """(connections held for fast routes, the most it holds); (0, 0) without fast routes."""
+        if self._fast is None:
+            return 0, 0
+        return self._fast.fast, self._fast.max_connections
+
     async def stop(self) -> None:
         if self._listener is not None:
             self._listener.close()

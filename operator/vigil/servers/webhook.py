@@ -197,6 +197,10 @@ class WebhookServer:
         assert self._server is not None, "not started"
         return self._server.port
 
+    def beat_connections(self) -> tuple[int, int]:
+        """(connections held for beats, the most the server holds); (0, 0) while not serving."""
+        return self._server.fast_connections() if self._server is not None else (0, 0)
+
     async def stop(self) -> None:
         if self._reloader is not None:
             self._reloader.cancel()

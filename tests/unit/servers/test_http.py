@@ -262,6 +262,7 @@ def test_past_its_limit_a_beat_is_told_when_to_come_back_and_past_the_spare_a_co
         second_reader, second_writer = await fast.connect(server)
         second_writer.write(post(b"two"))
         assert (await answer(second_reader))[0] == 200
+        assert server.fast_connections() == (2, 2)  # read by the vigil_beat_connections gauges
         busy_reader, busy_writer = await fast.connect(server)
         busy_writer.write(post(b"three"))
         status, headers, said = await answer(busy_reader)
