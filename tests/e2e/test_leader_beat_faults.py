@@ -29,7 +29,15 @@ from tests.support.agents import Agents, grant_heartbeat_rbac, heartbeat_job
 from tests.support.cluster import Kube, free_port, install_crds, read_pod, show_log
 from tests.support.jobs import create, pods_per_attempt, status, wait_phase
 from tests.support.leader_service import LeaderService
-from tests.support.operators import LEASE, OperatorProcess, counted_beats, holder, identity, webhook_args
+from tests.support.operators import (
+    LEASE,
+    OperatorProcess,
+    counted_beats,
+    holder,
+    identity,
+    metric_sample,
+    webhook_args,
+)
 from tests.support.waits import deadline, holds, wait_until
 from vigil.servers.webhook import make_self_signed
 
@@ -96,6 +104,48 @@ def test_an_agent_cut_off_from_the_leader_beats_by_its_annotation_and_stays_runn
         running()
     finally:
         proxy.stop()
+
+
+def test_a_leader_at_its_connection_limit_sends_the_agent_past_it_to_the_annotation_and_both_stay_running(
+    kube: Kube, own_namespace: str, own_operator, agents: Agents, tmp_path: Path
+) -> None:
+    """`--beat-connections 1`: the first agent's connection is held and its beats counted; the
+    second is answered 503 with a Retry-After (outcome over-capacity) and beats by its pod's
+    annotation from then on, without asking the leader again every beat; neither attempt is
+    Uncertain, Lost or replaced."""
+    grant_heartbeat_rbac(kube, own_namespace)
+    make_self_signed(tmp_path / "certs")
+    port, metrics_port = free_port(), free_port()
+    metrics = ("--metrics-address", f"127.0.0.1:{metrics_port}", "--metrics-insecure")
+    beats_url = f"https://127.0.0.1:{port}/v1/heartbeat"
+    own_operator(extra_args=webhook_args(tmp_path / "certs", port, beats_url) + metrics + ("--beat-connections", "1"))
+    create(kube, own_namespace, heartbeat_job("held", heartbeat=HEARTBEAT))
+    wait_phase(kube, own_namespace, "held", "Running")
+    agents.start(own_namespace, "held-1")
+    wait_until(lambda: to_the_leader_alone(kube, own_namespace, ["held-1"]), 30, "the first agent at the leader")
+    assert metric_sample(metrics_port, "vigil_beat_connections") == 1
+    assert metric_sample(metrics_port, "vigil_beat_connections_limit") == 1
+
+    create(kube, own_namespace, heartbeat_job("past", heartbeat=HEARTBEAT))
+    wait_phase(kube, own_namespace, "past", "Running")
+    past = agents.start(own_namespace, "past-1")
+    wait_until(lambda: counted_beats(metrics_port, "over-capacity") >= 1, 30, "the second agent told over-capacity")
+    wait_until(lambda: "at capacity" in past.log.read_text(), 10, "the agent to say the leader is at capacity")
+    values = {beat_value(kube, own_namespace, "past-1")}
+
+    def both_running() -> None:
+        values.add(beat_value(kube, own_namespace, "past-1"))
+        for job in ("held", "past"):
+            current = status(kube, own_namespace, job)
+            assert (current.get("phase"), current.get("attempts")) == ("Running", 1), (job, current)
+
+    counted = counted_beats(metrics_port)
+    holds(both_running, TIMEOUT + INTERVAL)  # a whole timeout and more: neither goes Uncertain
+    assert len(values) >= TIMEOUT // INTERVAL - 1, values  # the second beat by its annotation all along
+    assert counted_beats(metrics_port) > counted  # and the first to the leader
+    # Told to come back in 150-450 s, it asked the leader once in all, not once a beat.
+    assert counted_beats(metrics_port, "over-capacity") == 1
+    assert to_the_leader_alone(kube, own_namespace, ["held-1"])
 
 
 class Replica:

@@ -96,15 +96,20 @@ def holder(kube: Kube, namespace: str, name: str = LEASE_NAME) -> str | None:
     return lease.spec.holder_identity or None
 
 
-def counted_beats(metrics_port: int) -> float:
-    """vigil_heartbeat_posts_total{outcome="counted"} on an operator's /metrics (0 if none yet)."""
+def counted_beats(metrics_port: int, outcome: str = "counted") -> float:
+    """vigil_heartbeat_posts_total{outcome=...} on an operator's /metrics (0 if none yet)."""
+    return metric_sample(metrics_port, f'vigil_heartbeat_posts_total{{outcome="{outcome}"}}')
+
+
+def metric_sample(metrics_port: int, sample: str) -> float:
+    """One sample, as printed (`name{labels}`), of an operator's plain-HTTP /metrics (0 if absent)."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2) as answer:
             text = answer.read().decode()
     except OSError:
         return 0.0
     for line in text.splitlines():
-        if line.startswith('vigil_heartbeat_posts_total{outcome="counted"}'):
+        if line.startswith(sample + " "):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
 
