@@ -53,6 +53,7 @@ from vigil.leaderelection.mark import LeaderMark, OwnPod
 from vigil.metrics import Metrics
 from vigil.metrics.collectors import StateCollector
 from vigil.runtime.clock import SYSTEM, Clock
+from vigil.runtime.heap import LongLivedHeap
 from vigil.runtime.stalls import CollectorPauses, LagProbe, watch_collections
 from vigil.servers import health
 from vigil.servers import metrics as metrics_server
@@ -295,8 +296,13 @@ class Operator:
         self.pods_watch.add_handler(self.jobs.handlers.pod_delta)
         metrics.collect_from(StateCollector(lambda: self.jobs.view.phases, self.dispatcher.queue_numbers))
 
-        # The loop's lag and the collector's pauses, whether or not this process leads.
-        self.always: list[Runnable] = [LagProbe(clock, metrics.loop_lag.observe), _CollectorWatch(metrics)]
+        # The loop's lag and the collector's pauses, whether or not this process leads; the
+        # long-lived heap kept out of full collections (vigil.runtime.heap: they held the loop).
+        self.always: list[Runnable] = [
+            LagProbe(clock, metrics.loop_lag.observe),
+            _CollectorWatch(metrics),
+            LongLivedHeap(clock),
+        ]
         if settings.health_address:
             self.always.append(_Served("health", settings.health_address, self._health_routes))
         if settings.metrics_address and settings.metrics_tls is not None:
