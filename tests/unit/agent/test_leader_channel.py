@@ -652,13 +652,18 @@ def test_an_operator_that_closes_a_new_connection_unanswered_is_a_fallback_not_a
     ids=["big body", "big head", "not http", "cut short"],
 )
 def test_an_answer_too_large_malformed_or_cut_short_is_a_fallback(certs: Path, token: Path, answer, why):
+    got = one_post(certs, token, answer)
+    assert got.observed is None and why in got.why
+
+
+def one_post(certs: Path, token: Path, answer: bytes) -> LeaderAnswer:
+    """One beat posted to an operator that sends `answer` and closes."""
     with raw_operator(certs, lambda n: (answer, True)) as server:
         leader = leader_beat(server.url, (certs / "ca.crt").read_text(), token)
         try:
-            got = leader.post("1:ab")
+            return leader.post("1:ab")
         finally:
             leader.close()
-    assert got.observed is None and why in got.why
 
 
 def test_the_timeout_bounds_the_whole_exchange_not_each_read(certs: Path, token: Path):
@@ -711,10 +716,5 @@ def test_over_https_a_503_with_retry_after_is_read_as_a_rest(certs: Path, token:
         b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
         b"Retry-After: 217\r\nConnection: close\r\n\r\n%s" % (len(body), body)
     )
-    with raw_operator(certs, lambda n: (busy, True)) as server:
-        leader = leader_beat(server.url, (certs / "ca.crt").read_text(), token)
-        try:
-            answer = leader.post("1:ab")
-        finally:
-            leader.close()
+    answer = one_post(certs, token, busy)
     assert answer.observed is None and answer.rest_seconds == 217.0 and "HTTP 503" in answer.why
