@@ -90,6 +90,7 @@ def batch(prefix: str, count: int, poison: bool, run_for: str = "1s") -> list[di
 # from names people choose for a handful of objects (namespace, queue): never one per job.
 BOUNDED_LABELS = {"name", "controller", "result", "outcome", "reason", "verb", "resource", "code", "cause"}
 BOUNDED_LABELS |= {"namespace", "queue", "phase", "le"}
+BOUNDED_LABELS |= {"generation"}  # the garbage collector's: 0, 1 or 2
 
 
 def settled(port: int, check: Callable[[str], None], within: float = 15) -> str:
