@@ -337,9 +337,10 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         metavar="N",
         default=None,
-        help="the most connections the webhook's server holds open at once: each beating pod keeps one, ~45 KiB "
-        "each; past it a new one is closed at once and its agent beats by annotation (default: half the "
-        "container's memory limit at 64 KiB a connection, within the open-file limit, at most 65,536)",
+        help="the most connections the webhook's server holds open for beats: each beating pod keeps one, ~45 KiB "
+        "each; past it a beat on a new one is answered 503 with a Retry-After of a few minutes and its agent beats "
+        "by annotation meanwhile (default: half the container's memory limit at 64 KiB a connection, within the "
+        "open-file limit, at most 65,536)",
     )
     operator.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default: info"

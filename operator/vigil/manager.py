@@ -54,7 +54,7 @@ from vigil.metrics import Metrics
 from vigil.metrics.collectors import StateCollector
 from vigil.runtime.clock import SYSTEM, Clock
 from vigil.runtime.heap import LongLivedHeap
-from vigil.runtime.stalls import CollectorPauses, LagProbe, watch_collections
+from vigil.runtime.stalls import CollectorPauses, CollectorWatch, LagProbe
 from vigil.servers import health
 from vigil.servers import metrics as metrics_server
 from vigil.servers.beats import BeatEndpoint, outcome_counter
@@ -189,24 +189,6 @@ class _Served:
             await self.server.stop()
 
 
-class _CollectorWatch:
-    """The garbage collector's pauses, timed while the operator runs (a real pause: the machine's
-    clock, as a request's latency)."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        gauge = metrics.gc_pauses
-        self.pauses = CollectorPauses(time.perf_counter, lambda gen, seconds: gauge.labels(str(gen)).observe(seconds))
-        self._unhook: Callable[[], None] | None = None
-
-    async def start(self) -> None:
-        self._unhook = watch_collections(self.pauses)
-
-    async def stop(self) -> None:
-        if self._unhook is not None:
-            self._unhook()
-            self._unhook = None
-
-
 class _Webhook:
     def __init__(
         self,
@@ -297,10 +279,13 @@ class Operator:
         metrics.collect_from(StateCollector(lambda: self.jobs.view.phases, self.dispatcher.queue_numbers))
 
         # The loop's lag and the collector's pauses, whether or not this process leads; the
-        # long-lived heap kept out of full collections (vigil.runtime.heap: they held the loop).
+        # long-lived heap kept out of full collections (vigil.runtime.heap: they held the loop). A
+        # collection's pause is real time: the machine's clock, as a request's latency.
         self.always: list[Runnable] = [
             LagProbe(clock, metrics.loop_lag.observe),
-            _CollectorWatch(metrics),
+            CollectorWatch(
+                CollectorPauses(time.perf_counter, lambda gen, s: metrics.gc_pauses.labels(str(gen)).observe(s))
+            ),
             LongLivedHeap(clock),
         ]
         if settings.health_address:

@@ -10,8 +10,8 @@ measured late. Two readings tell an operator (and `bench/`) when and why:
   heap (10,000 connections, their pods and jobs) a full collection walks every object there is,
   the usual cause of a held loop in a Python server.
 
-Both pure (a clock or a `now` and an `observe` passed in); `watch_collections` is the thin part
-that hooks the interpreter's collector.
+Both pure (a clock or a `now` and an `observe` passed in); `CollectorWatch` is the thin part: a
+runnable that hooks a `CollectorPauses` to the interpreter's collector while the operator runs.
 """
 
 from __future__ import annotations
@@ -64,12 +64,16 @@ class CollectorPauses:
             self.observe(int(info.get("generation", 2)), self.now() - began)
 
 
-def watch_collections(pauses: CollectorPauses) -> Callable[[], None]:
-    """Hooks `pauses` to the interpreter's collector; the answer unhooks it."""
-    gc.callbacks.append(pauses)
+class CollectorWatch:
+    """A runnable: `pauses` hooked to `callbacks` (the interpreter's, `gc.callbacks`) while started."""
 
-    def unhook() -> None:
-        if pauses in gc.callbacks:
-            gc.callbacks.remove(pauses)
+    def __init__(self, pauses: CollectorPauses, callbacks: list[Any] | None = None) -> None:
+        self.pauses = pauses
+        self.callbacks = gc.callbacks if callbacks is None else callbacks
 
-    return unhook
+    async def start(self) -> None:
+        self.callbacks.append(self.pauses)
+
+    async def stop(self) -> None:
+        if self.pauses in self.callbacks:
+            self.callbacks.remove(self.pauses)

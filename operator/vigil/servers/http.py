@@ -488,18 +488,16 @@ class _FastConnection(asyncio.Protocol):
         self.server.reading.discard(self)
         self.began, self.in_body, self.head_bytes = 0.0, False, 0
         keep_alive = self.parser.should_keep_alive()
+        answer: Reply | Awaitable[Reply]
         if not self.held:  # past the limit: told when to come back, and closed
             self.route.refused(503)
-            if not self.answers:
-                self._write(self.server.busy(), False)
-            else:
-                self.answers.append((self.server.busy(), False))
-            return
-        try:
-            answer = self.route.handler(self.headers, b"".join(self.body))
-        except Exception:
-            log.exception("%s failed", self.route.path)
-            answer = Reply.error(500, "the server failed to answer; retry", close=True)
+            answer = self.server.busy()
+        else:
+            try:
+                answer = self.route.handler(self.headers, b"".join(self.body))
+            except Exception:
+                log.exception("%s failed", self.route.path)
+                answer = Reply.error(500, "the server failed to answer; retry", close=True)
         if isinstance(answer, Reply):
             if not self.answers:
                 self._write(answer, keep_alive)

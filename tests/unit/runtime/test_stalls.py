@@ -10,7 +10,7 @@ import pytest
 
 from tests.support.clock import FakeClock
 from vigil.metrics import Metrics
-from vigil.runtime.stalls import CollectorPauses, LagProbe, watch_collections
+from vigil.runtime.stalls import CollectorPauses, CollectorWatch, LagProbe
 
 pytestmark = pytest.mark.unit
 
@@ -52,11 +52,12 @@ def test_each_collection_is_timed_by_its_generation():
 def test_a_hooked_collector_reports_a_real_full_collection_to_the_metric_and_unhooks():
     metrics = Metrics()
     pauses = CollectorPauses(lambda: 0.0, lambda gen, seconds: metrics.gc_pauses.labels(str(gen)).observe(seconds))
-    unhook = watch_collections(pauses)
+    watch = CollectorWatch(pauses)  # the interpreter's own gc.callbacks
+    asyncio.run(watch.start())
     try:
         gc.collect(2)
     finally:
-        unhook()
+        asyncio.run(watch.stop())
     full = metrics.registry.get_sample_value("vigil_gc_pause_seconds_count", {"generation": "2"})
     assert full is not None and full >= 1
     assert pauses not in gc.callbacks
