@@ -163,6 +163,7 @@ class EventCorrelator:
 
 
 Pending = tuple[Mapping[str, Any], Write]  # the job (for the involvedObject) and its write
+EventKey = tuple[str, str]  # (namespace, Event name): where an Event's write waits
 
 
 class Backlog:
@@ -170,10 +171,10 @@ class Backlog:
 
     def __init__(self, capacity: int, share: int) -> None:
         self.capacity, self.share = capacity, share
-        self._pending: dict[tuple[str, str], Pending] = {}
+        self._pending: dict[EventKey, Pending] = {}
         self._per_namespace: dict[str, int] = {}
 
-    def put(self, job: Mapping[str, Any], write: Write) -> tuple[str, str] | None:
+    def put(self, job: Mapping[str, Any], write: Write) -> EventKey | None:
         """The key the write waits under; None if it is dropped: its namespace holds its share
         already, or the backlog its capacity."""
         namespace = job["metadata"]["namespace"]
@@ -189,7 +190,7 @@ class Backlog:
         self._per_namespace[namespace] = held + 1
         return key
 
-    def pop(self, key: tuple[str, str]) -> Pending:
+    def pop(self, key: EventKey) -> Pending:
         pending = self._pending.pop(key)
         held = self._per_namespace[key[0]] - 1
         if held:

@@ -23,7 +23,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from vigil.core.events import Backlog, Drop, EventCorrelator, Patch, Write, created
+from vigil.core.events import Backlog, Drop, EventCorrelator, EventKey, Patch, Write, created
 from vigil.runtime.clock import SYSTEM, Clock
 from vigil.runtime.workqueue import WorkQueue, namespace_of
 
@@ -35,7 +35,6 @@ CONCURRENCY = 4  # posts in flight: enough to keep up with starts at the API ser
 
 Post = Callable[[Mapping[str, Any], Write], Awaitable[None]]  # (job, the Event to create)
 Update = Callable[[str, Write], Awaitable[bool]]  # (namespace, the Event's new count): False if it is gone
-Key = tuple[str, str]  # (namespace, event name)
 
 
 class EventRecorder:
@@ -88,7 +87,7 @@ class EventRecorder:
     def _fresh(self) -> None:
         """Nothing waits nor is being sent."""
         self._backlog = Backlog(self._capacity, self._share)
-        self._order: WorkQueue[Key] = WorkQueue(self.clock, tenant=namespace_of)
+        self._order: WorkQueue[EventKey] = WorkQueue(self.clock, tenant=namespace_of)
         self._sending = 0
         self._idle = asyncio.Event()  # set while nothing waits nor is being sent
         self._idle.set()
