@@ -32,10 +32,10 @@ import aiohttp
 import orjson
 from aiohttp.payload import BytesPayload
 
-from vigil import __version__
 from vigil.core.election import fenced_timeout, go_duration
 from vigil.kube.config import Credentials
 from vigil.kube.errors import ApiError, Stalled, TooLarge, Unreachable, from_status
+from vigil.kube.useragent import user_agent as user_agent  # callers import it from here
 
 CONNECT_TIMEOUT_SECONDS = 5.0
 READ_TIMEOUT_SECONDS = 20.0
@@ -74,15 +74,6 @@ def pool_size(workers: int, event_senders: int) -> int:
     at most one request at a time, so none waits for a connection behind the others (with 16
     workers on a 16-connection pool, a wait for one ran past the connect timeout under load)."""
     return max(CONNECTIONS, workers + event_senders + SPARE_CONNECTIONS)
-
-
-def user_agent(identity: str | None = None, role: str | None = None) -> str:
-    """The User-Agent of this process's requests: `vigil/<version> (<identity>)`, and
-    `vigil/<version> (<identity>; leader-election)` for its Lease. The API server's audit log
-    records it with every request, so a reader tells the replicas of one Deployment apart, and
-    the election's writes from the operator's, without any other setup."""
-    details = "; ".join(part for part in (identity, role) if part)
-    return f"vigil/{__version__}" + (f" ({details})" if details else "")
 
 
 def resource_path(group: str, version: str, plural: str, namespace: str | None) -> str:
