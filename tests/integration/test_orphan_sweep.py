@@ -18,6 +18,7 @@ from vigil.controllers.jobs.podcache import PodCache
 from vigil.kube.client import ApiClient, user_agent
 from vigil.kube.config import Credentials
 from vigil.kube.operations import Kube as Operations
+from vigil.metrics import Metrics
 from vigil.runtime.clock import SYSTEM
 
 pytestmark = pytest.mark.integration
@@ -50,7 +51,17 @@ def test_the_sweep_reads_pods_as_metadata_and_releases_an_orphan(kube: Kube, own
         try:
             ops = Operations(http)
             listed = [pod async for page in ops.list_vigil_pods(own_namespace) for pod in page]
-            await Releaser(ops, PodCache(), SYSTEM, knows_job=lambda job: False, scopes=[own_namespace]).sweep()
+            releaser = Releaser(
+                ops, PodCache(), SYSTEM, metrics=Metrics(), knows_job=lambda job: False, scopes=[own_namespace]
+            )
+            releaser.start()
+            try:
+                await releaser.sweep()
+                async with asyncio.timeout(30):  # the releases it handed to the queue
+                    while releaser.busy():
+                        await asyncio.sleep(0.1)
+            finally:
+                await releaser.stop()
             return listed
         finally:
             await http.close()

@@ -226,9 +226,10 @@ class Releases:
     """The two calls the release path makes, recorded."""
 
     def __init__(self, job: dict[str, Any] | None):
-        self.job, self.released = job, []
+        self.job, self.released, self.asked = job, [], []
 
     async def read_job(self, namespace, name):
+        self.asked.append(name)
         return self.job
 
     async def release_pod(self, namespace, name, uid):
@@ -241,9 +242,12 @@ def tracked_pod(version: int) -> dict[str, Any]:
     return held
 
 
-def test_pods_of_a_deleted_job_are_released_and_an_orphan_only_once_its_job_is_confirmed_gone():
-    async def scenario(existing_job):
-        kube = Releases(existing_job)
+def test_the_pods_of_a_deleted_job_are_released_at_once_and_once_though_a_late_event_makes_them_orphans():
+    """The job's DELETED releases its pods without asking; a late event of one of them, while
+    its release waits, makes it an orphan too: one release does for both."""
+
+    async def scenario() -> Releases:
+        kube = Releases(None)
         c = job_controller(kube, FakeClock(wall=WALL), workers=0)
         c.handlers.job_seen(job())
         c.handlers.pod_changed(tracked_pod(10))
@@ -253,11 +257,37 @@ def test_pods_of_a_deleted_job_are_released_and_an_orphan_only_once_its_job_is_c
         await settle()
         assert not c.releaser.busy()
         await c.stop()
-        return kube.released
+        return kube
 
-    assert asyncio.run(scenario(None)) == ["j-1", "j-1"], "released at the job's deletion, and as an orphan"
-    recreated = {**job(), "metadata": {**job()["metadata"], "uid": "job-uid"}}
-    assert asyncio.run(scenario(recreated)) == ["j-1"], "an orphan whose job the API server still has is kept"
+    kube = asyncio.run(scenario())
+    assert kube.released == ["j-1"] and kube.asked == [], "the job was seen deleted: nothing to confirm"
+
+
+@pytest.mark.parametrize("stored", ["gone", "the same job", "a new job of that name"])
+def test_an_orphan_is_released_only_once_the_api_server_confirms_its_job_is_gone(stored: str):
+    """A pod whose job the operator does not know (its DELETED lost, say): the API server is
+    asked, never the cache, and the pod is released only if it has no job of that UID."""
+    existing = {
+        "gone": None,
+        "the same job": job(),
+        "a new job of that name": {**job(), "metadata": {**job()["metadata"], "uid": "new-job-uid"}},
+    }[stored]
+
+    async def scenario() -> Releases:
+        kube = Releases(existing)
+        c = job_controller(kube, FakeClock(wall=WALL), workers=0)
+        await c.start()
+        c.handlers.pod_changed(tracked_pod(10))  # its job was never seen
+        await settle()
+        assert not c.releaser.busy()
+        gone_from_view = c.view.pods.of_job(("ns", "job-uid")) == []
+        await c.stop()
+        assert gone_from_view == (stored != "the same job"), "a released orphan leaves the view"
+        return kube
+
+    kube = asyncio.run(scenario())
+    assert kube.asked == ["j"]
+    assert kube.released == ([] if stored == "the same job" else ["j-1"])
 
 
 @pytest.mark.parametrize("stored_version", ["9", "3"])

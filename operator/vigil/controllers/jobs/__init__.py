@@ -7,9 +7,9 @@ Its parts, each in a module of its own:
 - `reconciler.JobReconciler`: one look at one job (decide, after asking the API server where
   the view is not to be trusted), and what a failure means;
 - `executor.Executor`: a decision's actions against the API server;
-- `orphans.Releaser`: finalizer releases that belong to no look;
+- `orphans.Releaser`: finalizer releases that belong to no look, on a work queue of their own;
 - `alarms`, `rechecks`: the timers that bring a job back without an event;
-- the generic `vigil.controllers.worker.Worker` that runs the looks.
+- the generic `vigil.controllers.worker.Worker` that runs the looks (and the releases).
 
 `JobController` builds them with their collaborators and is what the manager runs.
 """
@@ -86,6 +86,7 @@ class JobController:
             self.view.pods,
             clock,
             rng,
+            metrics=metrics,
             knows_job=self.view.knows_job,
             scopes=sweep_scopes,
             accept=accept,
@@ -141,13 +142,14 @@ class JobController:
         # Before this, beats posted to the leader went to another process: silence counts from now.
         self.view.tracker.took_over(self.clock.monotonic())
         self.reconciling = True
+        self.releaser.start()  # before the looks, which hand it releases
         self.worker.start()
         pods = self.view.pods
         orphans = [pod for job in pods.jobs() if not self.view.knows_job(job) for pod in pods.of_job(job)]
         self.releaser.release_orphans(orphans)
-        self.releaser.start_sweeping()
 
     async def stop(self) -> None:
+        """In the reverse order of `start`: the looks end before the releases they hand over."""
         self.reconciling = False
         await self.worker.stop()
         await self.releaser.stop()

@@ -6,35 +6,87 @@ a look of it was cut short by its 404), released once the API server confirms th
 orphan no event brings back (a finished pod, Terminating, that will never change again) is
 found too.
 
-Each runs apart from the work queue, retried with backoff until it succeeds (releasing a
-finalizer already gone is done). Remembers: the tasks running, the pods whose job is being
-looked up (so a pod's every event does not start another lookup), and the sweep's timer.
+The releases wait on a work queue of their own, keyed by the pod (namespace, name, UID), run by
+a few workers of the generic `Worker`: a pod handed over twice while it waits is released once,
+one worker at a time holds it, and a release that fails is retried with backoff; the sweep is a
+key of that queue as well, so one sweep runs at a time. Remembers: what each key waiting or
+being worked on is to do (`Release`), and the sweep's timer.
 """
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import logging
 import random
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Literal, NamedTuple
 
 from vigil.controllers.jobs.podcache import PodCache
+from vigil.controllers.worker import AfterFailure, Worker
 from vigil.core import orphans, podstate
-from vigil.core.backoff import reconcile_retry_delay
 from vigil.kube.operations import Kube
+from vigil.metrics import Metrics
 from vigil.runtime.clock import Clock
 from vigil.runtime.timers import Timers
+from vigil.runtime.workqueue import WorkQueue, namespace_of
 
 log = logging.getLogger(__name__)
 
 Pod = Mapping[str, Any]
 
+RELEASES = "vigiljob-orphans"  # the release queue's name in the workqueue and reconcile metrics
+# Releases at once: each is a read and a patch, beside the looks' writes on the same connections;
+# a sweep takes one of them while it lists.
+RELEASE_WORKERS = 2
+
+
+class PodRef(NamedTuple):
+    """A pod to release: its UID fences the release, so a pod of the same name is left alone."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+Sweep = Literal["sweep"]
+SWEEP: Sweep = "sweep"
+ReleaseKey = PodRef | Sweep
+
+
+@dataclasses.dataclass(frozen=True)
+class Release:
+    """What a key of the queue is to do. `confirm`: the API server is asked first whether the
+    pod's job is gone (an orphan); else it is released outright (its job's deletion was seen).
+    `forget`: the pod leaves the pod cache once released. `why`: for the logs."""
+
+    pod: Pod
+    tracked: bool
+    confirm: bool
+    forget: bool
+    why: str
+
+    def merged(self, newer: Release) -> Release:
+        """Both asked of one pod: one release does what each would have done."""
+        outright = not (self.confirm and newer.confirm)  # a job seen deleted needs no confirming
+        return Release(
+            newer.pod,
+            tracked=self.tracked or newer.tracked,
+            confirm=not outright,
+            forget=self.forget or newer.forget,
+            why=self.why if newer.confirm and not self.confirm else newer.why,
+        )
+
+
+def ref_of(pod: Pod) -> PodRef:
+    meta = pod["metadata"]
+    return PodRef(meta["namespace"], meta["name"], meta["uid"])
+
 
 class Releaser:
     """`knows_job((namespace, uid))`: whether the operator holds that job (its pods are then its looks').
     `scopes` and `accept`: where the sweep lists pods and which it keeps, as the watches do
-    (`vigil.manager.watch_scopes`)."""
+    (`vigil.manager.watch_scopes`). Releases handed over before `start()` wait for it; those
+    handed over after `stop()` are left to the next leader's sweep."""
 
     def __init__(
         self,
@@ -43,104 +95,130 @@ class Releaser:
         clock: Clock,
         rng: random.Random | None = None,
         *,
+        metrics: Metrics,
         knows_job: Callable[[tuple[str, str]], bool] = lambda job: False,
         scopes: Iterable[str | None] = (None,),
         accept: Callable[[Pod], bool] = lambda pod: True,
         sweep_seconds: float = orphans.SWEEP_SECONDS,
+        workers: int = RELEASE_WORKERS,
     ) -> None:
         self.kube, self.pods, self.clock = kube, pods, clock
         self.rng = rng or random.Random()
         self.knows_job, self.scopes, self.accept = knows_job, list(scopes), accept
         self.sweep_seconds = sweep_seconds
-        self._tasks: set[asyncio.Task] = set()
-        self._looking_up: set[str] = set()  # pod UIDs whose job is being looked up
-        self._sweeps: Timers[str] = Timers(clock, lambda _: self._sweep_now())
-        self._sweep_task: asyncio.Task | None = None
+        self.queue: WorkQueue[ReleaseKey] = WorkQueue(
+            clock,
+            on_add=metrics.workqueue_adds.labels(RELEASES).inc,
+            on_wait=metrics.workqueue_queue_duration.labels(RELEASES).observe,
+            tenant=namespace_of,
+        )
+        self.worker = Worker(RELEASES, self.queue, self, workers=workers, clock=clock, metrics=metrics, rng=self.rng)
+        self._releases: dict[PodRef, Release] = {}
+        self._sweeps: Timers[Sweep] = Timers(clock, self.queue.add)
+        self._stopped = False
 
     def release(self, pods: Iterable[Pod], what: str) -> None:
         """Releases those of `pods` that carry the finalizer."""
-        tracked = [pod for pod in pods if podstate.is_tracked(pod)]
-        if tracked:
-            self._in_background(lambda: self._release(tracked), f"releasing {what}")
+        for pod in pods:
+            if podstate.is_tracked(pod):
+                self._hand_over(pod, Release(pod, tracked=True, confirm=False, forget=False, why=what))
 
     def release_orphan(self, pod: Pod) -> None:
-        """Releases the pod once the API server confirms that its job is gone (once at a time)."""
-        uid = pod["metadata"]["uid"]
-        if uid in self._looking_up:
-            return
-        self._looking_up.add(uid)
+        """Releases the pod once the API server confirms that its job is gone."""
+        tracked = podstate.is_tracked(pod)
+        self._hand_over(pod, Release(pod, tracked=tracked, confirm=True, forget=True, why="its job is gone"))
 
-        async def check() -> None:
-            try:
-                await self._release_orphans([pod])
-            finally:
-                self._looking_up.discard(uid)
+    def release_orphans(self, pods: Iterable[Pod]) -> None:
+        """As `release_orphan`, for each of `pods`."""
+        for pod in pods:
+            self.release_orphan(pod)
 
-        self._in_background(check, f"releasing pod {pod['metadata']['name']}, whose job is gone")
-
-    def release_orphans(self, pods: list[Pod]) -> None:
-        """As `release_orphan`, for the pods a first listing found without a known job."""
-        if pods:
-            self._in_background(lambda: self._release_orphans(pods), "releasing pods whose job is gone")
-
-    def start_sweeping(self) -> None:
-        """Sweeps for orphans every `sweep_seconds` (jittered), the first a period from now (the
-        first listing's orphans are released by `release_orphans` at once)."""
-        self._sweeps.set_after("sweep", orphans.next_sweep_in(self.sweep_seconds, self.rng.random()))
+    def start(self) -> None:
+        """Starts the workers, and sweeps for orphans every `sweep_seconds` (jittered), the first
+        a period from now (the first listing's orphans are handed over by the controller)."""
+        self._stopped = False
+        self.worker.start()
+        self._next_sweep()
 
     def busy(self) -> bool:
-        return bool(self._tasks)
+        """Whether a release waits or is being worked on."""
+        return bool(self._releases)
 
     async def stop(self) -> None:
+        """Stops the workers (a release in flight is cancelled: a pod's release is idempotent and
+        the next leader's sweep finds what is left) and empties the queue."""
+        self._stopped = True
         self._sweeps.shutdown()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.worker.stop()
+        self.queue.shutdown()
+        while len(self.queue):  # no worker holds a key any more: every one left is ready
+            key = await self.queue.get()
+            self.queue.done(key)
+            self.worker.forget(key)
+        for ref in self._releases:
+            self.worker.forget(ref)
+        self.worker.forget(SWEEP)
+        self._releases.clear()
 
-    async def _release(self, pods: list[Pod]) -> None:
-        for pod in pods:
-            meta = pod["metadata"]
-            await self.kube.release_pod(meta["namespace"], meta["name"], meta["uid"])
+    def _hand_over(self, pod: Pod, release: Release) -> None:
+        if self._stopped:
+            return
+        ref = ref_of(pod)
+        held = self._releases.get(ref)
+        self._releases[ref] = release if held is None else held.merged(release)
+        self.queue.add(ref)
 
-    async def _release_orphans(self, pods: list[Pod]) -> None:
-        for pod in pods:
-            key, owner = podstate.owner_key(pod), podstate.owning_job(pod)
-            job = await self.kube.read_job(*key) if key is not None else None
-            if owner is None or orphans.orphaned(pod, job):  # the API server's word, not the cache's
-                await self._release([pod] if podstate.is_tracked(pod) else [])
-                if owner is not None:
-                    self.pods.gone(owner, pod["metadata"]["uid"])
-
-    def _sweep_now(self) -> None:
-        if self._sweep_task is None or self._sweep_task.done():  # a slow sweep does not pile up
-            self._sweep_task = self._in_background(self.sweep, "sweeping for pods whose job is gone")
-        self.start_sweeping()
+    def _next_sweep(self) -> None:
+        self._sweeps.set_after(SWEEP, orphans.next_sweep_in(self.sweep_seconds, self.rng.random()))
 
     async def sweep(self) -> None:
-        """One sweep (the timer runs one every `sweep_seconds`): lists Vigil's pods from the API
-        server, page by page, as their metadata; asks about every one that still carries the
-        finalizer and whose job the operator does not know."""
+        """One sweep (the queue runs one every `sweep_seconds`): lists Vigil's pods from the API
+        server, page by page, as their metadata; hands over every one that still carries the
+        finalizer and whose job the operator does not know, to be asked about."""
         for scope in self.scopes:
             async for page in self.kube.list_vigil_pods(scope):
                 found = orphans.candidates([pod for pod in page if self.accept(pod)], self.knows_job)
                 if found:
                     log.info("the sweep found %d pods whose job is not known; asking about them", len(found))
-                    await self._release_orphans(found)
+                    self.release_orphans(found)
 
-    def _in_background(self, work: Callable[[], Awaitable[None]], what: str) -> asyncio.Task:
-        async def attempts() -> None:
-            failures = 0
-            while True:
-                try:
-                    await work()
-                    return
-                except Exception as err:
-                    failures += 1
-                    delay = reconcile_retry_delay(failures, self.rng.random())
-                    log.warning("%s failed (%s); retrying in %.0fs", what, err, delay)
-                    await self.clock.sleep(delay)
+    # --- the Worker's reconciler ------------------------------------------------------------
 
-        task = asyncio.ensure_future(attempts())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+    async def reconcile(self, key: ReleaseKey) -> None:
+        if not isinstance(key, PodRef):
+            await self.sweep()
+            self._next_sweep()  # a period after this one ended: sweeps never overlap
+            return
+        release = self._releases.get(key)
+        if release is None:
+            return
+        await self._release(key, release)
+        if self._releases.get(key) is release:  # else handed over again meanwhile: the queue brings it back
+            del self._releases[key]
+
+    async def failed(self, key: ReleaseKey, err: Exception, in_a_row: int) -> AfterFailure:
+        log.warning("%s failed (%d in a row), retrying with backoff: %s", self._describe(key), in_a_row, err)
+        return AfterFailure.ERROR
+
+    async def recovered(self, key: ReleaseKey) -> None:
+        pass
+
+    async def _release(self, ref: PodRef, release: Release) -> None:
+        pod = release.pod
+        if release.confirm:
+            key, owner = podstate.owner_key(pod), podstate.owning_job(pod)
+            job = await self.kube.read_job(*key) if key is not None else None
+            if owner is not None and not orphans.orphaned(pod, job):  # the API server's word, not the cache's
+                return
+        if release.tracked:
+            await self.kube.release_pod(ref.namespace, ref.name, ref.uid)
+        owner = podstate.owning_job(pod)
+        if release.forget and owner is not None:
+            self.pods.gone(owner, ref.uid)
+
+    def _describe(self, key: ReleaseKey) -> str:
+        if not isinstance(key, PodRef):
+            return "sweeping for pods whose job is gone"
+        release = self._releases.get(key)
+        why = f" ({release.why})" if release is not None else ""
+        return f"releasing pod {key.namespace}/{key.name}{why}"
