@@ -5,7 +5,7 @@
 Starts `vigil operator` (with --metrics-address and --health-address) for a fresh namespace,
 submits M VigilJobs whose pods run until deleted (kwok), and, as each pod becomes Running,
 starts beating for it: every `--interval` seconds (the agent's own +-10% jitter), the agent's
-`Heart.beat()` (vigil.agent.runner), which patches the pod's `vigil.dev/heartbeat` annotation
+`Heart.beat()` (vigil.agent.heart), which patches the pod's `vigil.dev/heartbeat` annotation
 through `PodHeartbeat.patch`, exactly the call `vigil-agent` makes. The agents run in-process on
 a thread pool (`--workers`) with the admin kubeconfig instead of M processes with their pods'
 service-account tokens. After every attempt beats, it measures for `--seconds`:
@@ -85,9 +85,10 @@ from bench.compare import (  # noqa: E402
 )
 from testbed import cluster as testbed  # noqa: E402
 from vigil.agent.channel import LeaderAnswer, LeaderBeat  # noqa: E402
-from vigil.agent.runner import Heart, PodHeartbeat, Settings, leader_timeout, request_timeout  # noqa: E402
+from vigil.agent.heart import Heart, PodHeartbeat, Settings  # noqa: E402
 from vigil.api import Heartbeat  # noqa: E402
 from vigil.core import fencing  # noqa: E402
+from vigil.core.fencing import leader_timeout, request_timeout  # noqa: E402
 from vigil.core.liveness import stamp_floor, stamp_period, thresholds  # noqa: E402
 from vigil.servers.beats import OUTCOMES  # noqa: E402
 from vigil.servers.webhook import make_self_signed  # noqa: E402

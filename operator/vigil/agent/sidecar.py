@@ -2,7 +2,7 @@
 
 It runs as a native sidecar (an init container with restartPolicy: Always) from Vigil's own
 image, in a pod with shareProcessNamespace: true, so the job's image needs nothing of Vigil.
-It beats for the pod exactly as `vigil-agent -- CMD` does (vigil.agent.runner: the same heart,
+It beats for the pod exactly as `vigil-agent -- CMD` does (vigil.agent.heart: the same heart,
 channels and fencing), but its "child" is the job's processes, found in /proc:
 
 - every process of the pod's PID namespace except the agent's own (its PID and descendants);
@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vigil.agent import ENV_CHECKPOINT_FILE
-from vigil.agent.runner import (
+from vigil.agent.heart import (
     CLOCK,
     EXIT_USAGE,
     ConfigError,

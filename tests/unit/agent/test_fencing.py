@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vigil.agent import runner
+from vigil.agent import heart, runner
 from vigil.core import fencing
 from vigil.core.fencing import EXIT_FENCED, UNAUTHORIZED_GRACE_SECONDS, Fencer, Observed, Reason, assess
 from vigil.kube.errors import from_status
@@ -141,7 +141,7 @@ class _Script:
 class _Child:
     def __init__(self) -> None:
         self.signals: list[int] = []
-        self.exited = runner.threading.Event()
+        self.exited = heart.threading.Event()
         self.proc = self
         self.returncode = 0
 
@@ -154,7 +154,7 @@ class _Child:
 
 
 class _Heart:
-    checkpoint_file = runner.Path("/nonexistent/vigil-test-checkpoint")
+    checkpoint_file = heart.Path("/nonexistent/vigil-test-checkpoint")
 
     def start(self) -> None:
         pass
@@ -167,15 +167,15 @@ class _Heart:
 def test_the_agent_keeps_its_child_through_a_401_outage_only_under_at_least_once(monkeypatch, guarantee, status):
     outage = [("observed", Observed.UNAUTHORIZED, 1000.0 + t) for t in range(2, 120, 4)]
     script = _Script([("observed", Observed.RENEWED, 1001.0), *outage, ("exited", 0, 1125.0)])
-    monkeypatch.setattr(runner, "CLOCK", lambda: script.now)
+    monkeypatch.setattr(heart, "CLOCK", lambda: script.now)
     child = _Child()
-    settings = runner.Settings(pod_name="p", namespace="n", guarantee=guarantee)
+    settings = heart.Settings(pod_name="p", namespace="n", guarantee=guarantee)
     try:
-        got = runner.supervise(settings, child, _Heart(), script)  # type: ignore[arg-type]
+        got = heart.supervise(settings, child, _Heart(), script)  # type: ignore[arg-type]
     finally:
         child.exited.set()
     assert got == status
-    assert child.signals[:1] == ([] if guarantee == "AtLeastOnce" else [runner.signal.SIGTERM])
+    assert child.signals[:1] == ([] if guarantee == "AtLeastOnce" else [heart.signal.SIGTERM])
 
 
 def test_a_401_from_a_restarting_api_server_stops_nothing_once_the_token_is_accepted_again():
@@ -206,7 +206,7 @@ def test_api_errors_are_counted_and_reset_by_a_renewal():
 
 
 def test_the_agent_runs_on_the_monotonic_clock():
-    assert SYSTEM.monotonic == runner.CLOCK  # CLOCK_BOOTTIME where there is one: never the wall clock
+    assert SYSTEM.monotonic == heart.CLOCK  # CLOCK_BOOTTIME where there is one: never the wall clock
 
 
 @pytest.mark.parametrize("jump", [-86400.0, -3600.0, 3600.0, 86400.0 * 365])
@@ -283,7 +283,7 @@ def test_a_request_never_hangs_longer_than_a_quarter_of_the_timeout_nor_ten_seco
 def test_the_fenced_exit_code_is_distinct_from_shell_codes():
     assert EXIT_FENCED == 75
     assert EXIT_FENCED not in (runner.EXIT_USAGE, runner.EXIT_CANNOT_RUN, runner.EXIT_NOT_FOUND)
-    assert runner.exit_status(-9) == 137 and runner.exit_status(3) == 3
+    assert heart.exit_status(-9) == 137 and heart.exit_status(3) == 3
 
 
 # --- what the agent reads from its pod ------------------------------------------------------------
@@ -299,13 +299,13 @@ def test_the_fenced_exit_code_is_distinct_from_shell_codes():
     ],
 )
 def test_the_patched_pod_tells_whether_the_attempt_may_go_on(metadata, observed):
-    assert runner.observe_pod({"metadata": metadata}) is observed
+    assert heart.observe_pod({"metadata": metadata}) is observed
 
 
 def test_api_errors_are_logged_in_one_line_without_headers():
     body = '{"kind":"Status","message":"pods \\"x\\" is forbidden:\\n  User cannot patch"}'
-    assert runner.describe_error(from_status(403, body)) == '403 Forbidden: pods "x" is forbidden: User cannot patch'
-    assert runner.describe_error(from_status(503, "<html>")) == "503 ServiceUnavailable: <html>"
+    assert heart.describe_error(from_status(403, body)) == '403 Forbidden: pods "x" is forbidden: User cannot patch'
+    assert heart.describe_error(from_status(503, "<html>")) == "503 ServiceUnavailable: <html>"
 
 
 @pytest.mark.parametrize(
@@ -318,10 +318,10 @@ def test_api_errors_are_logged_in_one_line_without_headers():
     ],
 )
 def test_bad_settings_say_what_to_fix(env, problem):
-    with pytest.raises(runner.ConfigError, match=problem):
-        runner.Settings.from_env(env)
+    with pytest.raises(heart.ConfigError, match=problem):
+        heart.Settings.from_env(env)
 
 
 def test_settings_default_as_documented():
-    s = runner.Settings.from_env({"POD_NAME": "p", "POD_NAMESPACE": "n"})
+    s = heart.Settings.from_env({"POD_NAME": "p", "POD_NAMESPACE": "n"})
     assert (s.interval, s.timeout, s.guarantee, s.grace) == (10.0, 60.0, "AtLeastOnce", 10.0)

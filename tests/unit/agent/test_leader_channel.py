@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from vigil.agent import channel, runner
+from vigil.agent import channel
+from vigil.agent import heart as agent_heart
 from vigil.agent.channel import ChannelError, LeaderAnswer, LeaderBeat, beat_body, leader_outcome, read_token
 from vigil.api import ANNOTATION_CHECKPOINT, ANNOTATION_HEARTBEAT
 from vigil.core import fencing
@@ -105,9 +106,9 @@ def test_the_token_is_read_bounded_and_checked(tmp_path: Path):
 
 def test_without_a_url_the_agent_beats_by_annotation_as_before():
     for env in (ENV, {**ENV, "VIGIL_HEARTBEAT_URL": ""}, {**ENV, "VIGIL_HEARTBEAT_URL": "  "}):
-        s = runner.Settings.from_env(env)
+        s = agent_heart.Settings.from_env(env)
         assert (s.heartbeat_url, s.leader_problem) == ("", "")
-        assert runner.leader_channel(s) is None
+        assert agent_heart.leader_channel(s) is None
 
 
 def test_the_leader_channel_settings_are_read_from_the_environment(tmp_path: Path):
@@ -118,7 +119,7 @@ def test_the_leader_channel_settings_are_read_from_the_environment(tmp_path: Pat
         "VIGIL_HEARTBEAT_CA": "",
         "VIGIL_HEARTBEAT_TOKEN_FILE": str(tmp_path / "token"),
     }
-    s = runner.Settings.from_env(env)
+    s = agent_heart.Settings.from_env(env)
     assert s.heartbeat_url == env["VIGIL_HEARTBEAT_URL"] and s.token_file == env["VIGIL_HEARTBEAT_TOKEN_FILE"]
     assert (s.pod_uid, s.leader_problem) == ("u-1", "")
 
@@ -133,27 +134,27 @@ def test_the_leader_channel_settings_are_read_from_the_environment(tmp_path: Pat
     ],
 )
 def test_a_leader_channel_set_up_wrongly_is_a_warning_and_the_annotation_alone(capsys, extra, problem):
-    s = runner.Settings.from_env({**ENV, **extra})
+    s = agent_heart.Settings.from_env({**ENV, **extra})
     assert s.heartbeat_url == "" and problem in s.leader_problem
-    assert runner.leader_channel(s) is None
+    assert agent_heart.leader_channel(s) is None
     err = capsys.readouterr().err
     assert "warning:" in err and problem in err and "beating by pod annotation" in err
 
 
 def test_an_unreadable_token_or_a_ca_that_is_not_pem_at_start_is_a_warning_too(capsys, tmp_path: Path):
     base = {**ENV, "VIGIL_HEARTBEAT_URL": "https://vigil/v1/heartbeat"}
-    s = runner.Settings.from_env({**base, "VIGIL_HEARTBEAT_TOKEN_FILE": str(tmp_path / "missing")})
-    assert runner.leader_channel(s) is None
+    s = agent_heart.Settings.from_env({**base, "VIGIL_HEARTBEAT_TOKEN_FILE": str(tmp_path / "missing")})
+    assert agent_heart.leader_channel(s) is None
     assert "cannot read the token file" in capsys.readouterr().err
     (tmp_path / "token").write_text("secret-token")
-    s = runner.Settings.from_env(
+    s = agent_heart.Settings.from_env(
         {**base, "VIGIL_HEARTBEAT_TOKEN_FILE": str(tmp_path / "token"), "VIGIL_HEARTBEAT_CA": "not a PEM"}
     )
-    assert runner.leader_channel(s) is None
+    assert agent_heart.leader_channel(s) is None
     err = capsys.readouterr().err
     assert "VIGIL_HEARTBEAT_CA is not a PEM certificate" in err and "secret-token" not in err
-    s = runner.Settings.from_env({**base, "VIGIL_HEARTBEAT_TOKEN_FILE": str(tmp_path / "token")})
-    leader = runner.leader_channel(s)
+    s = agent_heart.Settings.from_env({**base, "VIGIL_HEARTBEAT_TOKEN_FILE": str(tmp_path / "token")})
+    leader = agent_heart.leader_channel(s)
     assert isinstance(leader, LeaderBeat) and leader.timeout == 2.5  # 10 s interval, 60 s timeout
     leader.close()
 
@@ -203,13 +204,13 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch) -> Clock:
     c = Clock()
-    monkeypatch.setattr(runner, "CLOCK", c)
+    monkeypatch.setattr(agent_heart, "CLOCK", c)
     return c
 
 
-def heart(tmp_path: Path, pod: FakePod, leader: FakeLeader | None) -> runner.Heart:
-    settings = runner.Settings(pod_name="p", namespace="n")
-    return runner.Heart(settings, pod, tmp_path / "checkpoint.json", queue.Queue(), leader)  # type: ignore[arg-type]
+def heart(tmp_path: Path, pod: FakePod, leader: FakeLeader | None) -> agent_heart.Heart:
+    settings = agent_heart.Settings(pod_name="p", namespace="n")
+    return agent_heart.Heart(settings, pod, tmp_path / "checkpoint.json", queue.Queue(), leader)  # type: ignore[arg-type]
 
 
 def test_a_beat_the_leader_renews_writes_nothing_to_the_api_server(tmp_path: Path, clock: Clock):
@@ -295,10 +296,10 @@ def test_the_final_flush_publishes_the_last_checkpoint_at_once(tmp_path: Path, c
     assert pod.patches == []
     h.stop()
     h.start()  # as supervise() leaves it: started, and stopped before the child's exit is flushed
-    runner.flush_checkpoint(h)
+    agent_heart.flush_checkpoint(h)
     assert pod.patches == [{ANNOTATION_HEARTBEAT: f"2:{h.boot}", ANNOTATION_CHECKPOINT: '{"step":1}'}]
     assert h.published == b'{"step":1}'
-    runner.flush_checkpoint(h)  # published already: no second write
+    agent_heart.flush_checkpoint(h)  # published already: no second write
     assert len(pod.patches) == 1
 
 
@@ -489,8 +490,8 @@ def test_the_heart_beats_through_a_real_operator_and_falls_back_when_it_is_busy(
 ):
     pod = FakePod()
     leader = leader_beat(operator.url, (certs / "ca.crt").read_text(), token)
-    settings = runner.Settings(pod_name="p", namespace="n")
-    h = runner.Heart(settings, pod, tmp_path / "cp", queue.Queue(), leader)  # type: ignore[arg-type]
+    settings = agent_heart.Settings(pod_name="p", namespace="n")
+    h = agent_heart.Heart(settings, pod, tmp_path / "cp", queue.Queue(), leader)  # type: ignore[arg-type]
     try:
         assert h.beat() is Observed.RENEWED and pod.patches == []
         operator.status = 503

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from vigil.agent import heart as agent_heart
 from vigil.agent import runner, sidecar
 from vigil.agent.sidecar import (
     JobProcesses,
@@ -222,9 +223,9 @@ def test_the_liveness_port_counts_a_get_or_post_of_beat_and_nothing_else() -> No
 
 
 def test_the_heart_holds_its_beat_back_while_the_gate_says_why(capsys) -> None:
-    settings = runner.Settings(pod_name="p", namespace="n")
+    settings = agent_heart.Settings(pod_name="p", namespace="n")
     why = ["the job has not touched its liveness file or port for 61s"]
-    heart = runner.Heart(settings, None, None, None, gate=lambda: why[0])  # type: ignore[arg-type]
+    heart = agent_heart.Heart(settings, None, None, None, gate=lambda: why[0])  # type: ignore[arg-type]
     assert heart.holds_back() and heart.holds_back()
     why[0] = ""
     assert not heart.holds_back()
