@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 from vigil import __version__
+from vigil.core.beats import CONNECTIONS_PER_SOURCE as BEAT_CONNECTIONS_PER_SOURCE
+from vigil.core.beats import PATH as BEAT_PATH
 from vigil.core.election import (
     DEFAULT_LEASE_DURATION,
     DEFAULT_RENEW_DEADLINE,
@@ -88,6 +90,12 @@ def _operator(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.beat_connections_per_source < 1:
+        print(
+            f"vigil operator: --beat-connections-per-source must be at least 1, not {args.beat_connections_per_source}",
+            file=sys.stderr,
+        )
+        return 2
     if not args.heartbeat_stamp_writes_per_second > 0:
         print(
             "vigil operator: --heartbeat-stamp-writes-per-second must be a positive rate, "
@@ -111,12 +119,23 @@ def _operator(args: argparse.Namespace) -> int:
             print("vigil operator: --webhook-address needs --webhook-cert-file and --webhook-key-file", file=sys.stderr)
             return 2
         webhook = (args.webhook_address, args.webhook_cert_file, args.webhook_key_file)
+    beat_server = None
+    if args.beat_address:
+        cert, key = args.beat_cert_file or args.webhook_cert_file, args.beat_key_file or args.webhook_key_file
+        if not (cert and key):
+            print(
+                "vigil operator: --beat-address needs --beat-cert-file and --beat-key-file (or the webhook's, which "
+                "it uses when those are not given)",
+                file=sys.stderr,
+            )
+            return 2
+        beat_server = (args.beat_address, cert, key)
     beat_channel = None
     if args.heartbeat_url:
-        if webhook is None:
+        if beat_server is None:
             print(
-                "vigil operator: --heartbeat-url needs --webhook-address: beats are served on the webhook's HTTPS "
-                "server (the Service that selects the leader)",
+                "vigil operator: --heartbeat-url needs --beat-address: the HTTPS server the beats are posted to "
+                "(behind the Service that selects the leader)",
                 file=sys.stderr,
             )
             return 2
@@ -164,7 +183,9 @@ def _operator(args: argparse.Namespace) -> int:
         beat_channel=beat_channel,
         agent_image=args.agent_image or None,
         stamp_writes_per_second=args.heartbeat_stamp_writes_per_second,
+        beat_server=beat_server,
         beat_connections=args.beat_connections,
+        beat_connections_per_source=args.beat_connections_per_source,
         lease=lease,
         pod_watch_pace=args.pod_watch_pace,
         default_queue=default_queue,
@@ -299,11 +320,24 @@ def main(argv: list[str] | None = None) -> int:
     operator.add_argument("--webhook-cert-file", metavar="FILE", help="the webhook's TLS certificate (PEM)")
     operator.add_argument("--webhook-key-file", metavar="FILE", help="the webhook's TLS key (PEM)")
     operator.add_argument(
+        "--beat-address",
+        metavar="HOST:PORT",
+        default=None,
+        help=f"serve the agents' beats over HTTPS at https://HOST:PORT{BEAT_PATH}, a port of its own (default: "
+        "none; see docs/heartbeats.md)",
+    )
+    operator.add_argument(
+        "--beat-cert-file", metavar="FILE", help="the beat server's TLS certificate (PEM; default: the webhook's)"
+    )
+    operator.add_argument(
+        "--beat-key-file", metavar="FILE", help="the beat server's TLS key (PEM; default: the webhook's)"
+    )
+    operator.add_argument(
         "--heartbeat-url",
         metavar="URL",
         default=None,
-        help="where the pods' agents post their beats: the webhook Service's /v1/heartbeat, served by the "
-        "webhook's server (default: none, every beat patches its pod; see docs/heartbeats.md)",
+        help=f"where the pods' agents post their beats: the Service in front of --beat-address, {BEAT_PATH} "
+        "(default: none, every beat patches its pod; see docs/heartbeats.md)",
     )
     operator.add_argument(
         "--heartbeat-ca-file",
@@ -337,10 +371,19 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         metavar="N",
         default=None,
-        help="the most connections the webhook's server holds open for beats: each beating pod keeps one, ~45 KiB "
-        "each; past it a beat on a new one is answered 503 with a Retry-After of a few minutes and its agent beats "
-        "by annotation meanwhile (default: half the container's memory limit at 64 KiB a connection, within the "
-        "open-file limit, at most 65,536)",
+        help="the most connections the beat server holds open: each beating pod keeps one, ~45 KiB each; past it a "
+        "beat on a new one is answered 503 with a Retry-After of a few minutes and its agent beats by annotation "
+        "meanwhile (default: half the container's memory limit at 64 KiB a connection, within the open-file limit, "
+        "at most 65,536)",
+    )
+    operator.add_argument(
+        "--beat-connections-per-source",
+        type=int,
+        metavar="N",
+        default=BEAT_CONNECTIONS_PER_SOURCE,
+        help="of those, the most from one address; more are closed before their TLS handshake (default: "
+        f"{BEAT_CONNECTIONS_PER_SOURCE}, above the kubelet's default of 110 pods a node, for pods on the node's "
+        "network)",
     )
     operator.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default: info"

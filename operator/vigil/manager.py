@@ -27,7 +27,7 @@ import logging
 import signal
 import ssl
 import time
-from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -35,6 +35,7 @@ from vigil import api
 from vigil.controllers.dispatcher import Dispatcher
 from vigil.controllers.jobs import JobController, job_queue
 from vigil.controllers.queues import QueueStatusController
+from vigil.core import beats
 from vigil.core.election import ElectionConfig
 from vigil.core.liveness import STAMP_WRITES_PER_SECOND
 from vigil.core.manifest import BeatChannel
@@ -58,7 +59,8 @@ from vigil.runtime.stalls import CollectorPauses, CollectorWatch, LagProbe
 from vigil.servers import health
 from vigil.servers import metrics as metrics_server
 from vigil.servers.beats import BeatEndpoint, outcome_counter
-from vigil.servers.http import Server, serve
+from vigil.servers.http import REFUSALS, SPARE_CONNECTIONS, Bounds, Server, process_connection_limit, serve, serve_fast
+from vigil.servers.tls import ServingCertificate
 from vigil.servers.webhook import WebhookServer
 
 log = logging.getLogger(__name__)
@@ -89,14 +91,16 @@ class OperatorSettings:
     metrics_tls: tuple[str, str] | None = None
     metrics_insecure: bool = False
     webhook: tuple[str, str, str] | None = None  # (HOST:PORT, certificate file, key file)
-    # Where pods post beats (served on the webhook's server); None: every beat patches its pod.
+    # Where pods post beats (the Service in front of beat_server); None: every beat patches its pod.
     beat_channel: BeatChannel | None = None
+    beat_server: tuple[str, str, str] | None = None  # (HOST:PORT, certificate file, key file)
     # The image of the injected agent (heartbeat.agent: Sidecar, and the default when set).
     agent_image: str | None = None
     # The lastHeartbeatAt stamps written alone, a second, across all jobs (liveness.stamp_floor).
     stamp_writes_per_second: float = STAMP_WRITES_PER_SECOND
-    # The connections the webhook's server holds open; None: from the memory and open-file limits.
+    # The connections the beat server holds open; None: from the memory and open-file limits.
     beat_connections: int | None = None
+    beat_connections_per_source: int = beats.CONNECTIONS_PER_SOURCE
     lease: tuple[ElectionConfig, str, str] | None = None  # (timings, namespace, name); None: act alone
     pod_watch_pace: float = POD_WATCH_PACE_SECONDS
     # The limits of a namespace's `default` queue while it has no VigilQueue `default`; None:
@@ -166,53 +170,69 @@ def build_watches(
     )
 
 
+# The probes' and the metrics' servers: the kubelet, a port-forward, a few Prometheus replicas.
+# More connections than this are a flood, not a scrape.
+SMALL_SERVER = Bounds(max_connections=64, per_source=16)
+
+
 class _Served:
-    """An HTTP server as a runnable: started with the process, stopped with it."""
+    """A server as a runnable: started with the process, stopped with it. `start_server` is
+    given the TLS context of `tls` (certificate and key files, reloaded when renewed), or None."""
 
     def __init__(
         self,
         what: str,
         address: str,
-        routes: Callable[[], list],
-        ssl_context: Callable[[], ssl.SSLContext] | None = None,
+        start_server: Callable[[ssl.SSLContext | None], Awaitable[Server]],
+        tls: tuple[str, str] | None = None,
+        clock: Clock = SYSTEM,
     ) -> None:
-        self.what, self.address, self.routes, self.ssl_context = what, address, routes, ssl_context
+        self.what, self.address, self.start_server, self.tls, self.clock = what, address, start_server, tls, clock
         self.server: Server | None = None
+        self.certificate: ServingCertificate | None = None
 
     async def start(self) -> None:
-        context = self.ssl_context() if self.ssl_context is not None else None
-        self.server = await serve(self.routes(), self.address, ssl_context=context)
+        if self.tls is not None:
+            self.certificate = ServingCertificate(*self.tls, what=self.what, clock=self.clock)
+        self.server = await self.start_server(self.certificate.context if self.certificate else None)
+        if self.certificate is not None:
+            self.certificate.start()
         log.info("%s listening on %s", self.what, self.address)
 
     async def stop(self) -> None:
+        if self.certificate is not None:
+            await self.certificate.stop()
         if self.server is not None:
             await self.server.stop()
 
 
 class _Webhook:
-    def __init__(
-        self,
-        server: WebhookServer,
-        where: tuple[str, str, str],
-        also: list,
-        warm: Callable[[], Coroutine[Any, Any, object]] | None = None,
-    ) -> None:
-        self.server, self.where, self.also, self.warm = server, where, also, warm
-        self._warming: asyncio.Task | None = None
+    def __init__(self, server: WebhookServer, where: tuple[str, str, str]) -> None:
+        self.server, self.where = server, where
 
     async def start(self) -> None:
-        await self.server.start(*self.where, also=self.also)
-        if self.warm is not None:
-            # The issuer's keys fetched at once, in the background: the first beats are not kept
-            # waiting for them, and a cluster that refuses them says so in the log at start.
-            self._warming = asyncio.create_task(self.warm())
+        await self.server.start(*self.where)
 
     async def stop(self) -> None:
-        if self._warming is not None:
-            self._warming.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._warming
         await self.server.stop()
+
+
+class _Warm:
+    """The issuer's keys fetched at once, in the background: the first beats are not kept waiting
+    for them, and a cluster that refuses them says so in the log at start."""
+
+    def __init__(self, warm: Callable[[], Coroutine[Any, Any, object]]) -> None:
+        self.warm = warm
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self.warm())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
 
 
 class Operator:
@@ -288,29 +308,52 @@ class Operator:
             ),
             LongLivedHeap(clock),
         ]
-        if settings.health_address:
-            self.always.append(_Served("health", settings.health_address, self._health_routes))
-        if settings.metrics_address and settings.metrics_tls is not None:
+        def refused(server: str) -> Callable[[str], None]:
+            series = {reason: metrics.connections_refused.labels(server, reason) for reason in REFUSALS}
+            return lambda reason: series[reason].inc()
+
+        if (health_address := settings.health_address) is not None:
+            self.always.append(
+                _Served(
+                    "health",
+                    health_address,
+                    lambda _: serve(
+                        self._health_routes(), health_address, bounds=SMALL_SERVER, on_refused=refused("health")
+                    ),
+                )
+            )
+        if (metrics_address := settings.metrics_address) is not None and settings.metrics_tls is not None:
             # The reviews have a client of their own, so a flood of scrapes never takes the
             # work's connections; its pool bounds the reviews in flight.
             review_client = ApiClient(credentials, agent, connections=metrics_server.REVIEW_CONNECTIONS)
             self.clients.append(review_client)
             access = metrics_server.Access(review_client, metrics, clock)
-            cert, key = settings.metrics_tls
             self.always.append(
                 _Served(
                     "metrics (https, authenticated)",
-                    settings.metrics_address,
-                    lambda: metrics_server.secure_routes(metrics.registry, access, metrics),
-                    lambda: metrics_server.tls_context(cert, key),
+                    metrics_address,
+                    lambda context: serve(
+                        metrics_server.secure_routes(metrics.registry, access, metrics),
+                        metrics_address,
+                        bounds=SMALL_SERVER,
+                        ssl_context=context,
+                        on_refused=refused("metrics"),
+                    ),
+                    settings.metrics_tls,
+                    clock,
                 )
             )
-        elif settings.metrics_address and settings.metrics_insecure:
+        elif metrics_address is not None and settings.metrics_insecure:
             self.always.append(
                 _Served(
                     "metrics (plain http, no authentication: --metrics-insecure)",
-                    settings.metrics_address,
-                    lambda: metrics_server.routes(metrics.registry),
+                    metrics_address,
+                    lambda _: serve(
+                        metrics_server.routes(metrics.registry),
+                        metrics_address,
+                        bounds=SMALL_SERVER,
+                        on_refused=refused("metrics"),
+                    ),
                 )
             )
         if settings.webhook:
@@ -320,31 +363,44 @@ class Operator:
 
             self.webhook = WebhookServer(
                 lookup,
-                max_connections=settings.beat_connections,
                 exists=lambda namespace, name: (namespace, name) in self.jobs.view.jobs,
                 on_refused=lambda namespace, queue: metrics.queue_refusals.labels(namespace, queue).inc(),
+                on_connection_refused=refused("webhook"),
                 clock=clock,
             )
-            routes, warm = [], None
-            if settings.beat_channel is not None:
-                jobs, elector_or_none = self.jobs, self.elector
-                keys = IssuerKeySource(work, clock)
-                self.beats = BeatEndpoint(
-                    # The leader alone counts beats; it leads while its elector's fence holds.
-                    leading=lambda: jobs.reconciling and (elector_or_none is None or elector_or_none.deadline_ok()),
-                    keys=keys.keys,
-                    held=keys.held,
-                    pod_of=jobs.view.pods.by_uid,
-                    heard=jobs.handlers.beat_heard,
-                    count=outcome_counter(metrics.heartbeat_posts),
-                    audience=settings.beat_channel.audience,
-                    clock=clock,
-                )
-                routes, warm = self.beats.routes(), keys.keys
-            self.always.append(_Webhook(self.webhook, settings.webhook, routes, warm))
-            webhook = self.webhook
-            metrics.beat_connections.set_function(lambda: float(webhook.beat_connections()[0]))
-            metrics.beat_connections_limit.set_function(lambda: float(webhook.beat_connections()[1]))
+            self.always.append(_Webhook(self.webhook, settings.webhook))
+        if settings.beat_channel is not None and (beat_server := settings.beat_server) is not None:
+            jobs, elector_or_none = self.jobs, self.elector
+            keys = IssuerKeySource(work, clock)
+            self.beats = BeatEndpoint(
+                # The leader alone counts beats; it leads while its elector's fence holds.
+                leading=lambda: jobs.reconciling and (elector_or_none is None or elector_or_none.deadline_ok()),
+                keys=keys.keys,
+                held=keys.held,
+                pod_of=jobs.view.pods.by_uid,
+                heard=jobs.handlers.beat_heard,
+                count=outcome_counter(metrics.heartbeat_posts),
+                audience=settings.beat_channel.audience,
+                clock=clock,
+            )
+            address = beat_server[0]
+            bounds = Bounds(
+                max_connections=settings.beat_connections or process_connection_limit(),
+                per_source=settings.beat_connections_per_source,
+                spare=SPARE_CONNECTIONS,
+            )
+            served = _Served(
+                "beats (https)",
+                address,
+                lambda context: serve_fast(
+                    self.beats.routes()[0], address, bounds=bounds, ssl_context=context, on_refused=refused("beats")
+                ),
+                (beat_server[1], beat_server[2]),
+                clock,
+            )
+            self.always += [served, _Warm(keys.keys)]
+            metrics.beat_connections.set_function(lambda: float(served.server.connections()[0] if served.server else 0))
+            metrics.beat_connections_limit.set_function(lambda: float(bounds.max_connections))
 
         mark: list[Runnable] = []
         if (elector := self.elector) is not None and settings.lease is not None:

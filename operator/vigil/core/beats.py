@@ -42,6 +42,9 @@ MAX_BODY_BYTES = 1024  # a beat names a pod and carries a short counter
 MAX_KEYS = 32  # an issuer publishes a few keys (rotation); more is not a key set
 LEEWAY_SECONDS = 60.0  # clock skew between the API server and the operator tolerated on exp/nbf
 KEY_REFRESH_SECONDS = 10.0  # an unknown key id refreshes the keys at most this often
+# Connections the beat server holds from one address: a pod keeps one, and pods on their node's
+# network share its address (the kubelet runs at most 110 pods by default).
+CONNECTIONS_PER_SOURCE = 128
 # Tokens whose signature is known good, one per beating pod: room for the seed's 50,000 in flight.
 # An entry is a digest, a pod's identity and an expiry, about 0.4 KiB: at most ~26 MiB.
 MAX_VERIFIED = 65_536

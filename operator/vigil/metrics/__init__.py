@@ -179,7 +179,15 @@ class Metrics:
             ["cause"],
             registry=r,
         )
-        # Set to read the webhook's server at scrape time (vigil.servers.http.connection_limit).
+        self.connections_refused = Counter(
+            "vigil_connections_refused_total",
+            "Connections a server of this operator closed unanswered (vigil.servers.http), by server (health, "
+            "metrics, webhook, beats) and reason: limit (it held its most), source-limit (the address held its "
+            "most), slow-head (a request's headers late), large-head (over 16 KiB).",
+            ["server", "reason"],
+            registry=r,
+        )
+        # Set to read the beat server at scrape time (vigil.servers.http.connection_limit).
         self.beat_connections = Gauge(
             "vigil_beat_connections",
             "Connections this operator holds open for beats to the leader (one per beating pod).",

@@ -1,6 +1,19 @@
-"""The one way Vigil serves HTTP: an aiohttp application on HOST:PORT, plain or with TLS, on the
-operator's event loop. The health, metrics and admission endpoints are each a set of routes
-handed to `serve`; the heartbeat endpoint is a `FastRoute` among them (see below)."""
+"""The one way Vigil serves HTTP: a server per port, each with one stack.
+
+- `serve`: aiohttp routes (the probes, the metrics, the admission webhook).
+- `serve_fast`: one hot route (the agents' beats), answered by the connection's own protocol.
+
+Both listen through one gate (`_Listener`), so that anyone who can reach a port is bounded
+before they cost anything dear:
+- a connection is counted, against the server's limit and against its source address's, as soon
+  as it is accepted: before its TLS handshake (a handshake and its buffers are the dear part);
+  past either it is closed at once;
+- its handshake must end within `Bounds.handshake_seconds`;
+- a request's line and headers must all arrive within `Bounds.head_seconds` of its first byte,
+  and be at most MAX_HEAD bytes;
+- a kept-alive connection with nothing asked for `Bounds.idle_seconds` is closed (aiohttp's own
+  keep-alive is set to the same, not left at its default of an hour).
+"""
 
 from __future__ import annotations
 
@@ -13,10 +26,11 @@ import random as _random
 import resource
 import ssl
 from asyncio import sslproto
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http import HTTPStatus
+from typing import Any
 
 import httptools
 from aiohttp import web
@@ -24,33 +38,53 @@ from aiohttp import web
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY = 1024**2  # aiohttp's own default: endpoints that take bodies say how much
-# asyncio gives every TLS connection a 256 KiB read buffer (sslproto.SSLProtocol.max_size), held
-# for as long as the connection is open: an agent beating to the leader keeps one open, so 10,000
-# beating pods would hold 2.8 GiB (measured: 291 KiB per idle connection, 50 KiB with 16 KiB; see
-# bench/README.md). A TLS record carries at most 16 KiB, so smaller reads cost only more recv
-# calls on large answers. The attribute is the class's: it applies to every TLS connection of
-# the process, the API client's too.
+# asyncio gives a TLS connection a 256 KiB read buffer, held for as long as it is open; an agent
+# beating to the leader keeps one open, so 10,000 beating pods would hold 2.8 GiB (measured: 291
+# KiB per idle connection, 50 KiB with 16 KiB; bench/README.md). A TLS record carries at most 16
+# KiB, so a smaller buffer costs only more reads of large bodies. Set on this module's own
+# subclass of asyncio's TLS protocol, so only the connections these servers accept have it.
 TLS_READ_BUFFER = 16 * 1024
+HANDSHAKE_SECONDS = 5.0  # a client on a slow link handshakes in well under a second
+HEAD_SECONDS = 10.0  # from a request's first byte to the end of its headers
+IDLE_SECONDS = 75.0  # nothing asked on a kept-alive connection (nginx's and Go's default is near)
+MAX_HEAD = 16 * 1024  # a request's line and headers (a projected token is ~1 KiB, a review's head less)
 
-
-# Connections held open for fast routes (the beats) at once. Every beating pod keeps one to the
-# leader, so the seed's 50,000 attempts in flight need 50,000; each costs a descriptor and ~45 KiB
-# (bench/README.md). They take at most MEMORY_SHARE of the container's memory limit (cgroup), at
-# CONNECTION_BYTES each (the chart's 512 MiB holds 4,096: docs/capacity-planning.md; without the
-# share a default install would be OOM-killed at ~6,000 beating attempts), within the open-file
-# limit less RESERVED_FDS for the operator's own API connections and Lease, and SPARE_CONNECTIONS
-# for everything else the server answers (the API server's admission reviews, and the answers
-# below). A beat on a new connection past the limit is answered 503 with a Retry-After of about
-# BUSY_RETRY_SECONDS (its agent beats by annotation until then, instead of paying a TLS handshake
-# here every beat), and the connection closed. Past the limit and the spare together a new
-# connection is closed as soon as it is made: a flood takes neither the memory nor the descriptors.
+# The connections the beat server holds for beats. Every beating pod keeps one to the leader, so
+# the 50,000 attempts in flight Vigil is sized for (docs/capacity-planning.md) need 50,000; each
+# costs a descriptor and ~45 KiB (bench/README.md). They take at most MEMORY_SHARE of the
+# container's memory limit (cgroup), at CONNECTION_BYTES each (the chart's 512 MiB holds 4,096;
+# without the share a default install would be OOM-killed at ~6,000 beating attempts), within the
+# open-file limit less RESERVED_FDS for the operator's own API connections, the Lease and its
+# other servers, and SPARE_CONNECTIONS. A beat on a connection past the limit (within the spare)
+# is answered 503 with a Retry-After of about BUSY_RETRY_SECONDS: its agent beats by annotation
+# until then instead of paying a TLS handshake here every beat. Past the spare too, a connection
+# is closed before its handshake.
 MAX_CONNECTIONS = 65_536  # ~3 GiB of connections at most
 RESERVED_FDS = 1024
 SPARE_CONNECTIONS = 256
 CONNECTION_BYTES = 64 * 1024  # ~45 KiB measured idle, with room for a request and its answer in flight
 MEMORY_SHARE = 0.5  # the rest for the jobs and pods kept, and a list's page at start
 BUSY_RETRY_SECONDS = 300  # answered as 150-450 s, at random: the refused agents do not come back together
-_REFUSAL_LOG_SECONDS = 60.0  # a flood's refusals are logged at most this often
+_REFUSAL_LOG_SECONDS = 60.0  # a flood's refusals are logged at most this often per server
+_FEED_PIECE = 4096  # bytes fed to a parser at once, so a request's head is bounded before it is buffered
+_MAX_QUEUED = 16  # answers waited for on one connection (pipelined requests) before it stops being read
+
+# Why a server closed a connection it did not answer (vigil_connections_refused_total's reasons).
+LIMIT, SOURCE_LIMIT, SLOW_HEAD, LARGE_HEAD = "limit", "source-limit", "slow-head", "large-head"
+REFUSALS = (LIMIT, SOURCE_LIMIT, SLOW_HEAD, LARGE_HEAD)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What one server admits. `max_connections`: held at once, of any kind (the beat server holds
+    `spare` more, answered 503); `per_source`: of those, from one address."""
+
+    max_connections: int
+    per_source: int
+    handshake_seconds: float = HANDSHAKE_SECONDS
+    head_seconds: float = HEAD_SECONDS
+    idle_seconds: float = IDLE_SECONDS
+    spare: int = 0
 
 
 def busy_retry_after(u: float) -> int:
@@ -74,6 +108,11 @@ def connection_limit(
     return max(1, limit)
 
 
+def process_connection_limit() -> int:
+    """`connection_limit` of this process's open-file limit and its container's memory limit."""
+    return connection_limit(resource.getrlimit(resource.RLIMIT_NOFILE)[0], memory_limit())
+
+
 def memory_limit(read: Callable[[str], str] | None = None) -> int | None:
     """The memory limit of this process's container, in bytes, from its cgroup (v2, then v1), or
     None where it has none (`max`, v1's "no limit" of ~2^63, or no cgroup file to read)."""
@@ -95,79 +134,323 @@ def _read_text(path: str) -> str:
         return f.read(64)
 
 
-def lean_tls_buffers() -> None:
-    if getattr(sslproto.SSLProtocol, "max_size", 0) > TLS_READ_BUFFER:
-        sslproto.SSLProtocol.max_size = TLS_READ_BUFFER
-
-
-class Server:
-    """A running server; `stop()` closes it."""
-
-    def __init__(
-        self, runner: web.AppRunner, listener: asyncio.Server | None = None, fast: _FastServer | None = None
-    ) -> None:
-        self._runner, self._listener, self._fast = runner, listener, fast
-
-    @property
-    def port(self) -> int:
-        """The port it listens on (the one the system picked when started on port 0)."""
-        if self._listener is not None:
-            return int(self._listener.sockets[0].getsockname()[1])
-        return int(self._runner.addresses[0][1])
-
-    def fast_connections(self) -> tuple[int, int]:
-        """(connections held for fast routes, the most it holds); (0, 0) without fast routes."""
-        if self._fast is None:
-            return 0, 0
-        return self._fast.fast, self._fast.max_connections
-
-    async def stop(self) -> None:
-        if self._listener is not None:
-            self._listener.close()
-        if self._fast is not None:
-            await self._fast.stop()
-        await self._runner.cleanup()
-
-
 def split_address(address: str) -> tuple[str, int]:
     """("HOST", PORT) of "HOST:PORT" (or ":PORT", all interfaces)."""
     host, _, port = address.rpartition(":")
     return host or "0.0.0.0", int(port)
 
 
+class Server:
+    """A running server; `stop()` closes it."""
+
+    def __init__(self, listener: _Listener, runner: web.AppRunner | None = None) -> None:
+        self._listener, self._runner = listener, runner
+
+    @property
+    def port(self) -> int:
+        """The port it listens on (the one the system picked when started on port 0)."""
+        return self._listener.port
+
+    def connections(self) -> tuple[int, int]:
+        """(connections held, the most it holds), the 503-answered spare not counted."""
+        listener = self._listener
+        return min(len(listener.open), listener.bounds.max_connections), listener.bounds.max_connections
+
+    def refusals(self) -> Mapping[str, int]:
+        """Connections closed unanswered since the start, by reason (one of REFUSALS)."""
+        return self._listener.refused
+
+    async def stop(self) -> None:
+        await self._listener.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
 async def serve(
-    routes: Iterable[web.RouteDef | FastRoute],
+    routes: Iterable[web.RouteDef],
     address: str,
     *,
+    bounds: Bounds,
     ssl_context: ssl.SSLContext | None = None,
     max_body: int = DEFAULT_MAX_BODY,
-    max_connections: int | None = None,
-    spare_connections: int = SPARE_CONNECTIONS,
-    random: Callable[[], float] = _random.random,
+    on_refused: Callable[[str], None] = lambda reason: None,
 ) -> Server:
-    """`max_connections` bounds the connections a server with fast routes holds for them
-    (default: `connection_limit` of this process's open-file and memory limits), and
-    `spare_connections` the others on top (`random` draws the Retry-After past the limit)."""
-    if ssl_context is not None:
-        lean_tls_buffers()
-    every = list(routes)
-    fast = [route for route in every if isinstance(route, FastRoute)]
+    """aiohttp's routes on HOST:PORT, behind the gate."""
     app = web.Application(client_max_size=max_body)
-    app.add_routes([route for route in every if not isinstance(route, FastRoute)] + [as_aiohttp(r) for r in fast])
-    runner = web.AppRunner(app, access_log=None)
+    app.add_routes(list(routes))
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=bounds.idle_seconds)
     await runner.setup()
-    host, port = split_address(address)
-    if not fast:
-        await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
-        return Server(runner)
-    if max_connections is None:
-        max_connections = connection_limit(resource.getrlimit(resource.RLIMIT_NOFILE)[0], memory_limit())
-    front = _FastServer(fast, runner.server, max_connections, spare_connections, random)  # type: ignore[arg-type]
-    # What aiohttp's TCPSite does, with the fast protocol in front of aiohttp's.
-    listener = await asyncio.get_running_loop().create_server(
-        front.protocol, host, port, ssl=ssl_context, backlog=128, reuse_address=True
+    handlers = runner.server
+    assert handlers is not None
+    listener = _Listener(bounds, ssl_context, lambda lst, peer, held: _Watched(lst, handlers(), peer), on_refused)
+    try:
+        await listener.listen(address)
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return Server(listener, runner)
+
+
+async def serve_fast(
+    route: FastRoute,
+    address: str,
+    *,
+    bounds: Bounds,
+    ssl_context: ssl.SSLContext | None = None,
+    random: Callable[[], float] = _random.random,
+    on_refused: Callable[[str], None] = lambda reason: None,
+) -> Server:
+    """One fast route on HOST:PORT, behind the gate. Its `bounds.spare` connections past
+    `bounds.max_connections` are admitted, and their beats answered 503 with a Retry-After."""
+    bounds = replace(bounds, head_seconds=min(bounds.head_seconds, route.read_seconds))
+    listener = _Listener(
+        bounds, ssl_context, lambda lst, peer, held: _FastConnection(lst, route, peer, held, random), on_refused
     )
-    return Server(runner, listener, front)
+    await listener.listen(address)
+    return Server(listener)
+
+
+# --- The gate ----------------------------------------------------------------------------------
+
+
+class _Deadlines:
+    """What the listener's one timer asks of a connection's protocol (a timer per request, armed
+    and cancelled, would cost as much as the request)."""
+
+    began: float  # the loop's time of the current request's first byte (0: no request being read)
+    read_seconds: float  # from `began`, for what must arrive before the request is answered
+    active: float  # the loop's time of the last byte read or request answered
+    busy: bool  # a request is being answered: never idle
+
+    def expire(self, why: str) -> None:
+        raise NotImplementedError
+
+
+class _Listener:
+    """One server's listening side: the count of its connections, by source address too, and one
+    timer for the deadlines of all of them."""
+
+    def __init__(
+        self,
+        bounds: Bounds,
+        ssl_context: ssl.SSLContext | None,
+        app: Callable[[_Listener, str, bool], Any],
+        on_refused: Callable[[str], None],
+    ) -> None:
+        self.bounds, self.ssl_context, self.app, self.on_refused = bounds, ssl_context, app, on_refused
+        self.loop = asyncio.get_running_loop()
+        self.open: set[_Deadlines] = set()  # admitted, handshaken or not, and not yet closed
+        self.by_source: Counter[str] = Counter()
+        self.reading: set[_Deadlines] = set()  # a request begun and its head not all here
+        self.refused: dict[str, int] = dict.fromkeys(REFUSALS, 0)
+        self._refusal_logged = -math.inf
+        self._server: asyncio.Server | None = None
+        self._sweeper: asyncio.Task | None = None
+
+    async def listen(self, address: str) -> None:
+        host, port = split_address(address)
+        self._server = await self.loop.create_server(
+            lambda: _Gate(self), host, port, backlog=128, reuse_address=True
+        )
+        self._sweeper = self.loop.create_task(self._sweep())
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return int(self._server.sockets[0].getsockname()[1])
+
+    def admit(self, peer: str) -> bool | None:
+        """Whether a new connection from `peer` is held (True), admitted to be answered 503
+        (False: past max_connections, within the spare), or refused (None, counted)."""
+        bounds = self.bounds
+        if len(self.open) >= bounds.max_connections + bounds.spare:
+            self.refuse(LIMIT, f"it holds {bounds.max_connections + bounds.spare} connections, the most it may")
+            return None
+        if self.by_source[peer] >= bounds.per_source:
+            self.refuse(SOURCE_LIMIT, f"{peer} holds {bounds.per_source} connections, the most one address may")
+            return None
+        return len(self.open) < bounds.max_connections
+
+    def opened(self, connection: _Deadlines, peer: str) -> None:
+        self.open.add(connection)
+        self.by_source[peer] += 1
+
+    def closed(self, connection: _Deadlines, peer: str) -> None:
+        if connection in self.open:
+            self.open.discard(connection)
+            self.reading.discard(connection)
+            self.by_source[peer] -= 1
+            if self.by_source[peer] <= 0:
+                del self.by_source[peer]
+
+    def refuse(self, reason: str, why: str) -> None:
+        self.refused[reason] += 1
+        self.on_refused(reason)
+        now = self.loop.time()
+        if now - self._refusal_logged >= _REFUSAL_LOG_SECONDS:
+            self._refusal_logged = now
+            log.warning(
+                "the server on port %d closed a connection: %s (%s so far, by reason). Find who opens so many, or "
+                "raise the limit",
+                self.port,
+                why,
+                ", ".join(f"{k} {v}" for k, v in self.refused.items() if v),
+            )
+
+    async def _sweep(self) -> None:
+        bounds = self.bounds
+        every = min(max(bounds.head_seconds / 4, 0.05), 1.0)
+        idle_due = 0.0
+        while True:
+            await asyncio.sleep(every)
+            now = self.loop.time()
+            for connection in [c for c in self.reading if c.began and now - c.began > c.read_seconds]:
+                self.refused[SLOW_HEAD] += 1
+                self.on_refused(SLOW_HEAD)
+                connection.expire(f"the request did not arrive within {connection.read_seconds:g} s")
+            if now >= idle_due:  # every connection walked only every few seconds
+                idle_due = now + bounds.idle_seconds / 8
+                for connection in [
+                    c for c in self.open if not c.busy and not c.began and now - c.active > bounds.idle_seconds
+                ]:
+                    connection.expire("idle")
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        for connection in list(self.open):
+            connection.expire("the server is stopping")
+
+
+class _Gate(asyncio.Protocol):
+    """A connection as accepted: admitted or closed before anything else, then handed to TLS (or,
+    on a plain server, straight to the application's protocol)."""
+
+    def __init__(self, listener: _Listener) -> None:
+        self.listener = listener
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        listener = self.listener
+        peername = transport.get_extra_info("peername")
+        peer = str(peername[0]) if peername else ""
+        held = listener.admit(peer)
+        if held is None:
+            transport.abort()
+            return
+        app = listener.app(listener, peer, held)
+        listener.opened(app, peer)
+        if listener.ssl_context is None:
+            transport.set_protocol(app)
+            app.connection_made(transport)
+            return
+        tls = _LeanTLS(listener, app, peer)
+        transport.set_protocol(tls)
+        tls.connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        pass  # refused: never counted
+
+
+class _LeanTLS(sslproto.SSLProtocol):
+    """asyncio's TLS protocol with a record-sized read buffer and the listener's handshake
+    deadline, counted until its connection closes (whether or not its handshake ended)."""
+
+    max_size = TLS_READ_BUFFER
+
+    def __init__(self, listener: _Listener, app: Any, peer: str) -> None:
+        assert listener.ssl_context is not None
+        super().__init__(
+            listener.loop,
+            app,
+            listener.ssl_context,
+            None,  # type: ignore[arg-type]  # no waiter: the gate waits for nothing
+            server_side=True,
+            ssl_handshake_timeout=listener.bounds.handshake_seconds,  # type: ignore[arg-type]  # a float works
+        )
+        self._gate = listener, app, peer
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        listener, app, peer = self._gate
+        listener.closed(app, peer)  # the app's own connection_lost follows only after a handshake
+        super().connection_lost(exc)
+
+
+# --- aiohttp's connections, watched ------------------------------------------------------------
+
+
+class _Watched(asyncio.Protocol, _Deadlines):
+    """aiohttp's protocol for one connection, with the gate's deadlines: aiohttp bounds a request
+    line and each header's size, but not the time a head takes to arrive, nor its whole size.
+    The bytes pass through an httptools parser that only notes where requests begin and end."""
+
+    def __init__(self, listener: _Listener, inner: asyncio.Protocol, peer: str) -> None:
+        self.listener, self.inner, self.peer = listener, inner, peer
+        self.transport: asyncio.Transport | None = None
+        self.parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
+        self.began, self.active, self.busy = 0.0, listener.loop.time(), False
+        self.read_seconds = listener.bounds.head_seconds
+        self.head_bytes = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.active = self.listener.loop.time()
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.active = self.listener.loop.time()
+        if self.parser is not None:
+            for start in range(0, len(data), _FEED_PIECE):
+                piece = data[start : start + _FEED_PIECE]
+                if not self.busy:
+                    self.head_bytes += len(piece)
+                    if self.head_bytes > MAX_HEAD:
+                        self.listener.refused[LARGE_HEAD] += 1
+                        self.listener.on_refused(LARGE_HEAD)
+                        self.expire(f"a request's line and headers are over {MAX_HEAD} bytes")
+                        return
+                try:
+                    self.parser.feed_data(piece)
+                except httptools.HttpParserError:
+                    self.parser = None  # aiohttp answers the malformed request itself
+                    self.listener.reading.discard(self)
+                    break
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.listener.closed(self, self.peer)
+        self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    # httptools callbacks: where requests begin and end
+    def on_message_begin(self) -> None:
+        self.began = self.listener.loop.time()
+        self.listener.reading.add(self)
+
+    def on_headers_complete(self) -> None:
+        self.began, self.busy, self.head_bytes = 0.0, True, 0
+        self.listener.reading.discard(self)
+
+    def on_message_complete(self) -> None:
+        self.busy = False
+
+    def expire(self, why: str) -> None:
+        self.listener.reading.discard(self)
+        if self.transport is not None:
+            self.transport.abort()
 
 
 # --- Fast routes -------------------------------------------------------------------------------
@@ -175,15 +458,7 @@ async def serve(
 # answered on the connection's own protocol: the request parsed by httptools (llhttp, the parser
 # aiohttp's own is built on) and answered from the parser's callback when the handler can answer
 # at once, with no task, request object or response object per request: about half the CPU of a
-# request through aiohttp (bench/README.md, "Beats answered by the server's protocol"). The rest
-# of a server's routes stay aiohttp's: a connection whose first request is not for a fast route
-# is handed to aiohttp's protocol, bytes and all; one whose first request is stays with the fast
-# protocol for as long as it is open, and is answered 404 for anything else.
-
-FAST_MAX_HEAD = 16 * 1024  # the request line and headers of a request (a projected token is ~1 KiB)
-FAST_IDLE_SECONDS = 75.0  # a kept-alive connection with nothing asked is closed (aiohttp's default)
-_FEED_PIECE = 4096  # bytes fed to the parser at once, so a request's head is bounded before it is buffered
-_MAX_QUEUED = 16  # answers waited for on one connection (pipelined requests) before it stops being read
+# request through aiohttp (bench/README.md, "Beats answered by the server's protocol").
 
 
 class Reply:
@@ -201,8 +476,10 @@ class Reply:
         self._wire: list[bytes | None] = [None, None]
 
     @classmethod
-    def error(cls, status: int, why: str, *, close: bool = False, headers: Mapping[str, str] | None = None) -> Reply:
-        return cls(status, json.dumps({"error": why}).encode(), close=close, headers=headers)
+    def error(cls, status: int, why: str, *, headers: Mapping[str, str] | None = None) -> Reply:
+        """A refusal: it closes its connection, so a refused client holds no slot (it comes back
+        on a new connection, paying a handshake, if it is worth answering again)."""
+        return cls(status, json.dumps({"error": why}).encode(), close=True, headers=headers)
 
     def wire(self, keep_alive: bool) -> bytes:
         keep = keep_alive and not self.close
@@ -225,15 +502,15 @@ class Reply:
         return made
 
 
-FastHandler = Callable[[Mapping[str, str], bytes], "Reply | Awaitable[Reply]"]
+FastHandler = Callable[[Mapping[str, str], bytes, str], "Reply | Awaitable[Reply]"]
 
 
 @dataclass(frozen=True)
 class FastRoute:
-    """POST `path` answered by `handler(headers, body)`: headers by lower-case name, the whole
-    body (at most `max_body` bytes, else 413 before the handler), within `read_seconds` of the
-    request's first byte (else 408). `refused` is told the status of each request the protocol
-    refuses itself, for the endpoint's metrics."""
+    """POST `path` answered by `handler(headers, body, peer)`: headers by lower-case name, the
+    whole body (at most `max_body` bytes, else 413 before the handler), within `read_seconds` of
+    the request's first byte (else 408), and the client's address. `refused` is told the status
+    of each request the protocol refuses itself, for the endpoint's metrics."""
 
     path: str
     handler: FastHandler
@@ -246,154 +523,39 @@ class _Stop(Exception):
     """Raised from a parser callback: the connection is closing, parse no further."""
 
 
-class _FastServer:
-    """The listening side's state: its routes, its open connections (the fast ones, and those
-    handed to aiohttp, counted until their transport closes) and one timer for all of them (a
-    timer per request, armed and cancelled, would cost as much as the request)."""
+class _FastConnection(asyncio.Protocol, _Deadlines):
+    """One connection of the fast server: parsed, answered in order (a handler's awaited answer
+    holds back the ones pipelined after it), and closed on a malformed, oversized or late
+    request. One admitted past the limit (`held` False) answers its request 503 and closes."""
 
     def __init__(
-        self,
-        routes: Iterable[FastRoute],
-        hand_off: Callable[[], asyncio.Protocol],
-        max_connections: int,
-        spare_connections: int = SPARE_CONNECTIONS,
-        random: Callable[[], float] = _random.random,
+        self, listener: _Listener, route: FastRoute, peer: str, held: bool, random: Callable[[], float]
     ) -> None:
-        self.routes = {("POST", route.path): route for route in routes}
-        self.prefixes = [f"POST {route.path}".encode() for route in self.routes.values()]
-        self.sniff_bytes = max(len(prefix) for prefix in self.prefixes) + 1
-        self.read_seconds = min(route.read_seconds for route in self.routes.values())
-        self.hand_off = hand_off
-        self.loop = asyncio.get_running_loop()
-        self.connections: set[_FastConnection] = set()
-        self.handed_off: set[asyncio.BaseTransport] = set()  # aiohttp's: counted until closed
-        self.max_connections, self.spare_connections, self.random = max_connections, spare_connections, random
-        self.fast = 0  # connections held for fast routes, counted against max_connections
-        self.refused = 0  # connections closed at once, or answered 503 past max_connections
-        self._refusal_logged = self._handed_off_walked = -math.inf
-        self.reading: set[_FastConnection] = set()  # a request begun and not yet all here
-        self._sweeper = self.loop.create_task(self._sweep())
-
-    def protocol(self) -> _FastConnection:
-        return _FastConnection(self)
-
-    def admits(self) -> bool:
-        """Whether one more connection may be opened, of any kind (counted as refused if not)."""
-        most = self.max_connections + self.spare_connections
-        if len(self.connections) + len(self.handed_off) < most:
-            return True
-        now = self.loop.time()
-        if self.handed_off and now - self._handed_off_walked >= 1.0:  # at most once a second under a flood
-            self._handed_off_walked = now
-            self.handed_off = {t for t in self.handed_off if not t.is_closing()}  # closed since the last sweep
-            if len(self.connections) + len(self.handed_off) < most:
-                return True
-        self.refusing("new connections are closed at once")
-        return False
-
-    def holds_fast(self) -> bool:
-        """Whether one more connection may be held for fast routes (counted if so)."""
-        if self.fast < self.max_connections:
-            self.fast += 1
-            return True
-        self.refusing(f"beats on new ones are answered 503, retry in ~{BUSY_RETRY_SECONDS} s")
-        return False
-
-    def busy(self) -> Reply:
-        """The answer to a fast request on a connection past the limit."""
-        retry = busy_retry_after(self.random())
-        return Reply.error(
-            503,
-            f"this server holds {self.max_connections} connections, the most it may: retry in {retry} s",
-            close=True,
-            headers={"Retry-After": str(retry)},
-        )
-
-    def refusing(self, how: str) -> None:
-        self.refused += 1
-        now = self.loop.time()
-        if now - self._refusal_logged >= _REFUSAL_LOG_SECONDS:
-            self._refusal_logged = now
-            log.warning(
-                "%d connections held for beats, the most this server holds: %s (%d refused so far); those agents "
-                "beat by annotation meanwhile. Raise the memory limit (or --beat-connections), or find who opens "
-                "so many",
-                self.max_connections,
-                how,
-                self.refused,
-            )
-
-    def route_of(self, first_bytes: bytes | bytearray) -> FastRoute | None:
-        """The fast route a connection's first request asks for, or None (aiohttp answers it)."""
-        for prefix, route in zip(self.prefixes, self.routes.values(), strict=True):
-            if first_bytes.startswith(prefix) and first_bytes[len(prefix) : len(prefix) + 1] in (b" ", b"?"):
-                return route
-        return None
-
-    async def _sweep(self) -> None:
-        every = min(max(self.read_seconds / 4, 0.05), 1.0)
-        idle_due = 0.0
-        while True:
-            await asyncio.sleep(every)
-            now = self.loop.time()
-            for connection in [c for c in self.reading if now - c.began > c.read_seconds]:
-                connection.refuse(408, f"the request did not arrive within {connection.read_seconds:g} s")
-            if now >= idle_due:  # all connections walked only every few seconds
-                idle_due = now + FAST_IDLE_SECONDS / 8
-                for connection in [c for c in self.connections if c.idle(now)]:
-                    connection.close()
-                self.handed_off = {t for t in self.handed_off if not t.is_closing()}
-
-    async def stop(self) -> None:
-        self._sweeper.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._sweeper
-        for connection in list(self.connections):
-            connection.close()
-
-
-class _FastConnection(asyncio.Protocol):
-    """One connection: sniffed until its first request line shows whether it is for a fast
-    route; then parsed, answered in order (a handler's awaited answer holds back the ones
-    pipelined after it), and closed on a malformed, oversized or late request."""
-
-    def __init__(self, server: _FastServer) -> None:
-        self.server = server
+        self.listener, self.route, self.peer, self.held, self.random = listener, route, peer, held, random
         self.transport: asyncio.Transport | None = None
-        self.sniffed: bytearray | None = bytearray()
-        self.parser: httptools.HttpRequestParser | None = None
+        self.parser = httptools.HttpRequestParser(self)
         self.closing = False
-        self.began = 0.0  # the loop's time of the current request's first byte
-        self.active = server.loop.time()
-        self.read_seconds = server.read_seconds
+        self.began, self.active, self.busy = 0.0, listener.loop.time(), False
+        self.read_seconds = route.read_seconds
         self.in_body = False
         self.head_bytes = 0
         self.url = b""
         self.headers: dict[str, str] = {}
         self.body: list[bytes] = []
         self.body_bytes = 0
-        self.route: FastRoute | None = None
         self.answers: deque[tuple[Reply | asyncio.Future[Reply], bool]] = deque()
         self.paused = False
-        self.held = False  # counted in the server's connections for fast routes
 
     # asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        if not self.server.admits():
-            self.closing = True
-            self.transport.abort()  # type: ignore[union-attr]
-            return
-        self.server.connections.add(self)  # idle until its first bytes, as aiohttp's would be
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.active = self.listener.loop.time()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
-        if self.held:
-            self.held = False
-            self.server.fast -= 1
-        self.server.connections.discard(self)
-        self.server.reading.discard(self)
+        self.listener.closed(self, self.peer)
         for answer, _ in self.answers:
             if isinstance(answer, asyncio.Future):
                 answer.cancel()
@@ -402,29 +564,15 @@ class _FastConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
-        self.active = self.server.loop.time()
-        if self.sniffed is not None:
-            self.sniffed += data
-            if len(self.sniffed) < self.server.sniff_bytes and any(
-                prefix.startswith(self.sniffed[: len(prefix)]) for prefix in self.server.prefixes
-            ):
-                return  # too little yet to tell
-            self.route = self.server.route_of(self.sniffed)
-            if self.route is None:
-                self._hand_off()
-                return
-            data, self.sniffed = bytes(self.sniffed), None
-            self.parser = httptools.HttpRequestParser(self)
-            self.held = self.server.holds_fast()  # else its request is answered busy(), and it closes
+        self.active = self.listener.loop.time()
         for start in range(0, len(data), _FEED_PIECE):
             piece = data[start : start + _FEED_PIECE]
             if not self.in_body:  # a head being read (counted from the end of the request before)
                 self.head_bytes += len(piece)
-                if self.head_bytes > FAST_MAX_HEAD:
-                    self.refuse(431, f"a request's line and headers are at most {FAST_MAX_HEAD} bytes")
+                if self.head_bytes > MAX_HEAD:
+                    self.refuse(431, f"a request's line and headers are at most {MAX_HEAD} bytes")
                     return
             try:
-                assert self.parser is not None
                 self.parser.feed_data(piece)
             except httptools.HttpParserCallbackError:
                 return  # _Stop: the connection is closing
@@ -449,8 +597,8 @@ class _FastConnection(asyncio.Protocol):
     # httptools callbacks
 
     def on_message_begin(self) -> None:
-        self.began = self.server.loop.time()
-        self.server.reading.add(self)
+        self.began = self.listener.loop.time()
+        self.listener.reading.add(self)
         self.in_body, self.body_bytes = False, 0
         self.url, self.headers, self.body = b"", {}, []
 
@@ -462,21 +610,15 @@ class _FastConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.in_body = True
-        assert self.parser is not None
         path = self.url.partition(b"?")[0].decode("latin-1")
-        route = self.server.routes.get((self.parser.get_method().decode("latin-1"), path))
-        if route is None:
-            served = ", ".join(f"{method} {path}" for method, path in self.server.routes)
-            self.refuse(404, f"this connection serves only {served}: ask anything else on another connection")
+        if self.parser.get_method() != b"POST" or path != self.route.path:
+            self.refuse(404, f"this server serves only POST {self.route.path}")
             raise _Stop
-        self.route = route
-        self.read_seconds = self.route.read_seconds
         if self.headers.get("expect", "").lower() == "100-continue":
             assert self.transport is not None
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
-        assert self.route is not None
         self.body_bytes += len(body)
         if self.body_bytes > self.route.max_body:
             self.refuse(413, f"a request's body is at most {self.route.max_body} bytes")
@@ -484,20 +626,19 @@ class _FastConnection(asyncio.Protocol):
         self.body.append(body)
 
     def on_message_complete(self) -> None:
-        assert self.parser is not None and self.route is not None
-        self.server.reading.discard(self)
+        self.listener.reading.discard(self)
         self.began, self.in_body, self.head_bytes = 0.0, False, 0
         keep_alive = self.parser.should_keep_alive()
         answer: Reply | Awaitable[Reply]
         if not self.held:  # past the limit: told when to come back, and closed
             self.route.refused(503)
-            answer = self.server.busy()
+            answer = self._busy()
         else:
             try:
-                answer = self.route.handler(self.headers, b"".join(self.body))
+                answer = self.route.handler(self.headers, b"".join(self.body), self.peer)
             except Exception:
                 log.exception("%s failed", self.route.path)
-                answer = Reply.error(500, "the server failed to answer; retry", close=True)
+                answer = Reply.error(500, "the server failed to answer; retry")
         if isinstance(answer, Reply):
             if not self.answers:
                 self._write(answer, keep_alive)
@@ -507,6 +648,7 @@ class _FastConnection(asyncio.Protocol):
             task = asyncio.ensure_future(answer)
             self.answers.append((task, keep_alive))
             task.add_done_callback(lambda _: self._flush())
+        self.busy = True
         if len(self.answers) >= _MAX_QUEUED and not self.paused:
             assert self.transport is not None
             self.paused = True
@@ -514,20 +656,31 @@ class _FastConnection(asyncio.Protocol):
 
     # the rest
 
+    def _busy(self) -> Reply:
+        retry = busy_retry_after(self.random())
+        most = self.listener.bounds.max_connections
+        return Reply.error(
+            503,
+            f"this server holds {most} connections for beats, the most it may: retry in {retry} s",
+            headers={"Retry-After": str(retry)},
+        )
+
     def refuse(self, status: int, why: str) -> None:
         """Answers `status` at once and closes: the request is not read further."""
         if self.closing:
             return
-        assert self.route is not None  # the route of this request, or of the one before it
         self.route.refused(status)
-        self._write(Reply.error(status, why, close=True), False)
+        self._write(Reply.error(status, why), False)
 
-    def idle(self, now: float) -> bool:
-        return not self.began and not self.answers and now - self.active > FAST_IDLE_SECONDS
+    def expire(self, why: str) -> None:
+        if self.began:  # a request begun and late: told so
+            self.refuse(408, why)
+        else:
+            self.close()
 
     def close(self) -> None:
         self.closing = True
-        self.server.reading.discard(self)
+        self.listener.reading.discard(self)
         if self.transport is not None:
             self.transport.close()
 
@@ -540,7 +693,7 @@ class _FastConnection(asyncio.Protocol):
                 if answer.cancelled() or answer.exception() is not None:
                     if not answer.cancelled():
                         log.error("a fast route failed", exc_info=answer.exception())
-                    answer = Reply.error(500, "the server failed to answer; retry", close=True)
+                    answer = Reply.error(500, "the server failed to answer; retry")
                 else:
                     answer = answer.result()
             self.answers.popleft()
@@ -553,45 +706,7 @@ class _FastConnection(asyncio.Protocol):
     def _write(self, reply: Reply, keep_alive: bool) -> None:
         assert self.transport is not None
         self.transport.write(reply.wire(keep_alive))
+        self.active = self.listener.loop.time()
+        self.busy = bool(self.answers)
         if not keep_alive or reply.close:
             self.close()
-
-    def _hand_off(self) -> None:
-        """Hands the connection, and what it sent so far, to aiohttp's protocol."""
-        assert self.transport is not None and self.sniffed is not None
-        self.server.connections.discard(self)
-        self.server.handed_off.add(self.transport)
-        self.server.reading.discard(self)
-        protocol = self.server.hand_off()
-        self.transport.set_protocol(protocol)
-        protocol.connection_made(self.transport)
-        protocol.data_received(bytes(self.sniffed))
-        self.sniffed = None
-        self.closing = True  # this object sees nothing more
-
-
-def as_aiohttp(route: FastRoute) -> web.RouteDef:
-    """The fast route as an aiohttp route too, for a connection handed to aiohttp that asks it."""
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        reply = None
-        if request.content_length is None or request.content_length <= route.max_body:
-            try:
-                async with asyncio.timeout(route.read_seconds):
-                    body = await request.content.read(route.max_body + 1)
-            except TimeoutError:
-                route.refused(408)
-                reply = Reply.error(408, f"the request did not arrive within {route.read_seconds:g} s", close=True)
-            else:
-                if len(body) <= route.max_body:
-                    answer = route.handler({k.lower(): v for k, v in request.headers.items()}, body)
-                    reply = answer if isinstance(answer, Reply) else await answer
-        if reply is None:  # declared or found too large
-            route.refused(413)
-            reply = Reply.error(413, f"a request's body is at most {route.max_body} bytes", close=True)
-        response = web.Response(status=reply.status, body=reply.body, content_type="application/json")
-        if reply.close:
-            response.force_close()
-        return response
-
-    return web.post(route.path, handle)

@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import logging
 import shutil
-import ssl
 import subprocess
 import sys
 import tempfile
@@ -39,7 +37,8 @@ from vigil.core import admission
 from vigil.core.reviewbody import NotJson, skim
 from vigil.runtime.clock import SYSTEM, Clock
 from vigil.servers import skim_child
-from vigil.servers.http import FastRoute, Server, serve, split_address
+from vigil.servers.http import Bounds, Server, serve, split_address
+from vigil.servers.tls import RELOAD_SECONDS, ServingCertificate
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +57,9 @@ READ_SECONDS = 2.0  # for the whole body to arrive: the API server sends it at o
 PARSE_SECONDS = 3.0  # for the child to decode one (a hostile 3 MiB body takes ~0.5 s on the bed)
 MAX_SMALL_IN_FLIGHT = 32  # reviews of bodies up to INLINE_BYTES being read or answered at once
 MAX_LARGE_IN_FLIGHT = 2  # larger (or of unknown length): one decoding in the child, one next in line
-CERT_RELOAD_SECONDS = 10.0  # how often the certificate files are checked for a renewal
+# The API server's calls: a few connections of each of its replicas, more under a burst of
+# creates (one per review in flight); a server past this many is under attack, not load.
+BOUNDS = Bounds(max_connections=512, per_source=256)
 
 
 class Skimmer:
@@ -152,14 +153,15 @@ class WebhookServer:
         *,
         exists: Callable[[str, str], bool] | None = None,
         clock: Clock = SYSTEM,
-        reload_seconds: float = CERT_RELOAD_SECONDS,
+        reload_seconds: float = RELOAD_SECONDS,
         on_refused: Callable[[str, str], None] = lambda namespace, queue: None,
         read_seconds: float = READ_SECONDS,
         skimmer: Skimmer | None = None,
-        max_connections: int | None = None,
+        bounds: Bounds = BOUNDS,
+        on_connection_refused: Callable[[str], None] = lambda reason: None,
     ) -> None:
         self.lookup = lookup
-        self.max_connections = max_connections  # None: http.connection_limit of this process
+        self.bounds, self.on_connection_refused = bounds, on_connection_refused
         self.on_refused = on_refused  # (namespace, queue) of each refusal, for the metrics
         self.exists = exists
         self.clock = clock
@@ -171,24 +173,22 @@ class WebhookServer:
         self.turned_away = 0  # requests answered 503 because too many were in flight
         self.in_flight = {"small": 0, "large": 0}
         self._server: Server | None = None
-        self._reloader: asyncio.Task | None = None
+        self._certificate: ServingCertificate | None = None
 
-    async def start(
-        self, address: str, cert_file: str | Path, key_file: str | Path, also: Iterable[web.RouteDef | FastRoute] = ()
-    ) -> None:
-        """Serves on `address` ("HOST:PORT"; port 0 picks a free one, see `port`); `also`: more
-        routes on the same server (the heartbeat endpoint, `vigil.servers.beats`)."""
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.load_cert_chain(str(cert_file), str(key_file))
-        self._server = await serve(
-            [web.post(PATH, self._handle), *also],
-            address,
-            ssl_context=context,
-            max_body=MAX_REQUEST_BYTES,
-            max_connections=self.max_connections,
+    async def start(self, address: str, cert_file: str | Path, key_file: str | Path) -> None:
+        """Serves on `address` ("HOST:PORT"; port 0 picks a free one, see `port`)."""
+        self._certificate = ServingCertificate(
+            cert_file, key_file, what="admission webhook", clock=self.clock, reload_seconds=self.reload_seconds
         )
-        self._reloader = asyncio.create_task(self._reload(context, Path(cert_file), Path(key_file)))
+        self._server = await serve(
+            [web.post(PATH, self._handle)],
+            address,
+            bounds=self.bounds,
+            ssl_context=self._certificate.context,
+            max_body=MAX_REQUEST_BYTES,
+            on_refused=self.on_connection_refused,
+        )
+        self._certificate.start()
         log.info("admission webhook serving https://%s:%d%s", split_address(address)[0], self.port, PATH)
 
     @property
@@ -197,16 +197,9 @@ class WebhookServer:
         assert self._server is not None, "not started"
         return self._server.port
 
-    def beat_connections(self) -> tuple[int, int]:
-        """(connections held for beats, the most the server holds); (0, 0) while not serving."""
-        return self._server.fast_connections() if self._server is not None else (0, 0)
-
     async def stop(self) -> None:
-        if self._reloader is not None:
-            self._reloader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reloader
-            self._reloader = None
+        if self._certificate is not None:
+            await self._certificate.stop()
         if self._server is not None:
             await self._server.stop()
             self._server = None
@@ -255,23 +248,6 @@ class WebhookServer:
             self.on_refused(submission.namespace, submission.queue)
         return web.json_response(admission.response(submission.review_uid, verdict))
 
-    async def _reload(self, context: ssl.SSLContext, cert_file: Path, key_file: Path) -> None:
-        """Loads a renewed certificate into the live context: new handshakes use it at once."""
-        loaded = _read_pair(cert_file, key_file)
-        while True:
-            await self.clock.sleep(self.reload_seconds)
-            current = _read_pair(cert_file, key_file)
-            if current is None or current == loaded:
-                continue
-            try:
-                context.load_cert_chain(str(cert_file), str(key_file))
-            except (ssl.SSLError, OSError) as err:  # half-written pair: keep the old one, try again
-                log.warning("admission webhook: the renewed certificate does not load yet (%s)", err)
-                continue
-            loaded = current
-            log.info("admission webhook: loaded the renewed certificate from %s", cert_file)
-
-
 async def _refuse(request: web.Request, status: int, why: str, *, unread: bool = False) -> web.StreamResponse:
     """A request the webhook answers without a verdict: the API server applies failurePolicy
     (Ignore: the create is admitted unchecked), and a person posting by hand reads why.
@@ -286,13 +262,6 @@ async def _refuse(request: web.Request, status: int, why: str, *, unread: bool =
         await response.write_eof()
         request.protocol.force_close()
     return response
-
-
-def _read_pair(cert_file: Path, key_file: Path) -> tuple[bytes, bytes] | None:
-    try:
-        return cert_file.read_bytes(), key_file.read_bytes()
-    except OSError:
-        return None
 
 
 # ----------------------------------------------------------------------------- certificates
