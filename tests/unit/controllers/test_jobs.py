@@ -256,6 +256,7 @@ def test_the_pods_of_a_deleted_job_are_released_at_once_and_once_though_a_late_e
         c.handlers.pod_changed(tracked_pod(11))  # a late event of one of its pods: an orphan now
         await settle()
         assert not c.releaser.busy()
+        assert c.view.pods.of_job(("ns", "job-uid")) == [], "what the late event put back goes with the release"
         await c.stop()
         return kube
 

@@ -67,13 +67,13 @@ class Release:
 
     def merged(self, newer: Release) -> Release:
         """Both asked of one pod: one release does what each would have done."""
-        outright = not (self.confirm and newer.confirm)  # a job seen deleted needs no confirming
+        confirm = self.confirm and newer.confirm  # a job seen deleted needs no confirming
         return Release(
             newer.pod,
             tracked=self.tracked or newer.tracked,
-            confirm=not outright,
+            confirm=confirm,
             forget=self.forget or newer.forget,
-            why=self.why if newer.confirm and not self.confirm else newer.why,
+            why=newer.why if newer.confirm == confirm else self.why,
         )
 
 
