@@ -3,14 +3,14 @@ same endpoint through aiohttp, one run.
 
     .venv/bin/python -m bench.beat_protocol     # --connections 1000 --rate 100 --seconds 20 --rounds 2 [--out DIR]
 
-No cluster. The server is the operator's: `vigil.servers.webhook.WebhookServer` over TLS (a
-self-signed certificate) carrying `vigil.servers.beats.BeatEndpoint`, in a process of its own,
+No cluster. The server is the operator's: `vigil.servers.http.serve_fast` over TLS (a
+self-signed certificate) serving `vigil.servers.beats.BeatEndpoint`, in a process of its own,
 with a key set and `--connections` pods of its own; each connection is one pod beating with its
 own projected-style token (RS256, checked once, then remembered as on the bed). Two ways, taking
 turns, `--rounds` times, so a drift of the machine shows as a spread:
 
-- `aiohttp` (the baseline): the endpoint as an aiohttp route (`vigil.servers.http.as_aiohttp`),
-  how every beat was answered before;
+- `aiohttp` (the baseline): the same handler as an aiohttp route behind the same gate
+  (`vigil.servers.http.serve`), as an HTTP framework would answer it;
 - `protocol`: the endpoint as a `FastRoute`, answered by the server's protocol itself.
 
 The client holds every connection open and beats at `--rate` a second in all, as agents do; the
@@ -33,7 +33,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from aiohttp import web
+
 from bench import results_out
+from vigil.servers.http import FastRoute, Reply
 
 MODES = ("aiohttp", "protocol")
 NAMESPACE = "bench"
@@ -49,10 +52,9 @@ async def serve(mode: str, connections: int, scratch: Path) -> None:
     from prometheus_client import CollectorRegistry, Counter
 
     from vigil.core import beats
-    from vigil.core.queueing.book import QueueSpec
     from vigil.servers.beats import BeatEndpoint, outcome_counter
-    from vigil.servers.http import as_aiohttp
-    from vigil.servers.webhook import WebhookServer
+    from vigil.servers.http import Bounds, serve, serve_fast
+    from vigil.servers.tls import server_context
 
     keys = beats.parse_jwks(ISSUER, (scratch / "jwks.json").read_bytes())
     pods = {f"uid-{i}": pod(i) for i in range(connections)}
@@ -73,13 +75,31 @@ async def serve(mode: str, connections: int, scratch: Path) -> None:
         heard=count_heard,
         count=outcome_counter(posts),
     )
-    routes = endpoint.routes()
-    server = WebhookServer(lambda namespace, queue: (QueueSpec(), 0))
-    also = routes if mode == "protocol" else [as_aiohttp(route) for route in routes]
-    await server.start("127.0.0.1:0", scratch / "tls.crt", scratch / "tls.key", also=also)
+    (route,) = endpoint.routes()
+    bounds = Bounds(max_connections=connections + 16, per_source=connections + 16)
+    context = server_context(scratch / "tls.crt", scratch / "tls.key")
+    if mode == "protocol":
+        server = await serve_fast(route, "127.0.0.1:0", bounds=bounds, ssl_context=context)
+    else:
+        server = await serve([aiohttp_route(route)], "127.0.0.1:0", bounds=bounds, ssl_context=context)
     print(server.port, flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # the bench closes it
     await server.stop()
+
+
+def aiohttp_route(route: FastRoute) -> web.RouteDef:
+    """The fast route's handler as an aiohttp route: the baseline."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        body = await request.content.read(route.max_body + 1)
+        answer = route.handler({k.lower(): v for k, v in request.headers.items()}, body, request.remote or "")
+        reply = answer if isinstance(answer, Reply) else await answer
+        response = web.Response(status=reply.status, body=reply.body, content_type="application/json")
+        if reply.close:
+            response.force_close()
+        return response
+
+    return web.post(route.path, handle)
 
 
 def rss_mib(pid: int) -> float:

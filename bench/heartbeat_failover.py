@@ -57,6 +57,7 @@ from bench.compare import (  # noqa: E402
     testbed_of,
 )
 from bench.heartbeat_load import (  # noqa: E402
+    BENCH_PER_SOURCE,
     JOB_ACCOUNT,
     Agents,
     TimedLeader,
@@ -192,9 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in REPLICAS:
         port = free_port()
         extra = (
-            "--webhook-address", f"127.0.0.1:{port}",
-            "--webhook-cert-file", str(certs / "tls.crt"),
-            "--webhook-key-file", str(certs / "tls.key"),
+            "--beat-address", f"127.0.0.1:{port}",
+            "--beat-cert-file", str(certs / "tls.crt"),
+            "--beat-key-file", str(certs / "tls.key"),
+            "--beat-connections-per-source", str(BENCH_PER_SOURCE),
             "--heartbeat-url", url,
             "--heartbeat-ca-file", str(certs / "ca.crt"),
             "--leader-elect", "--lease-namespace", namespace,

@@ -22,8 +22,8 @@ service-account tokens. After every attempt beats, it measures for `--seconds`:
   that a saturated API server or etcd shows in their figures rather than in a claim.
 
 Channels (`--channel`, issue 26): `annotation` is the above; `leader` POSTs each beat to the
-operator's /v1/heartbeat (served on its webhook HTTPS server, self-signed here, started with
---webhook-address and --heartbeat-url) through the agent's own `LeaderBeat`, with a projected
+operator's /v1/heartbeat (served on its beat HTTPS server, self-signed here, started with
+--beat-address and --heartbeat-url) through the agent's own `LeaderBeat`, with a projected
 token per pod from TokenRequest (audience vigil.dev, bound to the pod, written to a file the
 agent re-reads on every beat), falling back to the patch as the agent does. It adds the posts
 by outcome (vigil_heartbeat_posts_total), the agents' fallbacks, the POST's latency as the
@@ -96,6 +96,8 @@ from vigil.servers.webhook import make_self_signed  # noqa: E402
 JOB_LABEL = "bench.vigil.dev/heartbeat-load"
 JOB_ACCOUNT = "vigil-job"
 BEAT_AUDIENCE = "vigil.dev"
+# Every agent of the bench beats from 127.0.0.1, where pods would have an address each.
+BENCH_PER_SOURCE = 65_536
 
 
 class TimedLeader(LeaderBeat):
@@ -724,9 +726,10 @@ def run_channel(args: argparse.Namespace, api: Api, cluster, kubeconfig: Path, c
         port = free_port()
         url = f"https://127.0.0.1:{port}/v1/heartbeat"
         extra += (
-            "--webhook-address", f"127.0.0.1:{port}",
-            "--webhook-cert-file", str(certs / "tls.crt"),
-            "--webhook-key-file", str(certs / "tls.key"),
+            "--beat-address", f"127.0.0.1:{port}",
+            "--beat-cert-file", str(certs / "tls.crt"),
+            "--beat-key-file", str(certs / "tls.key"),
+            "--beat-connections-per-source", str(BENCH_PER_SOURCE),
             "--heartbeat-url", url,
             "--heartbeat-ca-file", str(certs / "ca.crt"),
         )  # fmt: skip

@@ -7,7 +7,8 @@ Each of its five steps (seven with --real-node) prints a "[demo step N/M]" line 
 when it is done, with the seconds it took. The operator runs as the chart runs it (templates/deployment.yaml), on
 loopback: leader election on a Lease, the admission webhook (registered with the API server),
 beats to the leader, metrics over HTTPS for authorized tokens and the health probes; etcd
-fsyncs every write. Its ports follow the cluster's: webhook base+10, metrics +11, health +12.
+fsyncs every write. Its ports follow the cluster's: webhook base+10, metrics +11, health +12,
+beats +13.
 Step 5 shows the webhook's 429 for a job of the queue that takes none, and one scrape.
 
 --real-node (`make up REAL_NODE=1`; root) adds the bed's one real node (a kubelet with containerd,
@@ -108,6 +109,7 @@ class Served:
     webhook: int
     metrics: int
     health: int
+    beats: int
     certs: Path  # ca.crt, tls.crt, tls.key: the webhook's and the metrics' serving certificate
     address: str = "127.0.0.1"  # of the webhook and the beats: the real node's bridge when there is one
     agent_image: str | None = None  # the injected agent's (--agent-image), on a real node
@@ -115,7 +117,7 @@ class Served:
     @classmethod
     def of(cls, cluster: testbed.Cluster, address: str = "127.0.0.1", agent_image: str | None = None) -> Served:
         base = cluster.ports.apiserver
-        return cls(base + 10, base + 11, base + 12, cluster.dir / "vigil-demo-certs", address, agent_image)
+        return cls(base + 10, base + 11, base + 12, base + 13, cluster.dir / "vigil-demo-certs", address, agent_image)
 
 
 def _vigil_command(served: Served) -> list[str]:
@@ -128,7 +130,8 @@ def _vigil_command(served: Served) -> list[str]:
         "--leader-elect", "--lease-namespace", LEASE[0], "--lease-name", LEASE[1],
         "--webhook-address", f"{served.address}:{served.webhook}",
         "--webhook-cert-file", str(certs / "tls.crt"), "--webhook-key-file", str(certs / "tls.key"),
-        "--heartbeat-url", f"https://{served.address}:{served.webhook}/v1/heartbeat",
+        "--beat-address", f"{served.address}:{served.beats}",
+        "--heartbeat-url", f"https://{served.address}:{served.beats}/v1/heartbeat",
         "--heartbeat-ca-file", str(certs / "ca.crt"),
         "--metrics-address", f"127.0.0.1:{served.metrics}",
         "--metrics-cert-file", str(certs / "tls.crt"), "--metrics-key-file", str(certs / "tls.key"),
@@ -391,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     down = "make down" if cluster.name == "default" else f"VIGIL_CLUSTER={cluster.name} make down"
     print(f"operator log: {cluster.logs / 'vigil-operator.log'}; stop everything with: {down}")
     print(
-        f"operator: webhook and beats https://{served.address}:{served.webhook}, "
+        f"operator: webhook https://{served.address}:{served.webhook}, beats https://{served.address}:{served.beats}, "
         f"metrics https://127.0.0.1:{served.metrics}/metrics "
         f"(a token: kubectl create token vigil-metrics-reader; CA {served.certs / 'ca.crt'}), "
         f"health http://127.0.0.1:{served.health}/healthz and /readyz, Lease {LEASE[0]}/{LEASE[1]}"

@@ -70,7 +70,7 @@ def socket_path(cluster: Cluster) -> Path:
 
 
 def kubelet_port(cluster: Cluster) -> int:
-    # The cluster's own ports are base .. base+5, the demo operator's base+10 .. +12 (testbed.demo).
+    # The cluster's own ports are base .. base+5, the demo operator's base+10 .. +13 (testbed.demo).
     return cluster.ports.apiserver + 20
 
 

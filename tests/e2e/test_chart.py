@@ -105,7 +105,7 @@ def test_the_operator_runs_with_nothing_but_the_charts_rbac(kube: Kube, namespac
     rbac = [doc for doc in render(release_ns) if doc["kind"] != "Deployment"]
     kube.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": rbac}))
     ca = ssl.create_default_context(cadata=make_self_signed(tmp_path / "certs").decode())
-    metrics_port, webhook_port = free_port(), free_port()
+    metrics_port, beat_port = free_port(), free_port()
     kubeconfig = _token_kubeconfig(kube, release_ns, "vigil", tmp_path / "kubeconfig")
     operator = OperatorProcess(
         kube,
@@ -119,10 +119,10 @@ def test_the_operator_runs_with_nothing_but_the_charts_rbac(kube: Kube, namespac
             "--metrics-cert-file", str(tmp_path / "certs" / "tls.crt"),
             "--metrics-key-file", str(tmp_path / "certs" / "tls.key"),
             # and beats to the leader, whose issuer keys every service account may read
-            "--webhook-address", f"127.0.0.1:{webhook_port}",
-            "--webhook-cert-file", str(tmp_path / "certs" / "tls.crt"),
-            "--webhook-key-file", str(tmp_path / "certs" / "tls.key"),
-            "--heartbeat-url", f"https://127.0.0.1:{webhook_port}/v1/heartbeat",
+            "--beat-address", f"127.0.0.1:{beat_port}",
+            "--beat-cert-file", str(tmp_path / "certs" / "tls.crt"),
+            "--beat-key-file", str(tmp_path / "certs" / "tls.key"),
+            "--heartbeat-url", f"https://127.0.0.1:{beat_port}/v1/heartbeat",
             "--heartbeat-ca-file", str(tmp_path / "certs" / "ca.crt"),
         ),  # fmt: skip
     )

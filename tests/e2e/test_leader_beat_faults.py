@@ -6,7 +6,7 @@ vigil.dev, in files as the kubelet mounts them):
   endpoint) with the API server reachable: the agent beats by its pod's annotation, the attempt
   stays Running, and once the partition heals its beats go back to the leader;
 - a graceful handover (SIGTERM) and a SIGKILL of the leader while agents beat to it, through one
-  address that follows the leader as the chart's webhook Service does: no attempt is Lost or
+  address that follows the leader as the chart's Service does: no attempt is Lost or
   replaced, and the new leader's first counted beat comes within an interval of its takeover.
   (The beats the agents send by annotation while nobody leads, or while the old leader answers
   503, reach the standby too, so this passes even without the takeover floor of
@@ -32,11 +32,11 @@ from tests.support.leader_service import LeaderService
 from tests.support.operators import (
     LEASE,
     OperatorProcess,
+    beat_args,
     counted_beats,
     holder,
     identity,
     metric_sample,
-    webhook_args,
 )
 from tests.support.waits import deadline, holds, wait_until
 from vigil.servers.webhook import make_self_signed
@@ -72,7 +72,7 @@ def test_an_agent_cut_off_from_the_leader_beats_by_its_annotation_and_stays_runn
         beats_url = f"https://127.0.0.1:{proxy.port}/v1/heartbeat"
         metrics_port = free_port()
         metrics = ("--metrics-address", f"127.0.0.1:{metrics_port}", "--metrics-insecure")
-        own_operator(extra_args=webhook_args(tmp_path / "certs", port, beats_url) + metrics)
+        own_operator(extra_args=beat_args(tmp_path / "certs", port, beats_url) + metrics)
         create(kube, own_namespace, heartbeat_job("cut", heartbeat=HEARTBEAT))
         wait_phase(kube, own_namespace, "cut", "Running")
         agent = agents.start(own_namespace, "cut-1")
@@ -118,7 +118,7 @@ def test_a_leader_at_its_connection_limit_sends_the_agent_past_it_to_the_annotat
     port, metrics_port = free_port(), free_port()
     metrics = ("--metrics-address", f"127.0.0.1:{metrics_port}", "--metrics-insecure")
     beats_url = f"https://127.0.0.1:{port}/v1/heartbeat"
-    own_operator(extra_args=webhook_args(tmp_path / "certs", port, beats_url) + metrics + ("--beat-connections", "1"))
+    own_operator(extra_args=beat_args(tmp_path / "certs", port, beats_url) + metrics + ("--beat-connections", "1"))
     create(kube, own_namespace, heartbeat_job("held", heartbeat=HEARTBEAT))
     wait_phase(kube, own_namespace, "held", "Running")
     agents.start(own_namespace, "held-1")
@@ -149,13 +149,13 @@ def test_a_leader_at_its_connection_limit_sends_the_agent_past_it_to_the_annotat
 
 
 class Replica:
-    """One `vigil operator --leader-elect` with its own webhook and metrics ports."""
+    """One `vigil operator --leader-elect` with its own beat and metrics ports."""
 
     def __init__(self, kube: Kube, namespace: str, log: Path, certs: Path, beats_url: str) -> None:
-        self.webhook_port, self.metrics_port = free_port(), free_port()
+        self.beat_port, self.metrics_port = free_port(), free_port()
         args = ("--leader-elect", "--lease-namespace", namespace, *LEASE)
         args += ("--metrics-address", f"127.0.0.1:{self.metrics_port}", "--metrics-insecure")
-        args += webhook_args(certs, self.webhook_port, beats_url)
+        args += beat_args(certs, self.beat_port, beats_url)
         self.process = OperatorProcess(kube, [namespace], log, extra_args=args)
         self.process.start()
         self.identity: str = wait_until(lambda: identity(self.process), 30, "the replica to campaign")
@@ -169,7 +169,7 @@ def test_beats_follow_the_leader_through_a_handover_and_a_sigkill_and_no_attempt
     make_self_signed(tmp_path / "certs")
     replicas: dict[str, Replica] = {}
     service = LeaderService(
-        lambda: r.webhook_port if (r := replicas.get(holder(kube, own_namespace) or "")) is not None else None
+        lambda: r.beat_port if (r := replicas.get(holder(kube, own_namespace) or "")) is not None else None
     )
     beats_url = f"https://127.0.0.1:{service.port}/v1/heartbeat"
     logs = iter(tmp_path / f"operator-{i}.log" for i in range(10))

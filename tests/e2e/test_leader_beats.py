@@ -1,5 +1,5 @@
 """Heartbeats posted to the leader (issue 26), end to end on the bed: `vigil operator` serving
-/v1/heartbeat on its webhook's HTTPS server, real projected tokens from the API server's
+/v1/heartbeat on its beat server (HTTPS, a port of its own), real projected tokens from the API server's
 TokenRequest (bound to the kwok pod, audience vigil.dev, as the kubelet mounts them), verified by
 the operator against the cluster's published keys. A beat there writes nothing to the API server;
 a forged one is refused and changes nothing.
@@ -57,9 +57,9 @@ def leader_beats(kube: Kube, own_namespace: str, own_operator, tmp_path: Path) -
     port = free_port()
     own_operator(
         extra_args=(
-            "--webhook-address", f"127.0.0.1:{port}",
-            "--webhook-cert-file", str(tmp_path / "certs" / "tls.crt"),
-            "--webhook-key-file", str(tmp_path / "certs" / "tls.key"),
+            "--beat-address", f"127.0.0.1:{port}",
+            "--beat-cert-file", str(tmp_path / "certs" / "tls.crt"),
+            "--beat-key-file", str(tmp_path / "certs" / "tls.key"),
             "--heartbeat-url", f"https://127.0.0.1:{port}/v1/heartbeat",
             "--heartbeat-ca-file", str(tmp_path / "certs" / "ca.crt"),
         )

@@ -31,7 +31,7 @@ from tests.conftest import RealNode
 from tests.support.agents import HEARTBEAT_ANNOTATION, JOB_ACCOUNT, grant_heartbeat_rbac
 from tests.support.cluster import SUITE_CLUSTER, Kube, free_port, install_crds, read_pod, show_log
 from tests.support.jobs import GROUP, VERSION, create, pods_of, status
-from tests.support.operators import OperatorProcess, counted_beats, webhook_args
+from tests.support.operators import OperatorProcess, beat_args, counted_beats
 from tests.support.waits import wait_until
 from vigil import api
 from vigil.servers.webhook import make_self_signed
@@ -203,7 +203,7 @@ def test_the_demo_of_doubt_runs_on_the_real_node_uncertain_and_back_lost_fenced_
     port = free_port()
     metrics_port = free_port()
     beats = (
-        *webhook_args(certs, port, f"https://{address}:{port}/v1/heartbeat", address=address),
+        *beat_args(certs, port, f"https://{address}:{port}/v1/heartbeat", address=address),
         "--agent-image", real_node.vigil_image,
         "--metrics-address", f"127.0.0.1:{metrics_port}", "--metrics-insecure",
     )  # fmt: skip

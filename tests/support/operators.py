@@ -114,14 +114,14 @@ def metric_sample(metrics_port: int, sample: str) -> float:
     return 0.0
 
 
-def webhook_args(certs: Path, port: int, beats_url: str, address: str = "127.0.0.1") -> tuple[str, ...]:
-    """`vigil operator`'s flags for its webhook server on address:port (with the serving
+def beat_args(certs: Path, port: int, beats_url: str, address: str = "127.0.0.1") -> tuple[str, ...]:
+    """`vigil operator`'s flags for its beat server on address:port (with the serving
     certificate in `certs`: ca.crt, tls.crt, tls.key) and for the beats it tells pods to send to
     `beats_url`."""
     return (
-        "--webhook-address", f"{address}:{port}",
-        "--webhook-cert-file", str(certs / "tls.crt"),
-        "--webhook-key-file", str(certs / "tls.key"),
+        "--beat-address", f"{address}:{port}",
+        "--beat-cert-file", str(certs / "tls.crt"),
+        "--beat-key-file", str(certs / "tls.key"),
         "--heartbeat-url", beats_url,
         "--heartbeat-ca-file", str(certs / "ca.crt"),
     )  # fmt: skip

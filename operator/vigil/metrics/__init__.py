@@ -183,7 +183,8 @@ class Metrics:
             "vigil_connections_refused_total",
             "Connections a server of this operator closed unanswered (vigil.servers.http), by server (health, "
             "metrics, webhook, beats) and reason: limit (it held its most), source-limit (the address held its "
-            "most), slow-head (a request's headers late), large-head (over 16 KiB).",
+            "most), slow-handshake (no TLS handshake begun in time), slow-head (a request's headers late), "
+            "large-head (over 16 KiB).",
             ["server", "reason"],
             registry=r,
         )

@@ -8,7 +8,8 @@ before they cost anything dear:
 - a connection is counted, against the server's limit and against its source address's, as soon
   as it is accepted: before its TLS handshake (a handshake and its buffers are the dear part);
   past either it is closed at once;
-- its handshake must end within `Bounds.handshake_seconds`;
+- until its first bytes come it is a socket alone (no TLS state, no buffer); they must come, and
+  its handshake end, each within `Bounds.handshake_seconds`;
 - a request's line and headers must all arrive within `Bounds.head_seconds` of its first byte,
   and be at most MAX_HEAD bytes;
 - a kept-alive connection with nothing asked for `Bounds.idle_seconds` is closed (aiohttp's own
@@ -70,8 +71,9 @@ _FEED_PIECE = 4096  # bytes fed to a parser at once, so a request's head is boun
 _MAX_QUEUED = 16  # answers waited for on one connection (pipelined requests) before it stops being read
 
 # Why a server closed a connection it did not answer (vigil_connections_refused_total's reasons).
-LIMIT, SOURCE_LIMIT, SLOW_HEAD, LARGE_HEAD = "limit", "source-limit", "slow-head", "large-head"
-REFUSALS = (LIMIT, SOURCE_LIMIT, SLOW_HEAD, LARGE_HEAD)
+LIMIT, SOURCE_LIMIT, SLOW_HANDSHAKE = "limit", "source-limit", "slow-handshake"
+SLOW_HEAD, LARGE_HEAD = "slow-head", "large-head"
+REFUSALS = (LIMIT, SOURCE_LIMIT, SLOW_HANDSHAKE, SLOW_HEAD, LARGE_HEAD)
 
 
 @dataclass(frozen=True)
@@ -217,6 +219,7 @@ class _Deadlines:
     """What the listener's one timer asks of a connection's protocol (a timer per request, armed
     and cancelled, would cost as much as the request)."""
 
+    late: str = SLOW_HEAD  # the refusal a late connection is counted as
     began: float  # the loop's time of the current request's first byte (0: no request being read)
     read_seconds: float  # from `began`, for what must arrive before the request is answered
     active: float  # the loop's time of the last byte read or request answered
@@ -275,6 +278,12 @@ class _Listener:
         self.open.add(connection)
         self.by_source[peer] += 1
 
+    def handed(self, gate: _Deadlines, app: _Deadlines) -> None:
+        """The gate's connection, its first bytes come, is the application's protocol's now."""
+        self.open.discard(gate)
+        self.reading.discard(gate)
+        self.open.add(app)
+
     def closed(self, connection: _Deadlines, peer: str) -> None:
         if connection in self.open:
             self.open.discard(connection)
@@ -305,8 +314,8 @@ class _Listener:
             await asyncio.sleep(every)
             now = self.loop.time()
             for connection in [c for c in self.reading if c.began and now - c.began > c.read_seconds]:
-                self.refused[SLOW_HEAD] += 1
-                self.on_refused(SLOW_HEAD)
+                self.refused[connection.late] += 1
+                self.on_refused(connection.late)
                 connection.expire(f"the request did not arrive within {connection.read_seconds:g} s")
             if now >= idle_due:  # every connection walked only every few seconds
                 idle_due = now + bounds.idle_seconds / 8
@@ -326,34 +335,61 @@ class _Listener:
             connection.expire("the server is stopping")
 
 
-class _Gate(asyncio.Protocol):
-    """A connection as accepted: admitted or closed before anything else, then handed to TLS (or,
-    on a plain server, straight to the application's protocol)."""
+class _Gate(asyncio.Protocol, _Deadlines):
+    """A connection as accepted: admitted or closed at once, then held as a socket alone (~1 KiB)
+    until its first bytes (a TLS ClientHello, or a request), which must come within the
+    handshake's (or a head's) deadline; only then are TLS's state and buffers and the
+    application's protocol made for it."""
+
+    late = SLOW_HANDSHAKE
 
     def __init__(self, listener: _Listener) -> None:
         self.listener = listener
+        self.transport: asyncio.Transport | None = None
+        self.peer, self.held = "", False
+        self.began = self.active = listener.loop.time()
+        self.busy = False
+        tls = listener.ssl_context is not None
+        self.read_seconds = listener.bounds.handshake_seconds if tls else listener.bounds.head_seconds
+        if not tls:
+            self.late = SLOW_HEAD
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         listener = self.listener
         peername = transport.get_extra_info("peername")
-        peer = str(peername[0]) if peername else ""
-        held = listener.admit(peer)
+        self.peer = str(peername[0]) if peername else ""
+        held = listener.admit(self.peer)
         if held is None:
             transport.abort()
             return
-        app = listener.app(listener, peer, held)
-        listener.opened(app, peer)
+        self.transport, self.held = transport, held
+        listener.opened(self, self.peer)
+        listener.reading.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        listener, transport = self.listener, self.transport
+        assert transport is not None
+        app = listener.app(listener, self.peer, self.held)
+        listener.handed(self, app)
         if listener.ssl_context is None:
             transport.set_protocol(app)
             app.connection_made(transport)
+            app.data_received(data)
             return
-        tls = _LeanTLS(listener, app, peer)
+        tls = _LeanTLS(listener, app, self.peer)
         transport.set_protocol(tls)
         tls.connection_made(transport)
+        view = tls.get_buffer(len(data))  # the ClientHello read so far, given to TLS as if it read it
+        view[: len(data)] = data
+        tls.buffer_updated(len(data))
 
     def connection_lost(self, exc: Exception | None) -> None:
-        pass  # refused: never counted
+        self.listener.closed(self, self.peer)  # before any byte came, or refused (never counted)
+
+    def expire(self, why: str) -> None:
+        if self.transport is not None:
+            self.transport.abort()
 
 
 class _LeanTLS(sslproto.SSLProtocol):

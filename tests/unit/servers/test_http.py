@@ -15,10 +15,12 @@ import pytest
 from aiohttp import web
 
 from tests.support.waits import until
+from vigil.servers import http
 from vigil.servers.http import (
     LARGE_HEAD,
     LIMIT,
     MAX_HEAD,
+    SLOW_HANDSHAKE,
     SLOW_HEAD,
     SOURCE_LIMIT,
     TLS_READ_BUFFER,
@@ -110,6 +112,8 @@ def test_connections_that_never_handshake_are_counted_and_past_the_limit_closed_
         try:
             held = [await raw(server.port) for _ in range(3)]
             await until(lambda: server.connections() == (3, 3), 5, "three silent connections counted")
+            # Silent, each is a socket alone: no TLS state or buffer is made before a ClientHello.
+            assert not [c for c in server._listener.open if not isinstance(c, http._Gate)]
             reader, writer = await raw(server.port)
             assert await hung_up(reader)  # closed before any handshake
             writer.close()
@@ -161,6 +165,7 @@ def test_a_handshake_that_does_not_end_in_time_frees_its_slot(certs: Path) -> No
             assert await hung_up(reader)  # the server gave up on the handshake
             writer.close()
             await until(lambda: server.connections()[0] == 0, 5, "the slot freed")
+            assert server.refusals()[SLOW_HANDSHAKE] == 1
             reader, writer = await asyncio.open_connection("127.0.0.1", server.port, ssl=client_context(certs))
             writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
             assert (await reader.readline()).startswith(b"HTTP/1.1 200")
