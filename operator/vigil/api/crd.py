@@ -17,6 +17,7 @@ import yaml
 
 from vigil import api
 from vigil.api import template_schema
+from vigil.api.wire import cel_string
 
 CRD_NAME = f"{api.PLURAL}.{api.GROUP}"
 CRD_FILE_NAME = f"{CRD_NAME}.yaml"
@@ -124,7 +125,7 @@ def _pod_template(node: dict[str, Any]) -> dict[str, Any]:
     pod_spec = schema["properties"]["spec"]["properties"]
     for key in api.TEMPLATE_CONTAINER_LISTS:
         items = pod_spec[key]["items"]
-        rule = {"rule": f"self.name != {api._cel_string(api.AGENT_CONTAINER)}", "message": api.AGENT_CONTAINER_REFUSAL}
+        rule = {"rule": f"self.name != {cel_string(api.AGENT_CONTAINER)}", "message": api.AGENT_CONTAINER_REFUSAL}
         items["x-kubernetes-validations"] = [*items.get("x-kubernetes-validations", []), rule]
     metadata = schema["properties"]["metadata"]
     schema["properties"]["metadata"] = {

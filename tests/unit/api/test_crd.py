@@ -85,7 +85,7 @@ def test_the_schema_defaults_are_the_designs() -> None:
 
     assert default("queue") == "default"
     assert default("priority") == 0
-    # A left-out sub-object gets every nested default (spelled out: see vigil.api._nested).
+    # A left-out sub-object gets every nested default (spelled out: see vigil.api.wire.nested_field).
     assert default("retry") == api.Retry().model_dump(by_alias=True, mode="json")
     assert default("retry", "maxAttempts") == 6
     assert default("retry", "backoff") == {"initialSeconds": 10, "factor": 2.0, "maxSeconds": 600, "jitter": 0.5}

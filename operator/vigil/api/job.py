@@ -1,0 +1,395 @@
+"""The VigilJob: its spec (what to run and how hard to try), its status (all of Vigil's memory
+of a job) and the whole object as read from the API server."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationError, field_validator
+
+from vigil.api.names import (
+    CHECKPOINT_FILE,
+    HISTORY_LIMIT,
+    INT32_MAX,
+    INT32_MIN,
+    LIVENESS_DIR,
+    LIVENESS_FILE_PATTERN,
+    MAX_ATTEMPTS,
+    MAX_BACKOFF_FACTOR,
+    MIN_RETRY_SECONDS,
+    RESERVED_PREFIX,
+    TERMINAL_PHASES,
+    AgentKind,
+    AttemptPhase,
+    Guarantee,
+    Outcome,
+    Phase,
+)
+from vigil.api.wire import Condition, Rule, WireModel, cel_string, nested_field, seconds_field
+
+# ---------------------------------------------------------------------------------------- spec
+
+
+class Backoff(WireModel):
+    """Delay before a retry: min(maxSeconds, initialSeconds * factor^(n-1)), then jittered."""
+
+    initial_seconds: int = seconds_field(
+        10, ge=0, description=f"Delay after the first failed attempt; at least {MIN_RETRY_SECONDS}."
+    )
+    factor: float = Field(
+        2.0,
+        le=MAX_BACKOFF_FACTOR,
+        description=f"Growth of the delay per failed attempt, from 1 to {MAX_BACKOFF_FACTOR:g}.",
+    )
+    max_seconds: int = seconds_field(600, ge=0, description="Upper bound of the delay.")
+    jitter: float = Field(
+        0.5,
+        description="Share of the delay that is random, in [0, 1]: the delay is drawn from "
+        "[base * (1 - jitter), base].",
+    )
+
+    cel_rules = (
+        Rule(
+            f"self.initialSeconds >= {MIN_RETRY_SECONDS}",
+            f"retry.backoff.initialSeconds must be at least {MIN_RETRY_SECONDS}: a job waits at least "
+            f"{MIN_RETRY_SECONDS} s between attempts (jitter included), so that no job retries as fast as "
+            "the API server answers (batch/v1 Job waits 10 s)",
+            lambda b: b.initial_seconds >= MIN_RETRY_SECONDS,
+            # Jobs stored before the floor are still read; core.backoff applies it to them.
+            on_read=False,
+        ),
+        Rule(
+            "self.maxSeconds >= self.initialSeconds",
+            "retry.backoff.maxSeconds must be >= retry.backoff.initialSeconds",
+            lambda b: b.max_seconds >= b.initial_seconds,
+        ),
+        Rule(
+            "self.factor >= 1.0",
+            "retry.backoff.factor must be >= 1 (1 keeps the delay constant)",
+            lambda b: b.factor >= 1.0,
+        ),
+        Rule(
+            "self.jitter >= 0.0 && self.jitter <= 1.0",
+            "retry.backoff.jitter must be between 0 (no jitter) and 1 (full jitter)",
+            lambda b: 0.0 <= b.jitter <= 1.0,
+        ),
+    )
+
+
+class Retry(WireModel):
+    """How often a job is tried, and which failures end it at once."""
+
+    max_attempts: int = Field(
+        6,
+        le=MAX_ATTEMPTS,
+        description=f"Attempts in all per round, the first included; from 1 to {MAX_ATTEMPTS}.",
+    )
+    backoff: Backoff = nested_field(Backoff, "Exponential backoff with jitter between attempts.")
+    non_retryable_exit_codes: list[Annotated[int, Field(ge=0, le=255)]] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Exit codes that dead-letter the job at once (poison).",
+        json_schema_extra={"default": []},  # shown by kubectl like every other default
+    )
+    count_disruptions: bool = Field(
+        False,
+        description="Whether evictions, preemptions and node drains use up attempts.",
+    )
+
+    cel_rules = (
+        Rule(
+            "self.maxAttempts >= 1",
+            "retry.maxAttempts must be at least 1 (it counts the first attempt)",
+            lambda r: r.max_attempts >= 1,
+        ),
+    )
+
+
+class Heartbeat(WireModel):
+    """Liveness of an attempt, as beaten by the agent in its pod."""
+
+    interval_seconds: int = seconds_field(10, ge=1, description="How often the agent beats.")
+    timeout_seconds: int = seconds_field(60, ge=1, description="Silence after which an attempt is Lost.")
+    startup_grace_seconds: int = seconds_field(
+        120, ge=0, description="Allowance for the first beat after the container starts."
+    )
+    required: bool = Field(True, description="false: no agent; liveness is the pod phase alone.")
+    via: Literal["Leader", "Annotation"] = Field(
+        "Leader",
+        description=(
+            "Leader: the agent posts each beat to the leading operator (no API-server write per beat) and "
+            "falls back to its pod's annotation when it cannot reach it. Annotation: every beat patches the "
+            "pod's vigil.dev/heartbeat annotation (docs/heartbeats.md)."
+        ),
+    )
+
+    agent: AgentKind | None = Field(
+        None,
+        description=(
+            "Who beats. Image: `vigil-agent -- CMD` inside the job's image. Sidecar: Vigil injects its own "
+            "agent as a native sidecar (container vigil-agent, shareProcessNamespace: true) that beats while "
+            "the job's processes run and stops them when fenced; the job's image needs nothing of Vigil. "
+            "Unset: Sidecar when the operator was given an agent image (`--agent-image`, the chart's "
+            'default), else Image (docs/heartbeats.md, "The injected agent").'
+        ),
+    )
+    liveness_file: str | None = Field(
+        None,
+        max_length=253,
+        description=(
+            f"Sidecar only: a file under {LIVENESS_DIR}/ the job touches; the sidecar beats only while its "
+            f"mtime is younger than timeoutSeconds. Vigil mounts an emptyDir at {LIVENESS_DIR} in every container "
+            f"(where the job may also leave a checkpoint: {CHECKPOINT_FILE})."
+        ),
+    )
+    liveness_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description=(
+            "Sidecar only: the sidecar listens on 127.0.0.1:PORT, and a GET or POST /beat from the job counts "
+            "as a touch of livenessFile (the same rule: beats only while the last touch is younger than "
+            "timeoutSeconds)."
+        ),
+    )
+
+    cel_rules = (
+        Rule(
+            "self.timeoutSeconds > self.intervalSeconds",
+            "heartbeat.timeoutSeconds must be greater than heartbeat.intervalSeconds, "
+            "or every attempt would look lost between two beats",
+            lambda h: h.timeout_seconds > h.interval_seconds,
+        ),
+        Rule(
+            f"!has(self.livenessFile) || self.livenessFile.matches({cel_string(LIVENESS_FILE_PATTERN)})",
+            f"heartbeat.livenessFile must be a file directly under {LIVENESS_DIR}/ (e.g. {LIVENESS_DIR}/alive; "
+            "letters, digits, '.', '_' and '-', not starting with '.'): Vigil mounts a shared emptyDir there",
+            lambda h: h.liveness_file is None or re.fullmatch(LIVENESS_FILE_PATTERN, h.liveness_file) is not None,
+        ),
+        Rule(
+            f"!has(self.livenessFile) || self.livenessFile != {cel_string(CHECKPOINT_FILE)}",
+            f"heartbeat.livenessFile must not be {CHECKPOINT_FILE}: that is where the job leaves its checkpoint",
+            lambda h: h.liveness_file != CHECKPOINT_FILE,
+        ),
+        Rule(
+            "!(has(self.livenessFile) || has(self.livenessPort)) || !has(self.agent) || self.agent == 'Sidecar'",
+            "heartbeat.livenessFile and heartbeat.livenessPort are read by the injected agent only: "
+            "set heartbeat.agent to Sidecar (or leave it unset), or remove them",
+            lambda h: (h.liveness_file is None and h.liveness_port is None) or h.agent in (None, "Sidecar"),
+        ),
+    )
+
+
+def _reserved_names(names: Any) -> list[str]:
+    return sorted(name for name in names if name.startswith(RESERVED_PREFIX))
+
+
+def _no_reserved_names(field: str, *, name_one: bool) -> Rule:
+    """No key of the map (or item of the list) `field` of the template's metadata may carry
+    Vigil's prefix: Vigil's own names on a pod steer it (vigil.dev/superseded stops the attempt).
+
+    `name_one`: the message names one offending entry. The API server prices a message that
+    names them all (a join) far beyond its CEL budget, and even one item of an unbounded list
+    beyond it, so finalizers get a fixed message.
+    """
+    refusal = f"spec.template.metadata.{field} must not use the {RESERVED_PREFIX} prefix (Vigil sets those on its pods)"
+    prefix = cel_string(RESERVED_PREFIX)
+    what = "key" if name_one else "finalizer"
+    rule = Rule(
+        f"!has(self.{field}) || self.{field}.all(n, !n.startsWith({prefix}))",
+        f"{refusal}: remove every {RESERVED_PREFIX} {what} from the template",
+        lambda meta: not _reserved_names(getattr(meta, field)),
+    )
+    if not name_one:
+        return rule
+    others = f" (and any other {RESERVED_PREFIX} key) from the template"
+    return replace(
+        rule,
+        message_expression=(
+            f"{cel_string(refusal + ': remove ')} + self.{field}.filter(n, n.startsWith({prefix}))[0]"
+            f" + {cel_string(others)}"
+        ),
+        explain=lambda meta: f"{refusal}: remove {_reserved_names(getattr(meta, field))[0]}{others}",
+    )
+
+
+class TemplateMeta(WireModel):
+    """The metadata of spec.template, as far as Vigil checks it itself. Its schema on the API
+    server is Kubernetes' own (see vigil.api.template_schema); these rules are added to it."""
+
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    finalizers: list[str] = Field(default_factory=list)
+
+    cel_rules = (
+        _no_reserved_names("labels", name_one=True),
+        _no_reserved_names("annotations", name_one=True),
+        _no_reserved_names("finalizers", name_one=False),
+    )
+
+
+class VigilJobSpec(WireModel):
+    """What to run and how hard to try."""
+
+    queue: str = Field(
+        "default",
+        max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="VigilQueue in the same namespace.",
+    )
+    priority: int = Field(
+        0,
+        ge=INT32_MIN,
+        le=INT32_MAX,
+        description="Higher runs first within a queue; an int32, as Kubernetes' own priorities.",
+    )
+    template: dict[str, Any] = Field(
+        description="A PodTemplateSpec, kept as given except restartPolicy: Never and Vigil's "
+        "labels, owner reference and VIGIL_* environment. Immutable. Its labels, annotations and "
+        "finalizers must not use the vigil.dev/ prefix, which is Vigil's.",
+        json_schema_extra={
+            # vigil.api.crd puts Kubernetes' PodTemplateSpec schema here (vigil.api.template_schema), with
+            # TemplateMeta's rules on its metadata.
+            "x-vigil-schema": "PodTemplateSpec",
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self == oldSelf",
+                    "message": "spec.template is immutable: create a new VigilJob instead",
+                }
+            ],
+        },
+    )
+    retry: Retry = nested_field(Retry, "Attempts, backoff and poison exit codes.")
+    heartbeat: Heartbeat = nested_field(Heartbeat, "Liveness of attempts.")
+    guarantee: Guarantee = Field(
+        "AtLeastOnce",
+        description=(
+            "NoOverlap: attempt N+1 starts only once attempt N's pod has stopped (phase Succeeded or "
+            "Failed) or is gone; a terminating pod that still runs holds it back."
+        ),
+    )
+    attempt_deadline_seconds: int | None = seconds_field(
+        None, ge=1, description="One attempt's time limit; the attempt is then retried."
+    )
+    active_deadline_seconds: int | None = seconds_field(
+        None, ge=1, description="The whole job's time limit; the job is then dead-lettered."
+    )
+    ttl_seconds_after_finished: int | None = seconds_field(
+        None, ge=0, description="Delete the job this long after it finishes."
+    )
+    suspend: bool = Field(False, description="Start no attempts; stop a running one.")
+
+    @field_validator("template")
+    @classmethod
+    def _check_template_metadata(cls, template: dict[str, Any]) -> dict[str, Any]:
+        try:
+            TemplateMeta.model_validate(template.get("metadata") or {})
+        except ValidationError as err:  # said with the full path, as the API server says it
+            raise ValueError("; ".join(_template_meta_error(e) for e in err.errors())) from None
+        # The injected agent's container name is refused by the API server alone (vigil.api.crd): a
+        # job stored before that rule still parses, and keeps its container (vigil.core.manifest).
+        return template
+
+
+def _template_meta_error(error: Any) -> str:
+    if error["type"] == "value_error":  # a rule's own message, which names its field
+        return str(error["ctx"]["error"])
+    return ".".join(["spec.template.metadata", *map(str, error["loc"])]) + f": {error['msg']}"
+
+
+# -------------------------------------------------------------------------------------- status
+
+
+class CurrentAttempt(WireModel):
+    """The attempt in flight: recorded from its pod once seen, or reserved before its pod is created."""
+
+    number: int = Field(ge=1, description="Attempt number; also its fencing token.")
+    pod_name: str
+    pod_uid: str | None = Field(
+        None,
+        alias="podUID",
+        description="UID of the attempt's pod once seen: a seen pod that vanishes is Lost, "
+        "never created again under the same attempt number.",
+    )
+    phase: AttemptPhase
+    started_at: datetime
+    last_heartbeat_at: datetime | None = None
+    node_name: str | None = None
+
+
+class AttemptRecord(WireModel):
+    """A finished attempt, as kept in status.history."""
+
+    number: int
+    pod_name: str
+    outcome: Outcome
+    reason: str | None = None
+    exit_code: int | None = None
+    node_name: str | None = None
+    started_at: datetime
+    finished_at: datetime
+
+
+class VigilJobStatus(WireModel):
+    """All of Vigil's memory of a job; written only through the status subresource."""
+
+    phase: Phase | None = None
+    reason: str | None = Field(None, description="Why the job is in its phase (CamelCase).")
+    message: str | None = Field(None, description="The same, for a person.")
+    attempts: int = Field(0, description="Attempts started in all rounds: the newest attempt's number.")
+    round_attempts: int = Field(
+        0,
+        description="Attempts of the current round that count against retry.maxAttempts "
+        "(disruptions and cancellations do not, unless retry.countDisruptions).",
+    )
+    current_attempt: CurrentAttempt | None = None
+    next_attempt_at: datetime | None = None
+    started_at: datetime | None = Field(
+        None,
+        description="When the round's first attempt started (reset by redrive and resume); "
+        "activeDeadlineSeconds counts from here.",
+    )
+    finished_at: datetime | None = None
+    redrives: int = 0
+    last_redrive: str | None = Field(None, description="The vigil.dev/redrive annotation value last honoured.")
+    last_checkpoint: str | None = Field(None, description="The newest checkpoint an attempt left.")
+    history: list[AttemptRecord] = Field(default_factory=list, max_length=HISTORY_LIMIT)
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
+    )
+    observed_generation: int | None = None
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.phase in TERMINAL_PHASES
+
+
+# ------------------------------------------------------------------------------- whole object
+
+
+class JobMeta(WireModel):
+    """The part of a job's metadata the core reads."""
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int = 1
+    resource_version: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    deletion_timestamp: datetime | None = None
+
+
+class VigilJob(WireModel):
+    """A VigilJob as read from the API server (not used for the CRD schema)."""
+
+    metadata: JobMeta
+    spec: VigilJobSpec
+    status: VigilJobStatus = Field(default_factory=VigilJobStatus)
