@@ -8,7 +8,8 @@ invariants it keeps (docs/design.md, "Semantics", says why each holds):
 - Every decision that mutates anything starts with a fence carrying the resourceVersion it read
   (its PatchStatus, else a ConfirmVersion); the shell drops the rest when the fence fails.
 - A decision that only starts attempt N+1 creates its pod and writes no status (the pod first,
-  `_Draft._only_starts`); the look that finds the pod records the attempt (`_adopt_newer_attempt`).
+  `vigil.core.draft.Draft._only_starts`); the look that finds the pod records the attempt
+  (`_adopt_newer_attempt`).
 - Attempt numbers only grow; a pod once seen is remembered by UID, and a vanished one is never
   re-created under the same number; a pod of an attempt's name that the job does not own is
   never adopted.
@@ -28,31 +29,20 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any
 
 from vigil import api
-from vigil.api import AttemptRecord, CurrentAttempt, Outcome, Phase, VigilJob, VigilJobStatus
+from vigil.api import AttemptRecord, CurrentAttempt, Outcome, Phase, VigilJob
 from vigil.core import podstate
-from vigil.core.actions import (
-    Action,
-    AnnotatePod,
-    ConfirmVersion,
-    CreatePod,
-    Decision,
-    DeleteJob,
-    DeletePod,
-    EmitEvent,
-    PatchStatus,
-    ReleasePod,
-    RequeueAfter,
-    SetDeadLetterLabel,
-)
+from vigil.core.actions import ConfirmVersion, Decision, ReleasePod
 from vigil.core.backoff import attempt_delay
-from vigil.core.conditions import find_condition, remove_condition, set_condition
-from vigil.core.liveness import Liveness, beat_stamp_due
-from vigil.core.manifest import BeatChannel, attempt_pod_manifest, attempt_pod_name
+from vigil.core.conditions import find_condition
+from vigil.core.draft import Draft, wire
+from vigil.core.jobconditions import CONDITION_CHECKPOINT, CONDITION_HEARTBEAT
+from vigil.core.liveness import Liveness
+from vigil.core.manifest import BeatChannel, attempt_pod_name
 
 # How often a job blocked by a pod it does not own looks again: that pod's deletion is not an
 # event Vigil sees, as the pod does not carry the job's label. Such a job waits for someone to
@@ -60,17 +50,8 @@ from vigil.core.manifest import BeatChannel, attempt_pod_manifest, attempt_pod_n
 # is nothing, and such jobs are rare.
 POD_NAME_CONFLICT_RECHECK_SECONDS = 10.0
 
-CONDITION_HEARTBEAT = "HeartbeatHealthy"
-# Present once a checkpoint was refused; its message is the memory that makes the warning event
-# about a bad checkpoint fire once per distinct value, not on every look.
-CONDITION_CHECKPOINT = "CheckpointAccepted"
-_KEPT_CONDITIONS = (CONDITION_HEARTBEAT, CONDITION_CHECKPOINT)  # kept between decisions as they are
-
 # Outcomes of attempts Vigil replaced while they might still run: their late success counts.
 LATE_SUCCESS_OUTCOMES = frozenset({"Lost", "Superseded"})
-
-_NOT_REQUIRED = Liveness("Healthy", 0.0, "heartbeat not required: liveness is the pod phase alone")
-_NO_VERDICT = Liveness("Healthy", 0.0, "no heartbeat verdict yet; silence counts from the operator's first look")
 
 
 def decide(
@@ -111,7 +92,7 @@ def decide(
     observed = _ObservedPods.of(parsed.metadata.namespace, parsed.metadata.uid, pods)
     if parsed.metadata.deletion_timestamp is not None:
         return _release_all(parsed, observed)  # the garbage collector deletes the pods
-    draft = _Draft(
+    draft = Draft(
         parsed,
         now,
         liveness=liveness or {},
@@ -147,7 +128,7 @@ def reject_pod(job: Mapping[str, Any], attempt: int, message: str, now: datetime
     status = parsed.status
     if status.is_terminal:
         return Decision()
-    draft = _Draft(parsed, now)
+    draft = Draft(parsed, now)
     if status.current_attempt is None and attempt == status.attempts + 1:
         _record_start(draft, attempt, attempt_pod_name(parsed.metadata.name, attempt), None, now)
     elif status.current_attempt is None or status.current_attempt.number != attempt:
@@ -213,198 +194,6 @@ class _ObservedPods:
         return max(self.ours, key=lambda pod: podstate.attempt_of(pod) or 0, default=None)
 
 
-# --------------------------------------------------------------------------------- the draft
-
-
-@dataclass
-class _Draft:
-    """The decision being built: the new status and the actions beside it."""
-
-    job: VigilJob
-    now: datetime
-    liveness: Mapping[str, Liveness] = field(default_factory=dict)
-    beat_channel: BeatChannel | None = None  # where new pods beat besides their annotation
-    agent_image: str | None = None  # the injected agent's image (heartbeat.agent: Sidecar)
-    stamp_floor: float = 0.0  # liveness.stamp_floor of the attempts the leader tracks
-    status: VigilJobStatus = field(init=False)
-    pod_actions: list[CreatePod | DeletePod | AnnotatePod] = field(default_factory=list)
-    releases: list[ReleasePod] = field(default_factory=list)
-    events: list[EmitEvent] = field(default_factory=list)
-    requeue_after: list[float] = field(default_factory=list)
-    delete_job: bool = False
-    # conditions beyond the three derived from the phase: type -> (status, reason, message)
-    conditions_to_set: dict[str, tuple[api.ConditionStatus, str, str]] = field(default_factory=dict)
-    beat: tuple[str, datetime] | None = None  # (pod UID, wall time of its last beat) of the current attempt
-    # Status just after this decision reserved an attempt, if nothing had changed it before.
-    start_alone: VigilJobStatus | None = None
-
-    def __post_init__(self) -> None:
-        self.status = self.job.status
-
-    @property
-    def spec(self) -> api.VigilJobSpec:
-        return self.job.spec
-
-    def update(self, **fields: Any) -> None:
-        self.status = self.status.model_copy(update=fields)
-
-    def update_attempt(self, **fields: Any) -> None:
-        assert self.status.current_attempt is not None
-        self.update(current_attempt=self.status.current_attempt.model_copy(update=fields))
-
-    def set_phase(self, phase: Phase, reason: str, message: str) -> None:
-        self.update(phase=phase, reason=reason, message=message)
-
-    def event(self, reason: str, message: str, *, warning: bool = False) -> None:
-        self.events.append(EmitEvent("Warning" if warning else "Normal", reason, message))
-
-    def say_more(self, reason: str, message: str, *, warning: bool = False) -> None:
-        """Gives the event of `reason` this decision already posts the longer `message`, or posts
-        one: one event per happening, since every event is a write to the API server."""
-        for i in range(len(self.events) - 1, -1, -1):
-            if self.events[i].reason == reason:
-                self.events[i] = replace(self.events[i], message=message)
-                return
-        self.event(reason, message, warning=warning)
-
-    def requeue_at(self, moment: datetime) -> None:
-        self.requeue_after.append(max(0.0, (moment - self.now).total_seconds()))
-
-    def create_pod(self, attempt: int) -> None:
-        manifest = attempt_pod_manifest(
-            self.job, attempt, self.status.last_checkpoint, self.now, self.beat_channel, self.agent_image
-        )
-        self.pod_actions.append(CreatePod(manifest))
-
-    def delete_pod(self, pod: podstate.Pod) -> None:
-        self.pod_actions.append(DeletePod(podstate.name_of(pod), podstate.uid_of(pod)))
-
-    def annotate_pod(self, pod: podstate.Pod, annotations: dict[str, str | None]) -> None:
-        self.pod_actions.append(AnnotatePod(podstate.name_of(pod), podstate.uid_of(pod), annotations))
-
-    def release_pod(self, pod: podstate.Pod) -> None:
-        self.releases.append(ReleasePod(podstate.name_of(pod), podstate.uid_of(pod)))
-
-    def set_condition_later(self, type_: str, status: api.ConditionStatus, reason: str, message: str) -> None:
-        self.conditions_to_set[type_] = (status, reason, message)
-
-    def verdict_for(self, pod: podstate.Pod) -> Liveness:
-        if not self.spec.heartbeat.required:
-            return _NOT_REQUIRED
-        return self.liveness.get(podstate.uid_of(pod)) or _NO_VERDICT
-
-    def decision(self) -> Decision:
-        if self._only_starts():
-            self.status = self.job.status  # the next look records the attempt, on finding its pod
-        self._refresh_conditions()
-        dead_lettered = self.status.phase == "DeadLettered"
-        label_is_set = self.job.metadata.labels.get(api.LABEL_DEAD_LETTER) == "true"
-        # Old pods are stopped before a new one starts (an annotation stays before the deletion
-        # of its pod), and released before it too: a creation the API server refuses must not
-        # keep finished pods held.
-        stops = [action for action in self.pod_actions if not isinstance(action, CreatePod)]
-        creations = [action for action in self.pod_actions if isinstance(action, CreatePod)]
-        mutations: list[Action] = [*stops, *self.releases, *creations]
-        if dead_lettered != label_is_set:
-            mutations.append(SetDeadLetterLabel(dead_lettered))
-        if self.delete_job:
-            mutations.append(DeleteJob(self.job.metadata.uid))
-        self._stamp_last_beat(written_anyway=bool(mutations or self.events) or self._status_changed())
-
-        new_status = _wire(self.status)
-        actions: list[Action] = []
-        # The fence: it fails if the snapshot was stale. A status write if there is one to make,
-        # else a read, which costs the API server a fraction of a write that changes nothing.
-        changed = new_status != _wire(self.job.status)
-        if changed:
-            actions.append(PatchStatus(new_status, self.job.metadata.resource_version))
-        elif mutations or self.events:
-            actions.append(ConfirmVersion(self.job.metadata.resource_version))
-        actions += mutations
-        actions += self.events
-        if self.requeue_after and not self.delete_job:
-            actions.append(RequeueAfter(min(self.requeue_after)))
-        return Decision(tuple(actions))
-
-    def _only_starts(self) -> bool:
-        """Whether this decision does nothing but start the attempt it reserved: then it creates
-        the pod alone, and the reservation is left to the look that finds the pod."""
-        if self.start_alone is None or _wire(self.status) != _wire(self.start_alone):
-            return False
-        creations = [action for action in self.pod_actions if isinstance(action, CreatePod)]
-        only_its_pod = len(self.pod_actions) == 1 and len(creations) == 1 and not self.releases
-        only_its_event = [event.reason for event in self.events] == ["AttemptStarting"]
-        label_stays = self.job.metadata.labels.get(api.LABEL_DEAD_LETTER) != "true"
-        return only_its_pod and only_its_event and label_stays and not self.delete_job and not self.conditions_to_set
-
-    def _status_changed(self) -> bool:
-        return _wire(self.status) != _wire(self.job.status)
-
-    def _stamp_last_beat(self, *, written_anyway: bool) -> None:
-        """lastHeartbeatAt rides along with other writes, and is written alone only when stale
-        by liveness.stamp_period: a beat must not cost an API write, and the stamps of all jobs
-        together stay within liveness.STAMP_WRITES_PER_SECOND."""
-        current = self.status.current_attempt
-        if self.beat is None or current is None or current.pod_uid != self.beat[0]:
-            return
-        beat_at = self.beat[1].replace(microsecond=0)
-        if beat_at == current.last_heartbeat_at:
-            return
-        if written_anyway or beat_stamp_due(current.last_heartbeat_at, beat_at, self.spec.heartbeat, self.stamp_floor):
-            self.update_attempt(last_heartbeat_at=beat_at)
-
-    def _refresh_conditions(self) -> None:
-        status = self.status
-        if status.phase is None:  # a status without phase, written by someone else: nothing to say yet
-            return
-        reason, message = status.reason or status.phase, status.message or ""
-        succeeded: api.ConditionStatus = (
-            "True" if status.phase == "Succeeded" else "False" if status.phase == "DeadLettered" else "Unknown"
-        )
-        # The three conditions that follow the phase, then those steps asked for, in one pass.
-        wanted: dict[str, tuple[api.ConditionStatus, str, str]] = {
-            "Succeeded": (succeeded, reason, message),
-            "DeadLettered": (_bool(status.phase == "DeadLettered"), reason, message),
-            "Running": (_bool(status.phase == "Running"), reason, message),
-            # kstatus (Flux, kubectl wait, cli-utils) reads these two: InProgress while Reconciling,
-            # Failed while Stalled, Current when neither is True (observedGeneration caught up).
-            # A suspended job is where its spec asks it to be: not reconciling.
-            "Reconciling": (_bool(status.phase not in ("Succeeded", "DeadLettered", "Suspended")), reason, message),
-            "Stalled": (_bool(status.phase == "DeadLettered"), reason, message),
-        }
-        conditions = list(status.conditions)
-        if not self.spec.heartbeat.required:  # liveness is the pod phase alone: nothing to say
-            conditions = remove_condition(conditions, CONDITION_HEARTBEAT)
-            self.conditions_to_set.pop(CONDITION_HEARTBEAT, None)
-        elif CONDITION_HEARTBEAT not in self.conditions_to_set and not find_condition(conditions, CONDITION_HEARTBEAT):
-            self.set_condition_later(CONDITION_HEARTBEAT, "Unknown", "NoAttemptRunning", "no attempt has run yet")
-        for type_ in _KEPT_CONDITIONS:  # the rest keep their values, with observedGeneration moved on
-            kept = find_condition(conditions, type_)
-            if kept is not None and type_ not in self.conditions_to_set:
-                self.set_condition_later(type_, kept.status, kept.reason, kept.message)
-        wanted.update(self.conditions_to_set)
-        for type_, (value, reason_, message_) in wanted.items():
-            conditions = set_condition(
-                conditions,
-                type=type_,
-                status=value,
-                reason=reason_,
-                message=message_,
-                now=self.now,
-                generation=self.job.metadata.generation,
-            )
-        self.update(conditions=conditions, observed_generation=self.job.metadata.generation)
-
-
-def _bool(value: bool) -> Literal["True", "False"]:
-    return "True" if value else "False"
-
-
-def _wire(status: VigilJobStatus) -> dict[str, Any]:
-    # Every field, None included: as a merge patch, null clears what the new status dropped.
-    return status.model_dump(mode="json", by_alias=True)
-
-
 def _stamp(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -412,7 +201,7 @@ def _stamp(moment: datetime) -> str:
 # ------------------------------------------------------------------------------------ steps
 
 
-def _adopt_newer_attempt(draft: _Draft, observed: _ObservedPods) -> None:
+def _adopt_newer_attempt(draft: Draft, observed: _ObservedPods) -> None:
     """A pod of ours with a number above status.attempts is an attempt status does not hold
     yet: take it as the current attempt rather than start another under a number already used.
 
@@ -436,7 +225,7 @@ def _adopt_newer_attempt(draft: _Draft, observed: _ObservedPods) -> None:
     draft.event("AttemptAdopted", message, warning=True)
 
 
-def _honour_redrive(draft: _Draft) -> None:
+def _honour_redrive(draft: Draft) -> None:
     """A new value of the vigil.dev/redrive annotation starts a new round of attempts for a
     dead-lettered job; any other job only records the value as seen, so that it cannot fire
     later by surprise."""
@@ -468,7 +257,7 @@ def _honour_redrive(draft: _Draft) -> None:
     draft.event("Redriven", message)
 
 
-def _accept_late_success(draft: _Draft, observed: _ObservedPods) -> None:
+def _accept_late_success(draft: Draft, observed: _ObservedPods) -> None:
     """A pod of an attempt replaced as Lost that reports Succeeded after all (having finished
     before its deletion was requested: see vigil.core.podstate) makes the job Succeeded: its record's
     outcome becomes Succeeded, and the current attempt (its replacement, or a later one) is
@@ -523,7 +312,7 @@ def _accept_late_success(draft: _Draft, observed: _ObservedPods) -> None:
     draft.event("LateSuccess", message)
 
 
-def _follow_current_attempt(draft: _Draft, observed: _ObservedPods, rng: random.Random) -> None:
+def _follow_current_attempt(draft: Draft, observed: _ObservedPods, rng: random.Random) -> None:
     """Record what the current attempt's pod says: its progress, or how it ended."""
     current = draft.status.current_attempt
     if current is None:
@@ -590,7 +379,7 @@ def _follow_current_attempt(draft: _Draft, observed: _ObservedPods, rng: random.
         _after_failure(draft, rng, summary)
 
 
-def _take_checkpoint(draft: _Draft, current: CurrentAttempt, value: str) -> None:
+def _take_checkpoint(draft: Draft, current: CurrentAttempt, value: str) -> None:
     """Copy the attempt's checkpoint to status.lastCheckpoint (a write only when it changed); a
     bad one is ignored, with one warning per distinct value: the CheckpointAccepted condition's
     message names the value refused last, and the event fires only when that message changes."""
@@ -611,7 +400,7 @@ def _take_checkpoint(draft: _Draft, current: CurrentAttempt, value: str) -> None
     draft.set_condition_later(CONDITION_CHECKPOINT, "False", "CheckpointRejected", message)
 
 
-def _follow_live_pod(draft: _Draft, pod: podstate.Pod, report: podstate.PodReport, rng: random.Random) -> None:
+def _follow_live_pod(draft: Draft, pod: podstate.Pod, report: podstate.PodReport, rng: random.Random) -> None:
     current = draft.status.current_attempt
     assert current is not None
     if current.pod_uid is None or report.state != "Pending":
@@ -662,7 +451,7 @@ def _follow_live_pod(draft: _Draft, pod: podstate.Pod, report: podstate.PodRepor
             draft.beat = (podstate.uid_of(pod), verdict.last_beat_at)
 
 
-def _apply_suspend(draft: _Draft) -> None:
+def _apply_suspend(draft: Draft) -> None:
     """spec.suspend cancels the current attempt (it does not count; _stop_stray_pods deletes
     its pod) and starts no other; setting it back to false resumes where the job was."""
     if draft.status.is_terminal:
@@ -683,7 +472,7 @@ def _apply_suspend(draft: _Draft) -> None:
         draft.event("Resumed", message)
 
 
-def _deadlines(draft: _Draft) -> tuple[datetime | None, datetime | None]:
+def _deadlines(draft: Draft) -> tuple[datetime | None, datetime | None]:
     """When the whole job (activeDeadlineSeconds) and its current attempt
     (attemptDeadlineSeconds) run out of time; None where there is no such limit yet."""
     status, spec = draft.status, draft.spec
@@ -694,7 +483,7 @@ def _deadlines(draft: _Draft) -> tuple[datetime | None, datetime | None]:
     return job_due, attempt_due
 
 
-def _enforce_deadlines(draft: _Draft, rng: random.Random) -> None:
+def _enforce_deadlines(draft: Draft, rng: random.Random) -> None:
     """activeDeadlineSeconds ends the whole job; attemptDeadlineSeconds ends one attempt. The
     attempt is closed here; _stop_stray_pods deletes its pod. The timers for deadlines still to
     come are set by _arm_deadlines, once _run may have started an attempt."""
@@ -725,7 +514,7 @@ def _enforce_deadlines(draft: _Draft, rng: random.Random) -> None:
         _after_failure(draft, rng, summary)
 
 
-def _arm_deadlines(draft: _Draft) -> None:
+def _arm_deadlines(draft: Draft) -> None:
     """A look when the job's or the current attempt's deadline comes, an attempt started by this
     very decision included: the decision is complete, no look at its own write is needed to set
     the timer."""
@@ -736,7 +525,7 @@ def _arm_deadlines(draft: _Draft) -> None:
             draft.requeue_at(due)
 
 
-def _run(draft: _Draft, observed: _ObservedPods, may_start: bool, waiting: tuple[str, str] | None) -> None:
+def _run(draft: Draft, observed: _ObservedPods, may_start: bool, waiting: tuple[str, str] | None) -> None:
     """Make sure the current attempt has its pod, or start the next attempt when it is due."""
     status, retry = draft.status, draft.spec.retry
     if status.is_terminal or status.phase == "Suspended":
@@ -785,7 +574,7 @@ def _run(draft: _Draft, observed: _ObservedPods, may_start: bool, waiting: tuple
         draft.event("PodNameConflict", message, warning=True)
 
 
-def _previous_pod_remains(draft: _Draft, observed: _ObservedPods) -> bool:
+def _previous_pod_remains(draft: Draft, observed: _ObservedPods) -> bool:
     """Under NoOverlap, whether a pod of an earlier attempt still exists, and if so say so. A
     terminating pod counts: on a partitioned node it may run on for as long as the partition
     lasts, and the job stalls rather than risk two copies (consistency over availability)."""
@@ -808,7 +597,7 @@ def _previous_pod_remains(draft: _Draft, observed: _ObservedPods) -> bool:
     return True
 
 
-def _agent_image_missing(draft: _Draft) -> bool:
+def _agent_image_missing(draft: Draft) -> bool:
     """Whether the job asks for the injected agent (heartbeat.agent: Sidecar) of an operator
     that has no agent image, and if so say so. Started, its attempt would never beat and would
     be declared Lost, attempt after attempt; it waits instead, until the operator is given an
@@ -828,19 +617,19 @@ def _agent_image_missing(draft: _Draft) -> bool:
     return True
 
 
-def _reserve_next_attempt(draft: _Draft) -> None:
+def _reserve_next_attempt(draft: Draft) -> None:
     """Record attempt N+1 in status; _run then creates its pod, in the same decision. If the
     decision does nothing else, the record is not written: the look that finds the pod makes
-    it (see _Draft._only_starts)."""
+    it (see Draft._only_starts)."""
     before = draft.status
     number = before.attempts + 1
     _record_start(draft, number, attempt_pod_name(draft.job.metadata.name, number), None, draft.now)
     draft.event("AttemptStarting", draft.status.message or "")
-    if _wire(before) == _wire(draft.job.status):
+    if wire(before) == wire(draft.job.status):
         draft.start_alone = draft.status
 
 
-def _record_start(draft: _Draft, number: int, pod_name: str, pod_uid: str | None, started_at: datetime) -> None:
+def _record_start(draft: Draft, number: int, pod_name: str, pod_uid: str | None, started_at: datetime) -> None:
     """Status as it is when attempt `number` starts (reserved, or found in its pod)."""
     draft.update(
         attempts=number,
@@ -855,7 +644,7 @@ def _record_start(draft: _Draft, number: int, pod_name: str, pod_uid: str | None
     draft.set_phase("Starting", "AttemptStarting", message)
 
 
-def _expire_after_ttl(draft: _Draft) -> None:
+def _expire_after_ttl(draft: Draft) -> None:
     ttl, status = draft.spec.ttl_seconds_after_finished, draft.status
     if ttl is None or not status.is_terminal or status.finished_at is None:
         return
@@ -866,7 +655,7 @@ def _expire_after_ttl(draft: _Draft) -> None:
         draft.requeue_at(due)
 
 
-def _stop_stray_pods(draft: _Draft, observed: _ObservedPods) -> None:
+def _stop_stray_pods(draft: Draft, observed: _ObservedPods) -> None:
     """Delete our pods that still run but belong to no current attempt: the pod of an attempt
     this decision closed (deadline, suspend, Lost, a late success), or one left by a crash between
     closing an attempt and deleting its pod, or seen late. The pod of a Lost attempt is first
@@ -887,7 +676,7 @@ def _stop_stray_pods(draft: _Draft, observed: _ObservedPods) -> None:
         draft.delete_pod(pod)
 
 
-def _record_final_states(draft: _Draft, observed: _ObservedPods) -> None:
+def _record_final_states(draft: Draft, observed: _ObservedPods) -> None:
     """Add the exit code (and node) of a finished pod to its attempt's record when the attempt
     was closed before the pod ended (Lost, PodDeleted, Cancelled, DeadlineExceeded): the outcome
     stays as recorded, and the exit code is in status before the finalizer goes."""
@@ -907,7 +696,7 @@ def _record_final_states(draft: _Draft, observed: _ObservedPods) -> None:
         draft.update(history=history)
 
 
-def _release_pods(draft: _Draft, observed: _ObservedPods) -> None:
+def _release_pods(draft: Draft, observed: _ObservedPods) -> None:
     """Release the pods that can say nothing more and whose attempt is closed (the rule is in the
     module docstring). Runs last, on the status this decision writes."""
     current = draft.status.current_attempt
@@ -923,7 +712,7 @@ def _release_pods(draft: _Draft, observed: _ObservedPods) -> None:
 
 
 def _close_attempt(
-    draft: _Draft,
+    draft: Draft,
     outcome: Outcome,
     *,
     reason: str | None,
@@ -956,7 +745,7 @@ def _close_attempt(
     return summary
 
 
-def _after_failure(draft: _Draft, rng: random.Random, summary: str) -> None:
+def _after_failure(draft: Draft, rng: random.Random, summary: str) -> None:
     """After a counted failure: back off before the next attempt, or dead-letter the job if
     the round has no attempts left."""
     last = draft.status.history[-1]
@@ -979,7 +768,7 @@ def _after_failure(draft: _Draft, rng: random.Random, summary: str) -> None:
     draft.requeue_at(next_attempt_at)
 
 
-def _dead_letter(draft: _Draft, reason: str, why: str) -> None:
+def _dead_letter(draft: Draft, reason: str, why: str) -> None:
     name = draft.job.metadata.name
     message = (
         f"dead-lettered: {why}. To run it again: kubectl annotate vj/{name} "
