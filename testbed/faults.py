@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from testbed.cluster import CACHE, Cluster, _pid_alive, _start_time, _tail
+from testbed.processes import CACHE, Cluster, _pid_alive, _start_time, _tail
 
 CHUNK = 64 * 1024
 CONTROL_TIMEOUT = 10.0  # seconds for one control request, connect to answer

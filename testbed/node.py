@@ -20,7 +20,7 @@ cluster); the API server's Service address (10.0.0.1:443, what in-cluster client
 the API server on 127.0.0.1 by one DNAT rule for that subnet, as kube-proxy would (there is no
 kube-proxy). The kubelet listens on that bridge's address (10.200.N.1, on this machine) and
 registers it as its InternalIP, the address kube-apiserver dials for `kubectl logs` and `exec`
-(testbed/cluster.py); it refuses a loopback one.
+(testbed/components.py); it refuses a loopback one.
 
 Needs root (containerd, the bridge, iptables). Standard library only, like testbed/cluster.py.
 """
@@ -41,8 +41,20 @@ import tempfile
 import time
 from pathlib import Path
 
-from testbed import cluster as bed
-from testbed.cluster import Cluster, ClusterError, log
+from testbed.nodes import (
+    _dnat_rule,
+    _run,
+    bridge,
+    ctr,
+    down,
+    gateway,
+    home,
+    node_name,
+    socket_path,
+    subnet,
+)
+from testbed.pki import _client_cert, write_kubeconfig
+from testbed.processes import Cluster, ClusterError, _get, binary, log, running_pid, start, wait_for
 
 LABEL = "vigil.dev/real-node"
 TAINT = {"key": LABEL, "value": "true", "effect": "NoSchedule"}
@@ -52,50 +64,13 @@ POD_PLACEMENT = {
     "tolerations": [{"key": LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"}],
 }
 CNI_BIN = Path("/usr/lib/cni")  # Debian's containernetworking-plugins (podman's dependency)
-API_SERVICE_IP = "10.0.0.1"  # the first address of testbed.cluster.SERVICE_CIDR: the kubernetes Service
 PAUSE_REPOSITORY = "localhost/vigil-pause"
 COMPONENTS = ("containerd", "kubelet")  # start order; `down` stops them in reverse
-
-
-def node_name(cluster: Cluster) -> str:
-    return f"{cluster.name}-real-node"
-
-
-def home(cluster: Cluster) -> Path:
-    return cluster.dir / "node"
-
-
-def socket_path(cluster: Cluster) -> Path:
-    return home(cluster) / "containerd.sock"
 
 
 def kubelet_port(cluster: Cluster) -> int:
     # The cluster's own ports are base .. base+5, the demo operator's base+10 .. +13 (testbed.demo).
     return cluster.ports.apiserver + 20
-
-
-def _net_id(cluster: Cluster) -> int:
-    return int(hashlib.sha256(cluster.name.encode()).hexdigest(), 16) % 250 + 1
-
-
-def bridge(cluster: Cluster) -> str:
-    return f"vigil-{hashlib.sha256(cluster.name.encode()).hexdigest()[:8]}"  # at most 15 characters
-
-
-def subnet(cluster: Cluster) -> str:
-    return f"10.200.{_net_id(cluster)}.0/24"
-
-
-def gateway(cluster: Cluster) -> str:
-    return f"10.200.{_net_id(cluster)}.1"
-
-
-def _run(*args: str, check: bool = True, input: bytes | None = None, timeout: float = 300) -> str:
-    done = subprocess.run(list(args), capture_output=True, input=input, timeout=timeout)
-    if check and done.returncode:
-        error = done.stderr.decode(errors="replace").strip()
-        raise ClusterError(f"{' '.join(args)} failed ({done.returncode}): {error}")
-    return done.stdout.decode(errors="replace")
 
 
 def _require() -> None:
@@ -106,11 +81,7 @@ def _require() -> None:
         raise ClusterError(
             f"missing {', '.join(missing) or CNI_BIN / 'bridge'}: run testbed/build.sh (it installs containerd)"
         )
-    bed.binary("kubelet")
-
-
-def ctr(cluster: Cluster, *args: str, timeout: float = 300) -> str:
-    return _run("ctr", "--address", str(socket_path(cluster)), "--namespace", "k8s.io", *args, timeout=timeout)
+    binary("kubelet")
 
 
 # --- images ---------------------------------------------------------------------------------
@@ -189,7 +160,7 @@ def import_images(cluster: Cluster, images: list[str]) -> None:
     """Copies podman images into the node's containerd (namespace k8s.io, the kubelet's), under
     the same names; a pod then runs them with imagePullPolicy: Never. An image imported before
     with the same podman image ID is not copied again (Vigil's image takes a minute or more)."""
-    if not bed.running_pid(cluster, "containerd"):
+    if not running_pid(cluster, "containerd"):
         raise ClusterError(f"the real node of {cluster.name!r} is not running: `python -m testbed.node up` first")
     record = home(cluster) / "imported.json"
     imported = json.loads(record.read_text()) if record.exists() else {}
@@ -299,14 +270,6 @@ def _kubelet_config(cluster: Cluster) -> dict:
 # --- the host's network ------------------------------------------------------------------------
 
 
-def _dnat_rule(cluster: Cluster) -> list[str]:
-    return [
-        "PREROUTING", "-s", subnet(cluster), "-d", API_SERVICE_IP, "-p", "tcp", "--dport", "443",
-        "-m", "comment", "--comment", f"vigil testbed {cluster.name}: kubernetes Service",
-        "-j", "DNAT", "--to-destination", f"127.0.0.1:{cluster.ports.apiserver}",
-    ]  # fmt: skip
-
-
 def _network_up(cluster: Cluster) -> None:
     """The pods' bridge (made here, before the CNI plugin would, so that it may route to
     127.0.0.1) and the DNAT rule that stands in for kube-proxy for the kubernetes Service."""
@@ -323,19 +286,11 @@ def _network_up(cluster: Cluster) -> None:
         _run("iptables", "-t", "nat", "-A", *rule)
 
 
-def _network_down(cluster: Cluster) -> None:
-    rule = _dnat_rule(cluster)
-    while subprocess.run(["iptables", "-t", "nat", "-C", *rule], capture_output=True).returncode == 0:
-        _run("iptables", "-t", "nat", "-D", *rule)
-    subprocess.run(["ip", "link", "del", bridge(cluster)], capture_output=True)
-    shutil.rmtree(home(cluster) / "cni-ipam", ignore_errors=True)
-
-
 # --- up and down ---------------------------------------------------------------------------------
 
 
 def _node(cluster: Cluster) -> dict | None:
-    return bed._get(cluster, f"/api/v1/nodes/{node_name(cluster)}")
+    return _get(cluster, f"/api/v1/nodes/{node_name(cluster)}")
 
 
 def _ready(cluster: Cluster) -> bool:
@@ -345,7 +300,7 @@ def _ready(cluster: Cluster) -> bool:
 
 
 def running(cluster: Cluster) -> bool:
-    return all(bed.running_pid(cluster, c) for c in COMPONENTS)
+    return all(running_pid(cluster, c) for c in COMPONENTS)
 
 
 def up(cluster: Cluster, images: list[str] | None = None) -> None:
@@ -353,7 +308,7 @@ def up(cluster: Cluster, images: list[str] | None = None) -> None:
     and imports `images`."""
     began = time.monotonic()
     _require()
-    apiserver = bed.running_pid(cluster, "kube-apiserver")
+    apiserver = running_pid(cluster, "kube-apiserver")
     if not apiserver:
         raise ClusterError(f"cluster {cluster.name!r} is not running: `python -m testbed.cluster up` first")
     if b"--kubelet-preferred-address-types" not in Path(f"/proc/{apiserver}/cmdline").read_bytes():
@@ -371,8 +326,8 @@ def up(cluster: Cluster, images: list[str] | None = None) -> None:
     (node / "containerd.toml").write_text(_containerd_config(cluster, sandbox))
     (node / "cni" / "10-vigil.conflist").write_text(json.dumps(_cni_config(cluster), indent=2))
     _network_up(cluster)
-    bed.start(cluster, "containerd", ["containerd", "--config", str(node / "containerd.toml"), "--log-level", "warn"])
-    bed.wait_for(
+    start(cluster, "containerd", ["containerd", "--config", str(node / "containerd.toml"), "--log-level", "warn"])
+    wait_for(
         "containerd's socket",
         lambda: (
             subprocess.run(["ctr", "--address", str(socket_path(cluster)), "version"], capture_output=True).returncode
@@ -386,15 +341,15 @@ def up(cluster: Cluster, images: list[str] | None = None) -> None:
 
     user = f"kubelet-{name}"
     if not (cluster.pki / f"{user}.crt").exists():
-        bed._client_cert(cluster.pki, user, f"/O=system:nodes/CN=system:node:{name}")
+        _client_cert(cluster.pki, user, f"/O=system:nodes/CN=system:node:{name}")
     kubeconfig = node / "kubelet.kubeconfig"
-    bed.write_kubeconfig(cluster, kubeconfig, user)
+    write_kubeconfig(cluster, kubeconfig, user)
     (node / "kubelet.yaml").write_text(json.dumps(_kubelet_config(cluster), indent=2))  # JSON is YAML
-    bed.start(
+    start(
         cluster,
         "kubelet",
         [
-            bed.binary("kubelet"),
+            binary("kubelet"),
             f"--config={node / 'kubelet.yaml'}",
             f"--kubeconfig={kubeconfig}",
             f"--root-dir={node / 'kubelet'}",
@@ -407,117 +362,15 @@ def up(cluster: Cluster, images: list[str] | None = None) -> None:
             "--v=1",
         ],
     )
-    bed.wait_for(f"node {name} to be Ready", lambda: _ready(cluster), 120, cluster, "kubelet")
+    wait_for(f"node {name} to be Ready", lambda: _ready(cluster), 120, cluster, "kubelet")
     import_images(cluster, images or [])
     took = time.monotonic() - began
     log(f"real node {name} is Ready in {took:.1f}s (logs: {cluster.logs}/kubelet.log and containerd.log)")
 
 
-def _sandbox_netns(cluster: Cluster) -> set[str]:
-    """The network namespaces (/var/run/netns/cni-*) of the pods containerd holds."""
-    found: set[str] = set()
-    try:
-        for container in ctr(cluster, "containers", "ls", "-q", timeout=30).split():
-            info = json.loads(ctr(cluster, "containers", "info", container, timeout=30))
-            for space in ((info.get("Spec") or {}).get("linux") or {}).get("namespaces") or []:
-                if space.get("type") == "network" and str(space.get("path", "")).startswith("/var/run/netns/"):
-                    found.add(space["path"])
-    except (ClusterError, subprocess.TimeoutExpired, ValueError):
-        pass
-    return found
-
-
-def _drain(cluster: Cluster, netns: set[str], timeout: float = 30) -> None:
-    """Deletes the node's pods (the kubelet stops them through the CRI, which tears their network
-    down: the veth, the IP, the network namespace) and waits a while for that to be done."""
-    try:
-        bed.kubectl(
-            cluster, "delete", "pods", "--all-namespaces", "--field-selector", f"spec.nodeName={node_name(cluster)}",
-            "--grace-period=1", "--wait=false",
-        )  # fmt: skip
-    except ClusterError as err:
-        log(f"real node: could not delete its pods ({err}); stopping their containers directly")
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            tasks = ctr(cluster, "tasks", "ls", timeout=10).splitlines()[1:]
-        except (ClusterError, subprocess.TimeoutExpired):
-            return
-        # Every container stopped (sandboxes included), and every pod's network torn down.
-        if not any("RUNNING" in task for task in tasks) and not any(Path(path).exists() for path in netns):
-            return
-        time.sleep(0.5)
-
-
-def _remove_containers(cluster: Cluster) -> None:
-    """Kills and deletes whatever containers containerd still holds, so that no shim and no
-    process of a pod outlives the node."""
-    try:
-        for line in ctr(cluster, "tasks", "ls", timeout=30).splitlines()[1:]:
-            task = line.split()[0]
-            subprocess.run(
-                ["ctr", "--address", str(socket_path(cluster)), "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", task],
-                capture_output=True,
-                timeout=30,
-            )
-            subprocess.run(
-                ["ctr", "--address", str(socket_path(cluster)), "-n", "k8s.io", "tasks", "delete", "--force", task],
-                capture_output=True,
-                timeout=30,
-            )
-        for container in ctr(cluster, "containers", "ls", "-q", timeout=30).split():
-            subprocess.run(
-                ["ctr", "--address", str(socket_path(cluster)), "-n", "k8s.io", "containers", "delete", container],
-                capture_output=True,
-                timeout=30,
-            )
-    except (ClusterError, subprocess.TimeoutExpired) as err:
-        log(f"real node: could not remove every container: {err}")
-
-
-def _unmount_below(path: Path) -> None:
-    """Unmounts what the kubelet and containerd mounted under `path` (volumes, rootfs, netns)."""
-    try:
-        mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
-    except OSError:
-        return
-    for mount in sorted((m for m in mounts if m.startswith(str(path) + "/")), key=len, reverse=True):
-        subprocess.run(["umount", "-l", mount], capture_output=True)
-
-
-def down(cluster: Cluster) -> None:
-    """Stops the node's pods, the kubelet and containerd, and removes the bridge and the DNAT
-    rule. Safe to call when nothing runs."""
-    node = home(cluster)
-    if not node.exists():
-        return
-    kubelet_ran = bed.running_pid(cluster, "kubelet") is not None
-    containerd_ran = bed.running_pid(cluster, "containerd") is not None
-    netns = _sandbox_netns(cluster) if containerd_ran else set()
-    if kubelet_ran and containerd_ran and bed.running_pid(cluster, "kube-apiserver"):
-        _drain(cluster, netns)
-    bed.stop(cluster, "kubelet")
-    if containerd_ran:
-        _remove_containers(cluster)
-    bed.stop(cluster, "containerd")
-    for path in netns:  # what the kubelet did not tear down (no CNI DEL ran for it)
-        if Path(path).exists():
-            subprocess.run(["ip", "netns", "delete", Path(path).name], capture_output=True)
-    _network_down(cluster)
-    _unmount_below(node)
-    if bed.running_pid(cluster, "kube-apiserver"):
-        try:
-            bed.kubectl(cluster, "delete", "node", node_name(cluster), "--ignore-not-found", "--wait=false")
-        except ClusterError as err:
-            log(f"real node: could not delete the Node object: {err}")
-    if kubelet_ran or containerd_ran:
-        log(f"real node {node_name(cluster)} is down")
-
-
 def status(cluster: Cluster) -> bool:
     for component in COMPONENTS:
-        pid = bed.running_pid(cluster, component)
+        pid = running_pid(cluster, component)
         print(f"{component:26} {f'running (pid {pid})' if pid else 'stopped'}")
     print(f"{'node':26} {node_name(cluster)} ({'Ready' if _ready(cluster) else 'not Ready'})")
     print(f"{'containerd socket':26} {socket_path(cluster)}")
@@ -534,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_intermixed_args(argv)  # images before or after --name
     cluster = Cluster.load(args.name)
     if cluster is None:
-        bed.log(f"ERROR: no cluster {args.name!r}: `python -m testbed.cluster up --name {args.name}` first")
+        log(f"ERROR: no cluster {args.name!r}: `python -m testbed.cluster up --name {args.name}` first")
         return 1
     try:
         if args.command == "up":
