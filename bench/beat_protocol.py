@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import ssl
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from pathlib import Path
 from aiohttp import web
 
 from bench import results_out
+from bench.procfs import cpu_seconds
 from vigil.servers.http import FastRoute, Reply
 
 MODES = ("aiohttp", "protocol")
@@ -108,11 +108,6 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def beat(port: int, pid: int, tokens: list[str], args: argparse.Namespace, scratch: Path) -> dict:

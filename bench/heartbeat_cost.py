@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from kubernetes import client, config  # noqa: E402
 
+from bench.procfs import cpu_seconds  # noqa: E402
 from testbed import cluster as testbed  # noqa: E402
 
 BASELINE = """
@@ -48,12 +49,6 @@ def configure(settings: kopf.OperatorSettings, **_):
 async def noop(**_):
     pass
 """
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(") ", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> int:
