@@ -52,8 +52,14 @@ Checks what values.schema.json cannot: relations between values. Included by dep
 {{- end }}
 {{- $_ := set $ports (toString $v.metrics.port) "metrics.port" }}
 {{- end }}
-{{- if and $v.webhook.enabled (hasKey $ports (toString $v.webhook.port)) }}
+{{- if $v.webhook.enabled }}
+{{- if hasKey $ports (toString $v.webhook.port) }}
 {{- fail (printf "webhook.port (%v) is already taken by %s: give each a port of its own" $v.webhook.port (get $ports (toString $v.webhook.port))) }}
+{{- end }}
+{{- $_ := set $ports (toString $v.webhook.port) "webhook.port" }}
+{{- end }}
+{{- if and (include "vigil.beats" .) (hasKey $ports (toString $v.heartbeat.port)) }}
+{{- fail (printf "heartbeat.port (%v) is already taken by %s: give each a port of its own (the beats have a server of their own)" $v.heartbeat.port (get $ports (toString $v.heartbeat.port))) }}
 {{- end }}
 {{- if and $v.heartbeat.namespaces (not (and $v.heartbeat.policy.create $v.heartbeat.serviceAccountNames)) }}
 {{- fail "heartbeat.namespaces grants the job accounts get and patch on every pod of those namespaces, which only the heartbeat policy narrows to their own pod's heartbeat: keep heartbeat.policy.create=true (and heartbeat.serviceAccountNames), or set heartbeat.namespaces=[]" }}
@@ -62,6 +68,23 @@ Checks what values.schema.json cannot: relations between values. Included by dep
 {{- fail "metrics.serviceMonitor.enabled=true needs metrics.enabled=true (there is nothing to scrape otherwise)" }}
 {{- end }}
 {{- end -}}
+
+{{- /* The webhook's Service, in front of the webhook's port and (with beats to the leader) the beat port. */ -}}
+{{- define "vigil.webhookService" -}}
+{{- printf "%s-webhook" (include "vigil.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- /*
+"true" when the operator serves beats to the leader (docs/heartbeats.md): heartbeat.leaderChannel
+with the webhook on, whose certificate Secret and Service (which selects the leader's pod alone)
+the beat server reuses, on a port of its own (heartbeat.port).
+*/ -}}
+{{- define "vigil.beats" -}}
+{{- if and .Values.heartbeat.leaderChannel .Values.webhook.enabled }}true{{ end }}
+{{- end -}}
+
+{{- /* The beat port of the webhook's Service: the port in the URL the pods are given. */ -}}
+{{- define "vigil.beatServicePort" -}}8443{{- end -}}
 
 {{- /*
 "true" when operator.watchNamespaces lists namespaces and none is a glob pattern: the operator then
