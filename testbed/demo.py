@@ -59,7 +59,7 @@ metadata: {name: vigil-job, namespace: default}
 apiVersion: rbac.authorization.k8s.io/v1
 kind: Role
 metadata: {name: vigil-heartbeat, namespace: default}
-rules: [{apiGroups: [""], resources: [pods], verbs: [get, patch]}]
+rules: [{apiGroups: [""], resources: [pods], verbs: [patch]}]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: RoleBinding

@@ -33,7 +33,7 @@ def grant_heartbeat_rbac(
     kube: Kube,
     namespace: str,
     account: str = JOB_ACCOUNT,
-    verbs: tuple[str, ...] = ("get", "patch"),
+    verbs: tuple[str, ...] = ("patch",),
     resources: tuple[str, ...] = ("pods",),
 ):
     """The job ServiceAccount and the Role/RoleBinding of docs/heartbeat-rbac.md (by default)."""

@@ -9,11 +9,13 @@ for `ALLOWED_TTL_SECONDS` (controller-runtime caches an authentication for a min
 forbidden one for `FORBIDDEN_TTL_SECONDS` (its deny TTL), a refused token for
 `UNAUTHENTICATED_TTL_SECONDS` (the API server's own token webhook caches failures as long). The
 cache holds at most `CACHE_ENTRIES` verdicts, the least recently used going first. A token not
-in the cache costs two requests to the API server, so reviews are budgeted: a token bucket of
-`REVIEWS_PER_SECOND` (burst `REVIEW_BURST`); past it a scrape with an unknown token is answered
-429 without any review, so a flood of made-up tokens costs the API server at most that rate,
-while a scraper whose verdict is cached is never held back. Times are a monotonic clock's,
-handed in.
+in the cache costs two requests to the API server, so reviews are budgeted, per source address
+and in all (`vigil.core.ratelimit.SourceBudget`): `REVIEWS_PER_SOURCE_PER_SECOND` (burst
+`REVIEW_SOURCE_BURST`) for one address, `REVIEWS_PER_SECOND` (burst `REVIEW_BURST`) for every
+address together. Past either a scrape with an unknown token is answered 429 without any review,
+so a flood of made-up tokens costs the API server at most the global rate, a flood from one
+address spends that address's reviews and not the real Prometheus's, and a scraper whose
+verdict is cached is never held back. Times are a monotonic clock's, handed in.
 """
 
 from __future__ import annotations
@@ -25,15 +27,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vigil.core.lru import Lru
-from vigil.core.ratelimit import TokenBucket
+from vigil.core.ratelimit import SourceBudget
 
 METRICS_PATH = "/metrics"
 ALLOWED_TTL_SECONDS = 60.0
 FORBIDDEN_TTL_SECONDS = 30.0
 UNAUTHENTICATED_TTL_SECONDS = 10.0
 CACHE_ENTRIES = 1024
-REVIEWS_PER_SECOND = 5.0
+REVIEWS_PER_SECOND = 5.0  # every address together: at most 10 API requests a second
 REVIEW_BURST = 10
+# One address: a scraper needs one review per token a minute (an allowed verdict is cached 60 s),
+# so one a second with a burst of 3 (a Prometheus pair behind one address, a token rotated) is
+# ample, and a flood from one address leaves 4 of the 5 a second to the others.
+REVIEWS_PER_SOURCE_PER_SECOND = 1.0
+REVIEW_SOURCE_BURST = 3
+REVIEW_SOURCES = 1024  # addresses whose budgets are kept (least recently heard out)
 MAX_TOKEN_BYTES = 16 * 1024  # far above a service account token (about 1 KiB); larger is refused unread
 
 
@@ -126,8 +134,12 @@ class VerdictCache:
 
 
 @dataclass
-class ReviewBudget(TokenBucket):
-    """A token bucket of reviews: `rate` a second, at most `burst` at once."""
+class ReviewBudget(SourceBudget):
+    """Reviews of unknown tokens: `rate` a second in all (at most `burst` at once), and
+    `source_rate` a second from any one address (at most `source_burst` at once)."""
 
     rate: float = REVIEWS_PER_SECOND
     burst: int = REVIEW_BURST
+    source_rate: float = REVIEWS_PER_SOURCE_PER_SECOND
+    source_burst: int = REVIEW_SOURCE_BURST
+    sources: int = REVIEW_SOURCES

@@ -20,6 +20,14 @@ What is checked, in order, each refusal saying why (never echoing the token):
 - the pod: the token's pod must be the one the body names (namespace, name and, when given, UID),
   so a pod can only ever beat for itself.
 
+A token's check is the dearest thing a beat costs (0.3-0.8 ms: the base64 and JSON of up to
+8 KiB, then the signature), and anyone who can reach the port may ask for one, so
+`VerifiedTokens` checks a token at most once: a good one is remembered until it expires (no
+budget spent on it, ever), a refused one for REFUSED_TTL_SECONDS (the same junk repeated costs a
+dictionary lookup), and a token in neither is checked only within a budget of checks, per source
+address and in all (`VerificationBudget`); past it the beat is refused at once (OverBudget: 503
+with a Retry-After, and the agent beats by its pod annotation meanwhile).
+
 Times are passed in (`now`, epoch seconds): no clock is read here.
 """
 
@@ -27,13 +35,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import jwt
 
 from vigil.core.lru import Lru
+from vigil.core.ratelimit import SourceBudget
 
 AUDIENCE = "vigil.dev"  # the projected token's audience: a token for anything else is refused
 PATH = "/v1/heartbeat"
@@ -48,6 +57,41 @@ CONNECTIONS_PER_SOURCE = 128
 # Tokens whose signature is known good, one per beating pod: room for the seed's 50,000 in flight.
 # An entry is a digest, a pod's identity and an expiry, about 0.4 KiB: at most ~26 MiB.
 MAX_VERIFIED = 65_536
+# Tokens refused, by digest, for REFUSED_TTL_SECONDS (a refusal under a key set the issuer has
+# since replaced is not believed): at most MAX_REFUSED, about 0.3 KiB each (~1.3 MiB).
+REFUSED_TTL_SECONDS = 30.0
+MAX_REFUSED = 4096
+
+# The budget of checks of tokens not remembered (`VerificationBudget`). A check costs ~0.4 ms of
+# the event loop for a pod's ~1 KiB RS256 token, ~0.8 ms for 8 KiB of junk with a valid-looking
+# header (measured on the bed, PyJWT 2.15).
+# - Steady: 50,000 beating pods each bring a new token once an hour or so (the kubelet rotates
+#   it at 80% of its 1 h life): 50,000 / 3,600 s = ~14 checks a second, far under the budget.
+# - A leader change: the new leader remembers no token, so every pod's next beat is a check,
+#   spread over one beat interval by the pods' phases (10 s by default): 10,000 pods bring
+#   1,000 a second for 10 s. The global burst (5,000) and rate (500/s) pass 5,000 + 10 * 500 =
+#   10,000 in 10 s: their re-verification takes one interval, as without a budget, at 20% of a
+#   core. 50,000 pods take 5,000 + 500 * t = 50,000, t = 90 s (about 9 intervals; the pods past
+#   the budget beat by annotation meanwhile); the leader could not do much more anyway, since
+#   50,000 checks are 20 s of its one event loop, before the 50,000 TLS handshakes.
+# - A flood: one address gets SOURCE_CHECKS_PER_SECOND (2, burst 20) whatever it sends, at most
+#   1.6 ms of the loop a second for 8 KiB of junk; it takes 250 addresses (attacking pods) to
+#   reach the global rate, which bounds the loop's share at 500 * 0.8 ms = 40% of a core,
+#   whatever the number of addresses. Tokens already verified spend no budget: a flood refuses
+#   no pod whose token is known, only new tokens, and those from other addresses only once the
+#   global budget is spent. The per-address burst (20) lets the pods of one node behind one
+#   address (hostNetwork pods) re-verify after a leader change: 20 + 10 * 2 = 40 in the first
+#   interval, 110 pods within a minute.
+CHECKS_PER_SECOND = 500.0
+CHECK_BURST = 5_000
+SOURCE_CHECKS_PER_SECOND = 2.0
+SOURCE_CHECK_BURST = 20
+CHECK_SOURCES = 8192  # addresses whose budgets are kept, ~2 MiB (a new one comes back full)
+# Past the budget the agent is asked to rest this long (beating by annotation meanwhile): about
+# one and a half default intervals, so a pod refused in a leader change's rush asks again once
+# the rush is over, not every beat.
+OVER_BUDGET_RETRY_SECONDS = 15
+
 # Signature algorithms of asymmetric keys only (the API server signs with RS256 or ES256).
 ALGORITHMS = frozenset({"RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "PS256", "PS384", "PS512"})
 
@@ -70,6 +114,15 @@ class UnknownKey(Refused):
         self.kid = kid
 
 
+class OverBudget(Refused):
+    """The token is not remembered and the budget of checks is spent (its source's or all
+    sources'): not checked, and no verdict on it. Answered 503 with a Retry-After of
+    OVER_BUDGET_RETRY_SECONDS."""
+
+    def __init__(self) -> None:
+        super().__init__(503, "too many new tokens to verify now: beat by the pod annotation, retry later")
+
+
 @dataclass(frozen=True, slots=True)
 class PodIdentity:
     namespace: str
@@ -79,10 +132,29 @@ class PodIdentity:
 
 @dataclass(frozen=True)
 class IssuerKeys:
-    """The service-account issuer and its public keys by key id."""
+    """The service-account issuer and its public keys by key id. `fingerprint` (parse_jwks'
+    digest of the issuer and the keys kept; "" when not made by it) tells a key set fetched
+    again unchanged from a new one: the tokens verified under the first stay verified."""
 
     issuer: str
     keys: Mapping[str, jwt.PyJWK]
+    fingerprint: str = field(default="", compare=False)
+
+    def same_as(self, other: IssuerKeys) -> bool:
+        return self is other or (bool(self.fingerprint) and self.fingerprint == other.fingerprint)
+
+
+@dataclass
+class VerificationBudget(SourceBudget):
+    """Checks of tokens not remembered: `rate` a second in all (at most `burst` at once), and
+    `source_rate` a second from any one address (at most `source_burst` at once). Monotonic
+    times."""
+
+    rate: float = CHECKS_PER_SECOND
+    burst: int = CHECK_BURST
+    source_rate: float = SOURCE_CHECKS_PER_SECOND
+    source_burst: int = SOURCE_CHECK_BURST
+    sources: int = CHECK_SOURCES
 
 
 def parse_jwks(issuer: str, document: bytes | str | Mapping[str, Any]) -> IssuerKeys:
@@ -92,6 +164,7 @@ def parse_jwks(issuer: str, document: bytes | str | Mapping[str, Any]) -> Issuer
     if not isinstance(entries, list):
         raise ValueError("a JSON Web Key Set has a list of keys")
     keys: dict[str, jwt.PyJWK] = {}
+    kept: dict[str, Mapping[str, Any]] = {}
     for entry in entries[:MAX_KEYS]:
         if not isinstance(entry, Mapping) or not isinstance(entry.get("kid"), str):
             continue
@@ -101,7 +174,9 @@ def parse_jwks(issuer: str, document: bytes | str | Mapping[str, Any]) -> Issuer
             keys[entry["kid"]] = jwt.PyJWK(dict(entry))
         except (jwt.PyJWKError, jwt.InvalidKeyError, ValueError, TypeError):
             continue  # a key this library cannot use is one no token of ours is signed with
-    return IssuerKeys(issuer, keys)
+        kept[entry["kid"]] = entry
+    canonical = json.dumps([issuer, kept], sort_keys=True, separators=(",", ":"), default=str)
+    return IssuerKeys(issuer, keys, hashlib.sha256(canonical.encode()).hexdigest())
 
 
 def read_body(body: bytes) -> PodIdentity:
@@ -146,33 +221,87 @@ class _Verified:
     keys: IssuerKeys  # the key set the signature was checked against
 
 
-class VerifiedTokens:
-    """`verify`, remembering the tokens it found good. A pod sends the same token with every beat
-    until the kubelet rotates it (at 80% of its life), and checking the signature is the dearest
-    part of a beat (an RSA verification and the base64 of ~1 KiB), so it is checked once per
-    token rather than once per beat. The same bytes under the same key set verify the same way;
-    what changes with time is checked on every use: the expiry against `now`, and a refreshed key
-    set (a rotation, a withdrawn key) verifies every token anew. Refused tokens are not kept. At
-    most `entries` tokens are held, the least recently used going first; the key is the token's
-    SHA-256, so a token is never kept in memory."""
+@dataclass(frozen=True, slots=True)
+class _Refusal:
+    """A refusal as data: not the exception, whose traceback would keep the token alive."""
 
-    def __init__(self, entries: int = MAX_VERIFIED) -> None:
+    status: int
+    why: str
+    kid: str | None  # an UnknownKey's: raised as one again, so the caller refreshes the keys
+    keys: IssuerKeys  # the key set it was refused under
+    at: float
+
+    @classmethod
+    def of(cls, refused: Refused, keys: IssuerKeys, now: float) -> _Refusal:
+        kid = refused.kid if isinstance(refused, UnknownKey) else None
+        return cls(refused.status, str(refused), kid, keys, now)
+
+    def again(self) -> Refused:
+        return UnknownKey(self.kid) if self.kid is not None else Refused(self.status, self.why)
+
+
+def always() -> bool:
+    return True
+
+
+class VerifiedTokens:
+    """`verify`, remembering what it found. A pod sends the same token with every beat until the
+    kubelet rotates it (at 80% of its life), and checking it is the dearest part of a beat, so it
+    is checked once per token rather than once per beat. The same bytes under the same key set
+    verify the same way; what changes with time is checked on every use: the expiry against
+    `now`, and a key set that changed (a rotation, a withdrawn key) verifies every token anew (one
+    fetched again unchanged does not: `IssuerKeys.same_as`). At most `entries` good tokens are
+    held, the least recently used going first.
+
+    Refused tokens are remembered too, apart (so junk never pushes a pod's good token out): at
+    most `refused_entries`, each for REFUSED_TTL_SECONDS, so the same junk posted again is
+    refused by a lookup, not another check. Only a token in neither is checked, and only when
+    `may_check()` allows it (a budget, `VerificationBudget`), else OverBudget, which is not
+    remembered. The keys are the token's SHA-256 (with the audience), so a token is never kept in
+    memory."""
+
+    def __init__(self, entries: int = MAX_VERIFIED, refused_entries: int = MAX_REFUSED) -> None:
         self._held: Lru[bytes, _Verified] = Lru(entries)
+        self._refused: Lru[bytes, _Refusal] = Lru(refused_entries)
 
     def __len__(self) -> int:
+        """The good tokens remembered."""
         return len(self._held)
 
-    def verify(self, token: str, keys: IssuerKeys, now: float, audience: str = AUDIENCE) -> PodIdentity:
+    def refused(self) -> int:
+        """The refused tokens remembered."""
+        return len(self._refused)
+
+    def verify(
+        self,
+        token: str,
+        keys: IssuerKeys,
+        now: float,
+        audience: str = AUDIENCE,
+        may_check: Callable[[], bool] = always,
+    ) -> PodIdentity:
         if len(token) > MAX_TOKEN_BYTES:
             raise Refused(401, f"the token is over {MAX_TOKEN_BYTES} bytes")
         digest = hashlib.sha256(f"{audience}\n{token}".encode()).digest()
         held = self._held.get(digest)
-        if held is not None and held.keys is keys:
+        if held is not None and held.keys.same_as(keys):
             if now >= held.exp + LEEWAY_SECONDS:
                 self._held.discard(digest)
                 raise Refused(401, "the token has expired")
             return held.identity
-        identity, exp = _verify(token, keys, now, audience)
+        refusal = self._refused.get(digest)
+        if refusal is not None:
+            # `now` is a wall clock: one set back does not stretch a refusal past its time either.
+            if refusal.keys.same_as(keys) and refusal.at <= now < refusal.at + REFUSED_TTL_SECONDS:
+                raise refusal.again()
+            self._refused.discard(digest)
+        if not may_check():
+            raise OverBudget()
+        try:
+            identity, exp = _verify(token, keys, now, audience)
+        except Refused as refused:
+            self._refused.put(digest, _Refusal.of(refused, keys, now))
+            raise
         self._held.put(digest, _Verified(identity, exp, keys))
         return identity
 

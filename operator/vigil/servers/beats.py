@@ -7,10 +7,13 @@ that reached a standby (a Service not yet updated after a failover) beats by its
 for that beat and finds the new leader with its next one.
 
 Anyone who can reach the port can post here, so what a request may cost is bounded before it
-costs it: the token's and body's sizes, the body's arrival time, and the requests in flight (the
-excess is answered 503 at once). A verified beat is O(1) on the event loop: a signature check
-the first time a token is seen (about 50 us for RS256, then remembered, see
-`beats.VerifiedTokens`) and a few dictionary operations.
+costs it: the token's and body's sizes, the body's arrival time, the requests in flight (the
+excess is answered 503 at once), and the checks of tokens not seen before, within a budget per
+source address and in all (`beats.VerificationBudget`; past it 503 with a Retry-After of
+`beats.OVER_BUDGET_RETRY_SECONDS`, outcome over-budget). A verified beat is O(1) on the event
+loop: a token's check the first time it is seen (about 0.4 ms for RS256, then remembered, see
+`beats.VerifiedTokens`; a refused token is remembered too, for a while) and a few dictionary
+operations.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ READ_SECONDS = 2.0  # for the body (under 1 KiB) to arrive
 # Outcomes counted in vigil_heartbeat_posts_total (a bounded label set).
 OUTCOMES = (
     "counted", "bad-request", "unauthenticated", "wrong-pod", "unknown-pod", "busy", "not-leader", "no-keys",
-    "over-capacity",
+    "over-capacity", "over-budget",
 )  # fmt: skip
 _OUTCOME_OF_STATUS = {
     400: "bad-request",
@@ -49,6 +52,11 @@ ANSWERS = {
     state: Reply(200, json.dumps({"state": state}).encode())
     for state in (beats.RENEWED, beats.SUPERSEDED, beats.DELETING)
 }
+# A beat past the budget of checks, made once too (a flood's answers cost no encoding): 503 with
+# a Retry-After, which the agent honours by beating by annotation meanwhile (agent.channel).
+OVER_BUDGET = Reply.error(
+    503, str(beats.OverBudget()), headers={"Retry-After": str(beats.OVER_BUDGET_RETRY_SECONDS)}
+)
 
 Keys = Callable[[str | None], Awaitable[beats.IssuerKeys | None]]
 
@@ -69,6 +77,7 @@ class BeatEndpoint:
     pod_of: the attempt pod of a UID the leader holds (the pod cache), or None.
     heard: counts a verified beat for that pod (`JobEvents.beat_heard`).
     count: called with each request's outcome (one of OUTCOMES), for the metrics.
+    budget: the checks of tokens not seen before, per source address and in all.
     """
 
     def __init__(
@@ -83,11 +92,13 @@ class BeatEndpoint:
         audience: str = beats.AUDIENCE,
         clock: Clock = SYSTEM,
         read_seconds: float = READ_SECONDS,
+        budget: beats.VerificationBudget | None = None,
     ) -> None:
         self.leading, self.keys, self.pod_of, self.heard, self.count = leading, keys, pod_of, heard, count
         self.audience, self.clock, self.read_seconds = audience, clock, read_seconds
         self.in_flight = 0
         self.verified = beats.VerifiedTokens()  # a pod's token is checked once, not on every beat
+        self.budget = budget if budget is not None else beats.VerificationBudget()
         self.held = held  # the keys held now, without a fetch: what the beats answered at once use
 
     def routes(self) -> list[FastRoute]:
@@ -95,9 +106,11 @@ class BeatEndpoint:
         # token was seen before is answered from the parser's callback, with no task.
         return [FastRoute(beats.PATH, self.handle, beats.MAX_BODY_BYTES, self.read_seconds, self._refused)]
 
-    def handle(self, headers: Mapping[str, str], body: bytes) -> Reply | Awaitable[Reply]:
+    def handle(self, headers: Mapping[str, str], body: bytes, peer: str = "") -> Reply | Awaitable[Reply]:
         """A beat's answer: at once when its token verifies against the keys held (nearly every
-        beat), else awaited (the keys not fetched yet, or a key id they lack)."""
+        beat), else awaited (the keys not fetched yet, or a key id they lack). `peer` is the
+        client's address, whose budget a check of a token not seen before spends ("": not known,
+        the global budget alone)."""
         if not self.leading():
             return self._refuse("not-leader", 503, "this replica does not lead: beat by the pod annotation")
         try:
@@ -105,16 +118,26 @@ class BeatEndpoint:
             claimed = beats.read_body(body)
             keys = self.held()
             if keys is None:
-                return self._awaited(token, claimed, None)
+                return self._awaited(token, claimed, None, peer)
             try:
-                identity = self.verified.verify(token, keys, self.clock.wall().timestamp(), self.audience)
+                identity = self.verified.verify(
+                    token, keys, self.clock.wall().timestamp(), self.audience, self._may_check(peer)
+                )
             except beats.UnknownKey as unknown:
-                return self._awaited(token, claimed, unknown.kid)
+                return self._awaited(token, claimed, unknown.kid, peer)
             return self._counted(identity, claimed)
+        except beats.OverBudget:
+            self.count("over-budget")
+            return OVER_BUDGET
         except beats.Refused as refused:
             return self._refused_by(refused)
 
-    async def _awaited(self, token: str, claimed: beats.PodIdentity, kid: str | None) -> Reply:
+    def _may_check(self, peer: str) -> Callable[[], bool]:
+        """Asked only for a token neither verified nor refused before: a pod whose token is
+        known never spends (nor waits for) the budget."""
+        return lambda: self.budget.take(peer or None, self.clock.monotonic())
+
+    async def _awaited(self, token: str, claimed: beats.PodIdentity, kid: str | None, peer: str) -> Reply:
         if self.in_flight >= MAX_IN_FLIGHT:
             return self._refuse("busy", 503, f"{MAX_IN_FLIGHT} beats waiting for the issuer's keys already; retry")
         self.in_flight += 1
@@ -122,8 +145,13 @@ class BeatEndpoint:
             keys = await self.keys(kid)  # a rotated key: fetched at most every few seconds
             if keys is None:
                 return self._refuse("no-keys", 503, "the issuer's keys are not fetched yet; retry")
-            identity = self.verified.verify(token, keys, self.clock.wall().timestamp(), self.audience)
+            identity = self.verified.verify(
+                token, keys, self.clock.wall().timestamp(), self.audience, self._may_check(peer)
+            )
             return self._counted(identity, claimed)
+        except beats.OverBudget:
+            self.count("over-budget")
+            return OVER_BUDGET
         except beats.Refused as refused:
             return self._refused_by(refused)
         finally:

@@ -4,8 +4,9 @@ Served over HTTPS behind authentication and authorization by default, as control
 serves its metrics: the scraper's bearer token is reviewed by the API server (TokenReview), and
 the user it names must be allowed `get` on the non-resource URL /metrics (SubjectAccessReview).
 No token, or one the API server refuses: 401; a user without the permission: 403; too many
-unknown tokens at once: 429 without a review; the API server unable to answer: 503. What the
-answers mean, the cache of verdicts and the budget of reviews are `vigil.core.access`'s.
+unknown tokens at once, from the scraper's address or from all: 429 without a review; the API
+server unable to answer: 503. What the answers mean, the cache of verdicts and the budget of
+reviews (per address and in all) are `vigil.core.access`'s.
 `routes(registry)` alone (plain, no authentication) is what `vigil operator --metrics-insecure`
 serves, for a scraper on the same machine.
 """
@@ -64,20 +65,21 @@ class Access:
         budget: ReviewBudget | None = None,
     ) -> None:
         self.http, self.metrics, self.clock = http, metrics, clock
-        self.cache = cache or VerdictCache()
-        self.budget = budget or ReviewBudget()
+        self.cache = cache if cache is not None else VerdictCache()  # an empty one is falsy (__len__)
+        self.budget = budget if budget is not None else ReviewBudget()
         self._reviews: dict[str, asyncio.Future[Verdict]] = {}
 
-    async def verdict(self, token: str) -> Verdict | None:
-        """The token's verdict; None when it is unknown and the budget of reviews is spent.
-        Raises ApiError when the API server cannot say."""
+    async def verdict(self, token: str, source: str | None = None) -> Verdict | None:
+        """The token's verdict; None when it is unknown and the budget of reviews is spent, the
+        budget of `source` (the scraper's address; None: not known, the global budget alone) or
+        the global one. Raises ApiError when the API server cannot say."""
         key = token_key(token)
         cached = self.cache.get(key, self.clock.monotonic())
         if cached is not None:
             return cached
         running = self._reviews.get(key)
         if running is None:
-            if not self.budget.take(self.clock.monotonic()):
+            if not self.budget.take(source, self.clock.monotonic()):
                 return None
             running = self._reviews[key] = asyncio.ensure_future(self._review(key, token))
             running.add_done_callback(lambda _: self._reviews.pop(key, None))
@@ -115,7 +117,7 @@ def secure_routes(registry: CollectorRegistry, access: Access, metrics: Metrics)
                 401, "Unauthorized: send a bearer token (Authorization: Bearer ...)", **{"WWW-Authenticate": "Bearer"}
             )
         try:
-            verdict = await access.verdict(token)
+            verdict = await access.verdict(token, request.remote)
         except ApiError as err:
             log.warning("metrics: could not review a token: %s", err)
             return refuse(503, "the API server could not review the token; retry later", **{"Retry-After": "5"})

@@ -1,14 +1,19 @@
 """Who may read /metrics: the reviews' answers read, verdicts cached briefly and boundedly, and
-reviews budgeted so a flood of unknown tokens cannot become a flood of TokenReviews."""
+reviews budgeted, per address and in all, so a flood of unknown tokens cannot become a flood of
+TokenReviews, nor spend the real Prometheus's."""
 
 from __future__ import annotations
 
 import pytest
 
+from tests.support.clock import FakeClock
 from vigil.core.access import (
     ALLOWED_TTL_SECONDS,
     FORBIDDEN_TTL_SECONDS,
     MAX_TOKEN_BYTES,
+    REVIEW_BURST,
+    REVIEW_SOURCE_BURST,
+    REVIEW_SOURCES,
     UNAUTHENTICATED_TTL_SECONDS,
     ReviewBudget,
     Verdict,
@@ -90,6 +95,22 @@ def test_the_cache_is_bounded_and_keeps_the_recently_used():
 
 def test_reviews_are_budgeted_a_burst_then_the_rate():
     budget = ReviewBudget(rate=5.0, burst=10)
-    assert sum(budget.take(1000.0) for _ in range(100)) == 10
-    assert sum(budget.take(1001.0) for _ in range(100)) == 5, "one second later: five more"
-    assert sum(budget.take(1100.0) for _ in range(100)) == 10, "never more than the burst saved up"
+    scrapers = [f"10.0.0.{n}" for n in range(100)]  # one each: the global budget alone holds them back
+    assert sum(budget.take(source, 1000.0) for source in scrapers) == 10
+    assert sum(budget.take(source, 1001.0) for source in scrapers) == 5, "one second later: five more"
+    assert sum(budget.take(source, 1100.0) for source in scrapers) == 10, "never more than the burst saved up"
+
+
+def test_reviews_are_budgeted_per_address_too():
+    clock, budget = FakeClock(), ReviewBudget()
+    flood = sum(budget.take("10.9.9.9", clock.monotonic()) for _ in range(100))
+    assert flood == REVIEW_SOURCE_BURST, "one address: its own burst, not the whole budget"
+    assert budget.take("10.0.0.1", clock.monotonic()), "the real Prometheus, from another address, is reviewed"
+    clock.tick(10.0)
+    flood = sum(budget.take("10.9.9.9", clock.monotonic()) for _ in range(100))
+    assert flood == REVIEW_SOURCE_BURST  # 10 s at 1 a second, but never more than its burst saved up
+    many = sum(budget.take(f"10.8.0.{n}", clock.monotonic()) for n in range(100))
+    assert many <= REVIEW_BURST, "many addresses together: the global budget"
+    for n in range(5000):
+        budget.take(f"10.7.{n // 256}.{n % 256}", clock.monotonic())
+    assert len(budget) <= REVIEW_SOURCES

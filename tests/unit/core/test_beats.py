@@ -195,3 +195,89 @@ def test_at_most_the_bound_of_tokens_is_remembered() -> None:
     for i in range(5):
         verified.verify(token(claims(jti=f"t{i}")), KEYS, NOW)
     assert len(verified) == 3
+
+
+# --- what a token's check may cost: refusals remembered, checks budgeted --------------------------
+
+
+class Checks:
+    """A budget that says yes `allowed` times, counting the asks: an ask is a check to be made."""
+
+    def __init__(self, allowed: int = 1_000_000) -> None:
+        self.allowed, self.asked = allowed, 0
+
+    def __call__(self) -> bool:
+        self.asked += 1
+        return self.asked <= self.allowed
+
+
+def test_a_junk_token_repeated_is_checked_once_then_refused_by_a_lookup() -> None:
+    verified, checks = beats.VerifiedTokens(), Checks()
+    forged = token(key=OTHER_KEY)
+    whys = set()
+    for i in range(50):  # 50 posts in 25 s
+        with pytest.raises(beats.Refused) as caught:
+            verified.verify(forged, KEYS, NOW + i / 2, may_check=checks)
+        whys.add(str(caught.value))
+    assert checks.asked == 1, "the same junk is checked once, not on every post"
+    assert whys == {"the token's signature does not verify"} and verified.refused() == 1 and len(verified) == 0
+    # A refusal is believed for REFUSED_TTL_SECONDS, then the token is checked again.
+    refusal(lambda: verified.verify(forged, KEYS, NOW + beats.REFUSED_TTL_SECONDS, may_check=checks))
+    assert checks.asked == 2
+
+
+def test_a_refusal_is_not_believed_under_another_key_set_nor_past_its_time_on_a_clock_set_back() -> None:
+    verified, checks = beats.VerifiedTokens(), Checks()
+    rotated = token(kid="k-new")
+    for _ in range(3):  # refused again as an unknown key, so that the caller refreshes the keys
+        with pytest.raises(beats.UnknownKey):
+            verified.verify(rotated, KEYS, NOW, may_check=checks)
+    assert checks.asked == 1
+    # The refreshed key set holds the key: the token is checked anew and verifies.
+    refreshed = beats.IssuerKeys(KEYS.issuer, {**KEYS.keys, "k-new": KEYS.keys["k1"]})
+    assert verified.verify(rotated, refreshed, NOW, may_check=checks).name == "ledger-1"
+    assert checks.asked == 2
+    forged = token(key=OTHER_KEY)
+    refusal(lambda: verified.verify(forged, KEYS, NOW, may_check=checks))
+    refusal(lambda: verified.verify(forged, KEYS, NOW - 3600, may_check=checks))  # the wall clock set back
+    assert checks.asked == 4
+
+
+def test_past_the_budget_a_token_is_not_checked_and_nothing_is_remembered_of_it() -> None:
+    verified = beats.VerifiedTokens()
+    good = token()
+    over = refusal(lambda: verified.verify(good, KEYS, NOW, may_check=lambda: False))
+    assert isinstance(over, beats.OverBudget) and over.status == 503
+    assert len(verified) == 0 and verified.refused() == 0, "no verdict on the token: it is not its fault"
+    assert verified.verify(good, KEYS, NOW, may_check=Checks()).name == "ledger-1"
+
+
+def test_a_verified_token_never_asks_the_budget() -> None:
+    verified, checks = beats.VerifiedTokens(), Checks(allowed=1)
+    good = token()
+    assert verified.verify(good, KEYS, NOW, may_check=checks).name == "ledger-1"
+    for i in range(100):  # the budget spent by others: a known token is answered all the same
+        assert verified.verify(good, KEYS, NOW + i, may_check=lambda: False).name == "ledger-1"
+    assert checks.asked == 1
+
+
+def test_a_key_set_fetched_again_unchanged_keeps_the_verified_tokens() -> None:
+    document = {"keys": [jwk(RSA_KEY, "k1", "RS256"), jwk(EC_KEY, "k2", "ES256")]}
+    first, again = beats.parse_jwks(ISSUER, document), beats.parse_jwks(ISSUER, json.dumps(document))
+    assert first is not again and first.same_as(again)
+    verified, checks = beats.VerifiedTokens(), Checks()
+    good = token()
+    verified.verify(good, first, NOW, may_check=checks)
+    verified.verify(good, again, NOW, may_check=checks)  # the hourly refresh: no check, no budget spent
+    assert checks.asked == 1
+    rotated = beats.parse_jwks(ISSUER, {"keys": [jwk(OTHER_KEY, "k1", "RS256")]})  # k1 is another key now
+    assert not first.same_as(rotated) and not first.same_as(beats.parse_jwks("https://other", document))
+    assert "signature" in str(refusal(lambda: verified.verify(good, rotated, NOW, may_check=checks)))
+
+
+def test_at_most_the_bound_of_refused_tokens_is_remembered() -> None:
+    verified = beats.VerifiedTokens(refused_entries=3)
+    for i in range(10):
+        with pytest.raises(beats.Refused):
+            verified.verify(f"junk-{i}", KEYS, NOW)
+    assert verified.refused() == 3 and len(verified) == 0

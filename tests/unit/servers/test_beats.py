@@ -1,6 +1,8 @@
-"""POST /v1/heartbeat on the webhook's HTTPS server, on loopback (real TLS, no cluster): a pod's
-beat is counted without any request to an API server; a beat from anyone else, to a standby, or
-for a pod the leader does not hold is refused and counts nothing."""
+"""POST /v1/heartbeat on the beat server, on loopback (real TLS, no cluster): a pod's beat is
+counted without any request to an API server; a beat from anyone else, to a standby, or for a pod
+the leader does not hold is refused and counts nothing. What a token's check may cost: the same
+junk is checked once, new tokens within a budget per source address and in all, and a pod whose
+token is known is never held back by a flood."""
 
 from __future__ import annotations
 
@@ -19,10 +21,10 @@ from prometheus_client import Counter as PromCounter
 from tests.support.clock import FakeClock
 from tests.support.tokens import KEYS, OTHER_KEY, claims, token
 from vigil import api
+from vigil.agent.channel import leader_outcome
 from vigil.core import beats
-from vigil.core.queueing.book import QueueSpec
 from vigil.servers.beats import OUTCOMES, BeatEndpoint, outcome_counter
-from vigil.servers.webhook import WebhookServer
+from vigil.servers.http import Bounds, Reply, Server, serve_fast
 
 pytestmark = pytest.mark.unit
 
@@ -45,7 +47,7 @@ class Leader:
         self.key_requests.append(kid)
         return self.keys
 
-    def endpoint(self) -> BeatEndpoint:
+    def endpoint(self, budget: beats.VerificationBudget | None = None) -> BeatEndpoint:
         return BeatEndpoint(
             leading=lambda: self.leading,
             keys=self.fetch,
@@ -54,6 +56,7 @@ class Leader:
             heard=lambda pod: self.heard.append(pod["metadata"]["uid"]),
             count=lambda outcome: self.outcomes.update([outcome]),
             clock=self.clock,
+            budget=budget,
         )
 
     def good_token(self, **over: Any) -> str:
@@ -63,13 +66,21 @@ class Leader:
 BODY = {"namespace": "team-a", "name": "ledger-1", "uid": "pod-uid-1", "beat": "7:abcd"}
 
 
+async def serving(certs: Path, endpoint: BeatEndpoint) -> Server:
+    """The endpoint's route on a beat server of its own, on loopback, over TLS."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(str(certs / "tls.crt"), str(certs / "tls.key"))
+    route, = endpoint.routes()
+    bounds = Bounds(max_connections=100, per_source=100)
+    return await serve_fast(route, "127.0.0.1:0", bounds=bounds, ssl_context=context)
+
+
 def beat_all(certs: Path, leader: Leader, requests: list[tuple[str | None, Any]]) -> list[tuple[int, dict]]:
     """Posts each (token, body) in turn to a real server; returns (status, JSON answer) of each."""
-    server = WebhookServer(lambda namespace, queue: (QueueSpec(), 0))
     answers: list[tuple[int, dict]] = []
 
     async def main() -> None:
-        await server.start("127.0.0.1:0", certs / "tls.crt", certs / "tls.key", also=leader.endpoint().routes())
+        server = await serving(certs, leader.endpoint())
         context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
         try:
             async with aiohttp.ClientSession() as session:
@@ -162,11 +173,10 @@ def test_a_body_that_comes_after_its_headers_is_waited_for_and_one_that_never_co
         clock=leader.clock,
         read_seconds=0.3,
     )
-    server = WebhookServer(lambda namespace, queue: (QueueSpec(), 0))
     body = json.dumps(BODY).encode()
     got: list[tuple[int, str]] = []
 
-    async def post_in_two(rest: bytes | None) -> tuple[int, str]:
+    async def post_in_two(server: Server, rest: bytes | None) -> tuple[int, str]:
         """The headers, then (once the server has them) the body, or nothing: a raw connection."""
         context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port, ssl=context)
@@ -186,10 +196,10 @@ def test_a_body_that_comes_after_its_headers_is_waited_for_and_one_that_never_co
         return int(answer.split()[1]), answer.rsplit("\r\n\r\n", 1)[1]
 
     async def main() -> None:
-        await server.start("127.0.0.1:0", certs / "tls.crt", certs / "tls.key", also=endpoint.routes())
+        server = await serving(certs, endpoint)
         try:
-            got.append(await post_in_two(body))
-            got.append(await post_in_two(None))
+            got.append(await post_in_two(server, body))
+            got.append(await post_in_two(server, None))
         finally:
             await server.stop()
 
@@ -210,3 +220,79 @@ def test_the_outcome_counter_counts_each_outcome_and_shows_every_one_from_the_st
     assert registry.get_sample_value("posts_total", {"outcome": "counted"}) == 2.0
     assert registry.get_sample_value("posts_total", {"outcome": "busy"}) == 1.0
     assert registry.get_sample_value("posts_total", {"outcome": "wrong-pod"}) == 0.0
+
+
+# --- what a token's check may cost (handle() called as the server calls it, on the fake clock) ---
+
+
+def post(endpoint: BeatEndpoint, bearer: str, peer: str, body: dict = BODY) -> Reply:
+    answer = endpoint.handle({"authorization": f"Bearer {bearer}"}, json.dumps(body).encode(), peer)
+    assert isinstance(answer, Reply), "answered at once, the keys being held"
+    return answer
+
+
+def junk(n: int) -> str:
+    return token(claims(FakeClock().wall().timestamp(), jti=f"junk-{n}"), key=OTHER_KEY)  # a bad signature
+
+
+def small_budget(**over: Any) -> beats.VerificationBudget:
+    return beats.VerificationBudget(**{"rate": 100.0, "burst": 100, "source_rate": 1.0, "source_burst": 3, **over})
+
+
+def test_the_same_junk_token_repeated_is_checked_once() -> None:
+    leader = Leader()
+    endpoint = leader.endpoint(small_budget(source_burst=1, source_rate=0.001))
+    forged = junk(0)
+    statuses = [post(endpoint, forged, "10.0.0.66").status for _ in range(200)]
+    assert statuses == [401] * 200, "refused every time, by a lookup after the first (one check in the budget)"
+    assert endpoint.verified.refused() == 1 and leader.outcomes == Counter({"unauthenticated": 200})
+
+
+def test_a_flood_from_one_address_spends_its_budget_and_a_second_addresss_fresh_token_still_verifies() -> None:
+    leader = Leader()
+    endpoint = leader.endpoint(small_budget())
+    statuses = Counter(post(endpoint, junk(n), "10.0.0.66").status for n in range(100))
+    assert statuses == Counter({401: 3, 503: 97}), "its burst of checks, then refused unchecked"
+    answer = post(endpoint, leader.good_token(), "10.0.0.7")
+    assert (answer.status, json.loads(answer.body)) == (200, {"state": "Renewed"})
+    assert leader.outcomes["over-budget"] == 97 and leader.outcomes["counted"] == 1
+    leader.clock.tick(1.0)  # one more check a second for the flooding address
+    assert Counter(post(endpoint, junk(1000 + n), "10.0.0.66").status for n in range(10)) == Counter({401: 1, 503: 9})
+
+
+def test_past_the_budget_the_agent_is_told_to_rest_and_beat_by_annotation() -> None:
+    leader = Leader()
+    endpoint = leader.endpoint(small_budget(source_burst=1))
+    post(endpoint, junk(0), "10.0.0.66")
+    answer = post(endpoint, leader.good_token(), "10.0.0.66")  # a pod sharing the flooder's address
+    assert answer.status == 503 and answer.headers == {"Retry-After": str(beats.OVER_BUDGET_RETRY_SECONDS)}
+    agent = leader_outcome(answer.status, answer.body, answer.headers["Retry-After"])
+    assert agent.observed is None and agent.rest_seconds == beats.OVER_BUDGET_RETRY_SECONDS
+    assert leader.heard == [] and leader.outcomes["over-budget"] == 1 and "over-budget" in OUTCOMES
+
+
+def test_the_global_budget_caps_the_checks_of_every_address() -> None:
+    leader = Leader()
+    endpoint = leader.endpoint(small_budget(rate=10.0, burst=20))
+    statuses = Counter(post(endpoint, junk(n), f"10.1.{n // 256}.{n % 256}").status for n in range(500))
+    assert statuses == Counter({401: 20, 503: 480})
+    assert len(endpoint.budget) == 500
+
+
+def test_a_pod_whose_token_is_verified_is_never_refused_by_a_flood() -> None:
+    leader = Leader()
+    endpoint = leader.endpoint(small_budget(rate=1.0, burst=5))
+    good = leader.good_token()
+    assert post(endpoint, good, "10.0.0.7").status == 200
+    for n in range(300):  # the global budget and the pod's own address's spent by others
+        post(endpoint, junk(n), f"10.2.0.{n % 200}")
+        post(endpoint, junk(1000 + n), "10.0.0.7")
+        assert post(endpoint, good, "10.0.0.7").status == 200
+    assert leader.outcomes["counted"] == 301 and leader.outcomes["over-budget"] > 500
+
+
+def test_without_the_peers_address_the_global_budget_alone_holds() -> None:
+    leader = Leader()
+    endpoint = leader.endpoint(small_budget(burst=10))
+    assert Counter(post(endpoint, junk(n), "").status for n in range(30)) == Counter({401: 10, 503: 20})
+    assert len(endpoint.budget) == 0

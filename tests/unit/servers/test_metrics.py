@@ -1,6 +1,7 @@
 """The secure /metrics against a small fake API server: no token 401, a refused token 401, a user
 without the permission 403, one with it 200 and the metrics; verdicts cached; a flood of unknown
-tokens costs at most the review budget, the rest answered 429 without a review."""
+tokens costs at most the review budget, the rest answered 429 without a review, and a flood from
+one address spends that address's budget, not the real Prometheus's."""
 
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ from aiohttp import web
 from kubernetes import client
 
 from tests.support.clock import FakeClock
-from vigil.core.access import REVIEW_BURST
+from vigil.core.access import REVIEW_SOURCE_BURST
 from vigil.kube.client import ApiClient
 from vigil.kube.config import Credentials
 from vigil.metrics import Metrics
 from vigil.servers import metrics as metrics_server
-from vigil.servers.http import serve
+from vigil.servers.http import Bounds, serve
 
 pytestmark = pytest.mark.unit
 
@@ -60,18 +61,24 @@ def scenario(steps) -> Any:
         http = ApiClient(Credentials(configuration))
         metrics = Metrics()
         access = metrics_server.Access(http, metrics, FakeClock())
-        server = await serve(metrics_server.secure_routes(metrics.registry, access, metrics), "127.0.0.1:0")
-        session = aiohttp.ClientSession()
+        bounds = Bounds(max_connections=200, per_source=200)
+        routes = metrics_server.secure_routes(metrics.registry, access, metrics)
+        server = await serve(routes, "127.0.0.1:0", bounds=bounds)
+        sessions: dict[str, aiohttp.ClientSession] = {}
 
-        async def scrape(token: str | None) -> tuple[int, str]:
+        async def scrape(token: str | None, source: str = "127.0.0.1") -> tuple[int, str]:
+            """A scrape from the loopback address `source` (127.0.0.0/8 is all loopback on Linux)."""
+            if source not in sessions:
+                sessions[source] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=(source, 0)))
             headers = {"Authorization": f"Bearer {token}"} if token else {}
-            async with session.get(f"http://127.0.0.1:{server.port}/metrics", headers=headers) as response:
+            async with sessions[source].get(f"http://127.0.0.1:{server.port}/metrics", headers=headers) as response:
                 return response.status, await response.text()
 
         try:
             return await asyncio.wait_for(steps(scrape, api), 60)  # a hang's bound, not a timing
         finally:
-            await session.close()
+            for session in sessions.values():
+                await session.close()
             await server.stop()
             await http.close()
             await runner.cleanup()
@@ -109,8 +116,18 @@ def test_verdicts_are_cached_and_concurrent_scrapes_share_one_review():
 def test_a_flood_of_unknown_tokens_costs_at_most_the_budget_of_reviews():
     async def steps(scrape, api: FakeApi) -> None:
         statuses = [status for status, _ in await asyncio.gather(*(scrape(f"bad-{n}") for n in range(100)))]
-        assert statuses.count(429) == 100 - REVIEW_BURST and statuses.count(401) == REVIEW_BURST
-        assert api.reviews.count("TokenReview") == REVIEW_BURST
+        assert statuses.count(429) == 100 - REVIEW_SOURCE_BURST and statuses.count(401) == REVIEW_SOURCE_BURST
+        assert api.reviews.count("TokenReview") == REVIEW_SOURCE_BURST
+
+    scenario(steps)
+
+
+def test_a_flood_from_one_address_does_not_spend_the_reviews_of_another():
+    async def steps(scrape, api: FakeApi) -> None:
+        flood = [status for status, _ in await asyncio.gather(*(scrape(f"bad-{n}", "127.0.0.2") for n in range(50)))]
+        assert flood.count(401) == REVIEW_SOURCE_BURST and flood.count(429) == 50 - REVIEW_SOURCE_BURST
+        assert (await scrape("prom-token", "127.0.0.1"))[0] == 200, "the real Prometheus, its token not cached yet"
+        assert (await scrape("bad-again", "127.0.0.2"))[0] == 429, "the flood's address is still held back"
 
     scenario(steps)
 
