@@ -34,6 +34,7 @@ from typing import Any, Protocol
 from vigil import api
 from vigil.controllers.dispatcher import Dispatcher
 from vigil.controllers.jobs import JobController, job_queue
+from vigil.controllers.jobs.orphans import RELEASE_WORKERS
 from vigil.controllers.queues import QueueStatusController
 from vigil.core import beats
 from vigil.core.election import ElectionConfig
@@ -244,8 +245,9 @@ class Operator:
         # names it in its User-Agent: an audit log then tells the replicas apart.
         identity = default_identity() if settings.lease is not None else None
         agent = user_agent(identity)
+        writers = settings.workers + RELEASE_WORKERS  # each holds at most one request at a time
         self.clients = [
-            work := ApiClient(credentials, agent, connections=pool_size(settings.workers, events.CONCURRENCY)),
+            work := ApiClient(credentials, agent, connections=pool_size(writers, events.CONCURRENCY)),
             watch := ApiClient(credentials, agent),
         ]
         self.metrics = metrics = Metrics()
@@ -416,7 +418,8 @@ class Operator:
         self.leader_only: list[Runnable] = [*mark, self.dispatcher, self.events, self.queues, self.jobs]
 
     def _health_routes(self) -> list:
-        return health.routes(self.informers, checks=[self.jobs.worker.health, self.queues.worker.health])
+        checks = [self.jobs.worker.health, self.jobs.releaser.worker.health, self.queues.worker.health]
+        return health.routes(self.informers, checks=checks)
 
     def manager(self) -> Manager:
         return Manager(

@@ -106,7 +106,7 @@ class BeatEndpoint:
         # token was seen before is answered from the parser's callback, with no task.
         return [FastRoute(beats.PATH, self.handle, beats.MAX_BODY_BYTES, self.read_seconds, self._refused)]
 
-    def handle(self, headers: Mapping[str, str], body: bytes, peer: str = "") -> Reply | Awaitable[Reply]:
+    def handle(self, headers: Mapping[str, str], body: bytes, peer: str) -> Reply | Awaitable[Reply]:
         """A beat's answer: at once when its token verifies against the keys held (nearly every
         beat), else awaited (the keys not fetched yet, or a key id they lack). `peer` is the
         client's address, whose budget a check of a token not seen before spends ("": not known,

@@ -36,6 +36,8 @@ from typing import Any
 import httptools
 from aiohttp import web
 
+from vigil.core.ratelimit import SourceBudget
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY = 1024**2  # aiohttp's own default: endpoints that take bodies say how much
@@ -71,18 +73,21 @@ _FEED_PIECE = 4096  # bytes fed to a parser at once, so a request's head is boun
 _MAX_QUEUED = 16  # answers waited for on one connection (pipelined requests) before it stops being read
 
 # Why a server closed a connection it did not answer (vigil_connections_refused_total's reasons).
-LIMIT, SOURCE_LIMIT, SLOW_HANDSHAKE = "limit", "source-limit", "slow-handshake"
-SLOW_HEAD, LARGE_HEAD = "slow-head", "large-head"
-REFUSALS = (LIMIT, SOURCE_LIMIT, SLOW_HANDSHAKE, SLOW_HEAD, LARGE_HEAD)
+LIMIT, SOURCE_LIMIT, SOURCE_RATE = "limit", "source-limit", "source-rate"
+SLOW_HANDSHAKE, SLOW_HEAD, LARGE_HEAD = "slow-handshake", "slow-head", "large-head"
+REFUSALS = (LIMIT, SOURCE_LIMIT, SOURCE_RATE, SLOW_HANDSHAKE, SLOW_HEAD, LARGE_HEAD)
 
 
 @dataclass(frozen=True)
 class Bounds:
     """What one server admits. `max_connections`: held at once, of any kind (the beat server holds
-    `spare` more, answered 503); `per_source`: of those, from one address."""
+    `spare` more, answered 503); `per_source`: of those, from one address; `per_source_rate`
+    (burst `per_source`): new connections a second from one address, since every new one costs a
+    TLS handshake (~1 ms of CPU) and a client refused on its request comes back on a new one."""
 
     max_connections: int
     per_source: int
+    per_source_rate: float = 10.0
     handshake_seconds: float = HANDSHAKE_SECONDS
     head_seconds: float = HEAD_SECONDS
     idle_seconds: float = IDLE_SECONDS
@@ -244,6 +249,10 @@ class _Listener:
         self.loop = asyncio.get_running_loop()
         self.open: set[_Deadlines] = set()  # admitted, handshaken or not, and not yet closed
         self.by_source: Counter[str] = Counter()
+        # Only the sources' buckets: the server's limit already bounds the sum of connections.
+        self.accepts = SourceBudget(
+            rate=1e9, burst=2**31, source_rate=bounds.per_source_rate, source_burst=bounds.per_source
+        )
         self.reading: set[_Deadlines] = set()  # a request begun and its head not all here
         self.refused: dict[str, int] = dict.fromkeys(REFUSALS, 0)
         self._refusal_logged = -math.inf
@@ -271,6 +280,9 @@ class _Listener:
             return None
         if self.by_source[peer] >= bounds.per_source:
             self.refuse(SOURCE_LIMIT, f"{peer} holds {bounds.per_source} connections, the most one address may")
+            return None
+        if not self.accepts.take(peer, self.loop.time()):
+            self.refuse(SOURCE_RATE, f"{peer} opens more than {bounds.per_source_rate:g} connections a second")
             return None
         return len(self.open) < bounds.max_connections
 

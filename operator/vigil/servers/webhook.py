@@ -59,7 +59,7 @@ MAX_SMALL_IN_FLIGHT = 32  # reviews of bodies up to INLINE_BYTES being read or a
 MAX_LARGE_IN_FLIGHT = 2  # larger (or of unknown length): one decoding in the child, one next in line
 # The API server's calls: a few connections of each of its replicas, more under a burst of
 # creates (one per review in flight); a server past this many is under attack, not load.
-BOUNDS = Bounds(max_connections=512, per_source=256)
+BOUNDS = Bounds(max_connections=512, per_source=256, per_source_rate=100.0)
 
 
 class Skimmer:

@@ -23,6 +23,7 @@ from vigil.servers.http import (
     SLOW_HANDSHAKE,
     SLOW_HEAD,
     SOURCE_LIMIT,
+    SOURCE_RATE,
     TLS_READ_BUFFER,
     Bounds,
     FastRoute,
@@ -508,3 +509,30 @@ def test_the_memory_limit_is_read_from_cgroup_v2_then_v1():
     assert memory_limit(files({v1: "1073741824\n"})) == 1024 * 1024 * 1024
     assert memory_limit(files({v1: "9223372036854771712\n"})) is None  # v1's "no limit"
     assert memory_limit(files({})) is None  # no cgroup to read: outside a container
+
+
+def test_one_address_opening_connections_faster_than_its_rate_is_refused_before_the_handshake(certs: Path) -> None:
+    # A client refused on its request comes back on a new connection, and each costs a handshake:
+    # one address gets its burst, then `per_source_rate` a second.
+    async def test() -> None:
+        bounds = Bounds(max_connections=100, per_source=3, per_source_rate=0.001)
+        server = await serve([web.get("/", ok)], "127.0.0.1:0", bounds=bounds, ssl_context=server_context(certs))
+        try:
+            for _ in range(3):  # the burst, each closed at once
+                _, writer = await raw(server.port, "127.0.0.4")
+                writer.close()
+            await until(lambda: server.connections()[0] == 0, 5, "the burst's connections closed")
+            reader, writer = await raw(server.port, "127.0.0.4")
+            assert await hung_up(reader)
+            writer.close()
+            assert server.refusals()[SOURCE_RATE] == 1
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", server.port, ssl=client_context(certs), local_addr=("127.0.0.5", 0)
+            )
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert (await reader.readline()).startswith(b"HTTP/1.1 200")  # another address is served
+            writer.close()
+        finally:
+            await server.stop()
+
+    asyncio.run(test())
