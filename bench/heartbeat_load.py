@@ -136,14 +136,14 @@ def allow_open_files(needed: int) -> None:
 
 
 def grant_heartbeat_rbac(namespace: str) -> None:
-    """The job ServiceAccount with docs/heartbeat-rbac.md's Role (get, patch pods), as the e2e tests make it."""
+    """The job ServiceAccount with docs/heartbeat-rbac.md's Role (patch pods), as the e2e tests make it."""
     core = client.CoreV1Api()
     core.create_namespaced_service_account(namespace, {"metadata": {"name": JOB_ACCOUNT}})
     rbac = client.RbacAuthorizationV1Api()
     name = f"{JOB_ACCOUNT}-heartbeat"
     rbac.create_namespaced_role(
         namespace,
-        {"metadata": {"name": name}, "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}]},
+        {"metadata": {"name": name}, "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]},
     )
     rbac.create_namespaced_role_binding(
         namespace,

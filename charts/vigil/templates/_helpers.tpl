@@ -62,7 +62,7 @@ Checks what values.schema.json cannot: relations between values. Included by dep
 {{- fail (printf "heartbeat.port (%v) is already taken by %s: give each a port of its own (the beats have a server of their own)" $v.heartbeat.port (get $ports (toString $v.heartbeat.port))) }}
 {{- end }}
 {{- if and $v.heartbeat.namespaces (not (and $v.heartbeat.policy.create $v.heartbeat.serviceAccountNames)) }}
-{{- fail "heartbeat.namespaces grants the job accounts get and patch on every pod of those namespaces, which only the heartbeat policy narrows to their own pod's heartbeat: keep heartbeat.policy.create=true (and heartbeat.serviceAccountNames), or set heartbeat.namespaces=[]" }}
+{{- fail "heartbeat.namespaces grants the job accounts patch on every pod of those namespaces, which only the heartbeat policy narrows to their own pod's heartbeat: keep heartbeat.policy.create=true (and heartbeat.serviceAccountNames), or set heartbeat.namespaces=[]" }}
 {{- end }}
 {{- if and $v.metrics.serviceMonitor.enabled (not $v.metrics.enabled) }}
 {{- fail "metrics.serviceMonitor.enabled=true needs metrics.enabled=true (there is nothing to scrape otherwise)" }}

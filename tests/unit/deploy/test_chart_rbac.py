@@ -143,5 +143,5 @@ def test_a_grant_to_patch_pods_never_ships_without_the_policy_that_narrows_it():
         "--set", "heartbeat.namespaces={team-a}", "--set", "heartbeat.policy.create=false",
     )  # fmt: skip
     assert result.returncode != 0
-    assert "heartbeat.namespaces grants the job accounts get and patch" in result.stderr
+    assert "heartbeat.namespaces grants the job accounts patch" in result.stderr
     assert "keep heartbeat.policy.create=true" in result.stderr
