@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
-from pathlib import Path
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -108,7 +106,9 @@ def secure_routes(registry: CollectorRegistry, access: Access, metrics: Metrics)
 
     def refuse(status: int, text: str, **headers: str) -> web.Response:
         metrics.metrics_requests.labels(str(status)).inc()
-        return web.Response(status=status, text=text + "\n", headers=headers)
+        response = web.Response(status=status, text=text + "\n", headers=headers)
+        response.force_close()  # a refused client holds no connection: it comes back on a new one
+        return response
 
     async def handler(request: web.Request) -> web.StreamResponse:
         token = bearer_token(request.headers.get("Authorization"))
@@ -131,11 +131,3 @@ def secure_routes(registry: CollectorRegistry, access: Access, metrics: Metrics)
         return await serve_metrics(request)
 
     return [web.get(METRICS_PATH, handler)]
-
-
-def tls_context(cert_file: str | Path, key_file: str | Path) -> ssl.SSLContext:
-    """The server side of TLS 1.2 or later with the certificate pair given."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(str(cert_file), str(key_file))
-    return context

@@ -141,3 +141,24 @@ def test_an_api_server_that_cannot_review_is_503_and_nothing_is_cached():
         assert (await scrape("prom-token"))[0] == 200
 
     scenario(steps)
+
+
+def test_a_refused_scrape_closes_its_connection():
+    # A client refused 401 or 403 used to keep its connection (and a slot of the server) open.
+    async def main() -> tuple[bytes, bytes]:
+        metrics = Metrics()
+        access = metrics_server.Access(None, metrics, FakeClock())  # type: ignore[arg-type]  # no review is made
+        routes = metrics_server.secure_routes(metrics.registry, access, metrics)
+        server = await serve(routes, "127.0.0.1:0", bounds=Bounds(max_connections=4, per_source=4))
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            rest = await asyncio.wait_for(reader.read(), 5)  # to the end: the server closed it
+            writer.close()
+            return head, rest
+        finally:
+            await server.stop()
+
+    head, rest = asyncio.run(main())
+    assert head.startswith(b"HTTP/1.1 401") and b"Connection: close" in head and b"bearer token" in rest
