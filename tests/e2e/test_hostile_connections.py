@@ -266,7 +266,7 @@ def test_junk_tokens_from_several_clients_neither_hold_the_loop_nor_delay_a_real
     """Six clients (six addresses) post beats with new 8 KiB junk tokens as fast as they are
     answered, for 15 s: each refused beat closes its connection, a new one per address is
     admitted at the per-source rate, and a token not seen before is checked only within the
-    per-source budget; the real attempt's beats and /healthz are answered as before."""
+    per-source budget; the real attempt's beats and /healthz are answered as in the calm before."""
     stop = threading.Event()
     answers: dict[int, int] = {}
     lock = threading.Lock()

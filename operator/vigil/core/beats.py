@@ -54,7 +54,8 @@ KEY_REFRESH_SECONDS = 10.0  # an unknown key id refreshes the keys at most this 
 # Connections the beat server holds from one address: a pod keeps one, and pods on their node's
 # network share its address (the kubelet runs at most 110 pods by default).
 CONNECTIONS_PER_SOURCE = 128
-# Tokens whose signature is known good, one per beating pod: room for the seed's 50,000 in flight.
+# Tokens whose signature is known good, one per beating pod: room for the 50,000 attempts in flight
+# docs/capacity-planning.md sizes for.
 # An entry is a digest, a pod's identity and an expiry, about 0.4 KiB: at most ~26 MiB.
 MAX_VERIFIED = 65_536
 # Tokens refused, by digest, for REFUSED_TTL_SECONDS (a refusal under a key set the issuer has
