@@ -1,7 +1,7 @@
 """The cluster under test, as the suites that need one use it: where it is, clients for it,
 namespaces of a test's own, simulated pods, and the CRDs.
 
-The `kube` fixture (tests/conftest.py) makes the one `Kube` of a session: the cluster $KUBECONFIG
+The `kube` fixture (tests/support/fixtures.py) makes the one `Kube` of a session: the cluster $KUBECONFIG
 points at when that is set, else the local test bed `SUITE_CLUSTER`.
 """
 

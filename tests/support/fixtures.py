@@ -1,4 +1,5 @@
-"""Fixtures of the suites that run on a cluster (the helpers behind them are in tests/support/).
+"""Fixtures of the suites that run on a cluster (tests/integration/ and e2e/), a pytest plugin that
+the repository's conftest.py loads; the helpers behind them are the rest of tests/support/.
 
 `kube` is one real cluster for the whole session: the cluster $KUBECONFIG points at (a kind
 cluster, say) when that is set, or else the local test bed, started here when it is not
