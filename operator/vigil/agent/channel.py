@@ -7,8 +7,8 @@
 
 The operator verifies the token locally, so a beat costs the API server nothing. Any other
 answer (401, 403, 404, 400, 413, 429, 503, a 200 without one of those states) and any failure
-to get one (refused, reset, TLS, timeout) is no verdict: the runner then beats by the pod's
-annotation, today's channel, at once and with the same beat value, and takes that outcome.
+to get one (refused, reset, TLS, timeout) is no verdict: the agent then beats by the pod's
+annotation at once, with the same beat value, and takes that outcome.
 
 The pure part (`leader_outcome`, `beat_body`, `check_url`, `read_token`) is testable without
 sockets; `LeaderBeat` does the I/O.

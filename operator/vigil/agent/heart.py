@@ -305,7 +305,7 @@ class Heart(threading.Thread):
         annotations = {ANNOTATION_HEARTBEAT: value}
         raw, text = self.new_checkpoint()
         detail = ""
-        if self.leader is None:  # the annotation channel alone: as before issue 26
+        if self.leader is None:  # the annotation channel alone
             if text is not None:
                 annotations[ANNOTATION_CHECKPOINT] = text
             observed, detail = self.pod.patch(annotations)

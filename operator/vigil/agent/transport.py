@@ -5,10 +5,10 @@ httptools (llhttp), one deadline for the whole exchange.
 Both of the agent's calls go through it: the beat to the leader (`vigil.agent.channel.LeaderBeat`)
 and the patch of its own pod (`vigil.agent.heart.PodHeartbeat`). A blocking socket rather than an
 HTTP client library: each call is one small request and one answer, from a thread that has
-nothing else to do meanwhile, and an event loop and client session per call cost the agent ~1.5 ms
-of CPU where this costs a fraction of that (bench/README.md, "the agent's side of a beat"). That is
-what lets one bed process play thousands of agents (bench.heartbeat_load) and keeps the sidecar
-small. The operator parses the beat with httptools too.
+nothing else to do meanwhile, and an event loop and client session per call cost the agent
+several times the CPU of this (bench/README.md, "the agent's side of a beat"; bench.agent_beat).
+That is what lets one bed process play thousands of agents (bench.heartbeat_load) and keeps the
+sidecar small.
 """
 
 from __future__ import annotations
