@@ -295,7 +295,7 @@ def test_the_pods_are_safe_by_default_and_spread_over_nodes():
     [term] = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
     assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
-    assert {p["name"] for p in container["ports"]} == {"health", "metrics", "webhook"}
+    assert {p["name"] for p in container["ports"]} == {"health", "metrics", "webhook", "beats"}
     # The user's affinity replaces the default; one replica gets no PodDisruptionBudget.
     pool = {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["ops"]}]}
     node_affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [pool]}}}
