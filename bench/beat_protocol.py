@@ -74,6 +74,8 @@ async def serve(mode: str, connections: int, scratch: Path) -> None:
         pod_of=pods.get,
         heard=count_heard,
         count=outcome_counter(posts),
+        # every pod of the bench beats from 127.0.0.1, as the operator's flags let (--beat-connections-per-source)
+        budget=beats.VerificationBudget(source_burst=connections),
     )
     (route,) = endpoint.routes()
     bounds = Bounds(max_connections=connections + 16, per_source=connections + 16)

@@ -384,6 +384,9 @@ class Operator:
                 count=outcome_counter(metrics.heartbeat_posts),
                 audience=settings.beat_channel.audience,
                 clock=clock,
+                budget=beats.VerificationBudget(
+                    source_burst=max(beats.SOURCE_CHECK_BURST, settings.beat_connections_per_source)
+                ),
             )
             address = beat_server[0]
             bounds = Bounds(

@@ -27,9 +27,9 @@ import pytest
 
 from testbed import doubt
 from testbed import node as real_node_bed
-from tests.support.fixtures import RealNode
 from tests.support.agents import HEARTBEAT_ANNOTATION, JOB_ACCOUNT, grant_heartbeat_rbac
 from tests.support.cluster import SUITE_CLUSTER, Kube, free_port, install_crds, read_pod, show_log
+from tests.support.fixtures import RealNode
 from tests.support.jobs import GROUP, VERSION, create, pods_of, status
 from tests.support.operators import OperatorProcess, beat_args, counted_beats
 from tests.support.waits import wait_until

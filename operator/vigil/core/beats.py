@@ -80,9 +80,11 @@ MAX_REFUSED = 4096
 #   reach the global rate, which bounds the loop's share at 500 * 0.8 ms = 40% of a core,
 #   whatever the number of addresses. Tokens already verified spend no budget: a flood refuses
 #   no pod whose token is known, only new tokens, and those from other addresses only once the
-#   global budget is spent. The per-address burst (20) lets the pods of one node behind one
-#   address (hostNetwork pods) re-verify after a leader change: 20 + 10 * 2 = 40 in the first
-#   interval, 110 pods within a minute.
+#   global budget is spent. The per-address burst is the connections one address may hold
+#   (`CONNECTIONS_PER_SOURCE`, 128; at least SOURCE_CHECK_BURST), since each holds at most one
+#   pod's token: the pods of one node behind one address (hostNetwork pods, 110 at most) all
+#   re-verify at once after a leader change, and a flood from one address gets ~0.1 s of the
+#   loop once, then 2 checks a second.
 CHECKS_PER_SECOND = 500.0
 CHECK_BURST = 5_000
 SOURCE_CHECKS_PER_SECOND = 2.0

@@ -46,9 +46,9 @@ UNAUTHORIZED_GRACE_SECONDS = 30.0
 # lost, the agent SIGKILLed); the operator waits a whole heartbeat timeout (60 s by default)
 # before it replaces such an attempt anyway, so 30 s is the same order as what is lost already.
 # Against the API server: one write per 30 s per attempt that checkpoints continuously, a third
-# of one write per beat, what an unbounded agent would cost at the default 10 s interval; an attempt shorter than 30 s writes only
-# its final flush. It bounds the cost, it does not remove it: N attempts checkpointing without
-# pause still write N/30 times a second.
+# of one write per beat, what an unbounded agent would cost at the default 10 s interval; an
+# attempt shorter than 30 s writes only its final flush. It bounds the cost, it does not remove
+# it: N attempts checkpointing without pause still write N/30 times a second.
 CHECKPOINT_MIN_SECONDS = 30.0
 
 

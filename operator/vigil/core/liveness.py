@@ -73,7 +73,8 @@ MIN_STAMP_PERIOD_SECONDS = 300.0
 # period of its own per job still costs M / 300 status writes a second: at the 50,000 attempts in
 # flight docs/capacity-planning.md sizes for (10,000 jobs a second of 5 s each) 167 a second,
 # each 5-12 ms of kube-apiserver CPU (bench.write_cost), a core or two for a column people
-# glance at. Below 3,000 attempts this changes nothing. The floor (`stamp_floor`) spreads the average; the shell's token bucket of the same rate bounds bursts.
+# glance at. Below 3,000 attempts this changes nothing. The floor (`stamp_floor`) spreads the
+# average; the shell's token bucket of the same rate bounds bursts.
 STAMP_WRITES_PER_SECOND = 10.0
 
 
