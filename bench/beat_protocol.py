@@ -227,7 +227,7 @@ def keys_and_tokens(connections: int, scratch: Path) -> list[str]:
 def report(results: dict[str, list[dict]], args: argparse.Namespace) -> str:
     base = min(r["server_cpu_ms_per_beat"] for r in results["aiohttp"])
     lines = [
-        f"The heartbeat endpoint on the webhook's TLS server: {args.connections} kept-alive connections "
+        f"The heartbeat endpoint on the beat server (TLS): {args.connections} kept-alive connections "
         f"(one pod each) beating {args.rate:g} a second in all, {args.seconds:g} s a window; "
         f"{args.rounds} rounds, the two ways taking turns",
         "",
