@@ -94,7 +94,7 @@ class Bed:
         raise AssertionError("no VmRSS")
 
     def refused(self, server: str, reason: str) -> float:
-        sample = f'vigil_connections_refused_total{{server="{server}",reason="{reason}"}}'
+        sample = f'vigil_connections_refused_total{{reason="{reason}",server="{server}"}}'  # labels sorted
         return metric_sample(self.metrics_port, sample)
 
 
