@@ -171,9 +171,11 @@ def build_watches(
     )
 
 
-# The probes' and the metrics' servers: the kubelet, a port-forward, a few Prometheus replicas.
-# More connections than this are a flood, not a scrape.
-SMALL_SERVER = Bounds(max_connections=64, per_source=16)
+# The metrics' server: a few Prometheus replicas, a port-forward. More is a flood, not a scrape.
+METRICS_SERVER = Bounds(max_connections=64, per_source=16)
+# The probes': the operator's own node alone (the chart's NetworkPolicy), whose kubelet opens a
+# connection per probe; a person or a test polling /healthz may ask many times a second.
+HEALTH_SERVER = Bounds(max_connections=64, per_source=64, per_source_rate=100.0)
 
 
 class _Served:
@@ -320,7 +322,7 @@ class Operator:
                     "health",
                     health_address,
                     lambda _: serve(
-                        self._health_routes(), health_address, bounds=SMALL_SERVER, on_refused=refused("health")
+                        self._health_routes(), health_address, bounds=HEALTH_SERVER, on_refused=refused("health")
                     ),
                 )
             )
@@ -337,7 +339,7 @@ class Operator:
                     lambda context: serve(
                         metrics_server.secure_routes(metrics.registry, access, metrics),
                         metrics_address,
-                        bounds=SMALL_SERVER,
+                        bounds=METRICS_SERVER,
                         ssl_context=context,
                         on_refused=refused("metrics"),
                     ),
@@ -353,7 +355,7 @@ class Operator:
                     lambda _: serve(
                         metrics_server.routes(metrics.registry),
                         metrics_address,
-                        bounds=SMALL_SERVER,
+                        bounds=METRICS_SERVER,
                         on_refused=refused("metrics"),
                     ),
                 )

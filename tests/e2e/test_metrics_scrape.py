@@ -91,6 +91,7 @@ def batch(prefix: str, count: int, poison: bool, run_for: str = "1s") -> list[di
 BOUNDED_LABELS = {"name", "controller", "result", "outcome", "reason", "verb", "resource", "code", "cause"}
 BOUNDED_LABELS |= {"namespace", "queue", "phase", "le"}
 BOUNDED_LABELS |= {"generation"}  # the garbage collector's: 0, 1 or 2
+BOUNDED_LABELS |= {"server"}  # which of the operator's servers: health, metrics, webhook or beats
 
 
 def settled(port: int, check: Callable[[str], None], within: float = 15) -> str:
