@@ -11,7 +11,7 @@ from typing import Any
 
 from vigil import api
 from vigil.api import Phase, VigilJob, VigilJobStatus
-from vigil.core import podstate
+from vigil.core import fields
 from vigil.core.actions import (
     Action,
     AnnotatePod,
@@ -94,22 +94,22 @@ class Draft:
         )
         self.pod_actions.append(CreatePod(manifest))
 
-    def delete_pod(self, pod: podstate.Pod) -> None:
-        self.pod_actions.append(DeletePod(podstate.name_of(pod), podstate.uid_of(pod)))
+    def delete_pod(self, pod: fields.Pod) -> None:
+        self.pod_actions.append(DeletePod(fields.name(pod), fields.uid(pod)))
 
-    def annotate_pod(self, pod: podstate.Pod, annotations: dict[str, str | None]) -> None:
-        self.pod_actions.append(AnnotatePod(podstate.name_of(pod), podstate.uid_of(pod), annotations))
+    def annotate_pod(self, pod: fields.Pod, annotations: dict[str, str | None]) -> None:
+        self.pod_actions.append(AnnotatePod(fields.name(pod), fields.uid(pod), annotations))
 
-    def release_pod(self, pod: podstate.Pod) -> None:
-        self.releases.append(ReleasePod(podstate.name_of(pod), podstate.uid_of(pod)))
+    def release_pod(self, pod: fields.Pod) -> None:
+        self.releases.append(ReleasePod(fields.name(pod), fields.uid(pod)))
 
     def set_condition_later(self, type_: str, status: api.ConditionStatus, reason: str, message: str) -> None:
         self.conditions_to_set[type_] = (status, reason, message)
 
-    def verdict_for(self, pod: podstate.Pod) -> Liveness:
+    def verdict_for(self, pod: fields.Pod) -> Liveness:
         if not self.spec.heartbeat.required:
             return _NOT_REQUIRED
-        return self.liveness.get(podstate.uid_of(pod)) or _NO_VERDICT
+        return self.liveness.get(fields.uid(pod)) or _NO_VERDICT
 
     def decision(self) -> Decision:
         if self._only_starts():

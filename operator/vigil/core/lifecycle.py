@@ -35,7 +35,7 @@ from typing import Any
 
 from vigil import api
 from vigil.api import AttemptRecord, CurrentAttempt, Outcome, Phase, VigilJob
-from vigil.core import podstate
+from vigil.core import fields, podstate
 from vigil.core.actions import ConfirmVersion, Decision, ReleasePod
 from vigil.core.backoff import attempt_delay
 from vigil.core.conditions import find_condition
@@ -143,14 +143,14 @@ def reject_pod(job: Mapping[str, Any], attempt: int, message: str, now: datetime
 
 
 def _parse(job: Mapping[str, Any]) -> VigilJob:
-    return VigilJob.model_validate({**job, "status": job.get("status") or {}})  # a new job has none
+    return VigilJob.model_validate({**job, "status": fields.status(job)})  # a new job has none
 
 
 def _release_all(job: VigilJob, observed: _ObservedPods) -> Decision:
     """A job being deleted releases every pod that still carries the finalizer, behind a fence
     that writes nothing."""
     releases = [
-        ReleasePod(podstate.name_of(pod), podstate.uid_of(pod)) for pod in observed.ours if podstate.is_tracked(pod)
+        ReleasePod(fields.name(pod), fields.uid(pod)) for pod in observed.ours if podstate.is_tracked(pod)
     ]
     if not releases:
         return Decision()
@@ -164,33 +164,33 @@ def _release_all(job: VigilJob, observed: _ObservedPods) -> Decision:
 class _ObservedPods:
     """The job's own pods (freshest snapshot of each), and pods of other owners by name."""
 
-    ours: tuple[podstate.Pod, ...]
-    strangers: Mapping[str, podstate.Pod]
+    ours: tuple[fields.Pod, ...]
+    strangers: Mapping[str, fields.Pod]
 
     @classmethod
-    def of(cls, namespace: str, job_uid: str, pods: Iterable[podstate.Pod]) -> _ObservedPods:
+    def of(cls, namespace: str, job_uid: str, pods: Iterable[fields.Pod]) -> _ObservedPods:
         ours, strangers = [], {}
         for pod in podstate.freshest_by_uid(pods):
-            if pod["metadata"].get("namespace", namespace) != namespace:
+            if fields.metadata(pod).get("namespace", namespace) != namespace:
                 continue  # another namespace's pod is nobody's here, not even a stranger
             if not podstate.belongs_to(pod, namespace, job_uid):
-                strangers[podstate.name_of(pod)] = pod
+                strangers[fields.name(pod)] = pod
             elif podstate.attempt_of(pod) is not None:  # else not a pod Vigil made
                 ours.append(pod)
-        ours.sort(key=lambda pod: (podstate.attempt_of(pod), podstate.uid_of(pod)))  # decisions never depend on order
+        ours.sort(key=lambda pod: (podstate.attempt_of(pod), fields.uid(pod)))  # decisions never depend on order
         return cls(tuple(ours), strangers)
 
-    def of_attempt(self, attempt: CurrentAttempt) -> podstate.Pod | None:
+    def of_attempt(self, attempt: CurrentAttempt) -> fields.Pod | None:
         """The attempt's pod: the one seen before if any (by UID), else the one carrying its
         number."""
         candidates = [
             pod
             for pod in self.ours
-            if podstate.attempt_of(pod) == attempt.number and attempt.pod_uid in (None, podstate.uid_of(pod))
+            if podstate.attempt_of(pod) == attempt.number and attempt.pod_uid in (None, fields.uid(pod))
         ]
-        return min(candidates, key=podstate.uid_of, default=None)
+        return min(candidates, key=fields.uid, default=None)
 
-    def newest(self) -> podstate.Pod | None:
+    def newest(self) -> fields.Pod | None:
         return max(self.ours, key=lambda pod: podstate.attempt_of(pod) or 0, default=None)
 
 
@@ -215,7 +215,7 @@ def _adopt_newer_attempt(draft: Draft, observed: _ObservedPods) -> None:
     number = podstate.attempt_of(newest) or 0
     if number <= draft.status.attempts:
         return
-    name, uid = podstate.name_of(newest), podstate.uid_of(newest)
+    name, uid = fields.name(newest), fields.uid(newest)
     if number == draft.status.attempts + 1:
         _record_start(draft, number, name, uid, min(draft.now, podstate.started_at(newest) or draft.now))
         return
@@ -400,11 +400,11 @@ def _take_checkpoint(draft: Draft, current: CurrentAttempt, value: str) -> None:
     draft.set_condition_later(CONDITION_CHECKPOINT, "False", "CheckpointRejected", message)
 
 
-def _follow_live_pod(draft: Draft, pod: podstate.Pod, report: podstate.PodReport, rng: random.Random) -> None:
+def _follow_live_pod(draft: Draft, pod: fields.Pod, report: podstate.PodReport, rng: random.Random) -> None:
     current = draft.status.current_attempt
     assert current is not None
     if current.pod_uid is None or report.state != "Pending":
-        draft.update_attempt(pod_uid=podstate.uid_of(pod), node_name=report.node_name)
+        draft.update_attempt(pod_uid=fields.uid(pod), node_name=report.node_name)
     # else the node a Pending pod was bound to waits for the next write (Running, or the outcome):
     # it is for people, and a status write of its own per attempt costs more than it tells.
     verdict = draft.verdict_for(pod)
@@ -448,7 +448,7 @@ def _follow_live_pod(draft: Draft, pod: podstate.Pod, report: podstate.PodReport
         else:
             draft.set_condition_later(CONDITION_HEARTBEAT, "Unknown", "HeartbeatUncertain", f"{who}: {verdict.detail}")
         if verdict.last_beat_at is not None:
-            draft.beat = (podstate.uid_of(pod), verdict.last_beat_at)
+            draft.beat = (fields.uid(pod), verdict.last_beat_at)
 
 
 def _apply_suspend(draft: Draft) -> None:
@@ -586,7 +586,7 @@ def _previous_pod_remains(draft: Draft, observed: _ObservedPods) -> bool:
     blocker = remaining[0]
     others = f" (and {len(remaining) - 1} more)" if len(remaining) > 1 else ""
     message = (
-        f"attempt {draft.status.attempts + 1} waits until pod {podstate.name_of(blocker)} of attempt "
+        f"attempt {draft.status.attempts + 1} waits until pod {fields.name(blocker)} of attempt "
         f"{podstate.attempt_of(blocker)}{others} is gone: spec.guarantee is NoOverlap, and that pod is "
         f"{'terminating' if podstate.is_deleting(blocker) else 'being deleted'}"
     )

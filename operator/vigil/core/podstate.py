@@ -21,9 +21,10 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from vigil import api
+from vigil.core import fields
+from vigil.core.fields import Pod
 from vigil.core.objects import version_of
 
-Pod = Mapping[str, Any]
 # Stopped: finished after its deletion was requested (see the module docstring); Deleted: being
 # deleted and not finished yet.
 PodState = Literal["Pending", "Running", "Succeeded", "Failed", "Disrupted", "Stopped", "Deleted", "Unknown"]
@@ -100,14 +101,14 @@ def owning_job(pod: Pod) -> tuple[str, str] | None:
     crosses namespaces, so the pod's own namespace is the job's). A pod anywhere else carrying a
     job's UID, in its label or its owner reference, is nobody's: a tenant cannot make its pods
     count for another namespace's job."""
-    metadata = pod["metadata"]
+    metadata = fields.metadata(pod)
     ref = _controller(metadata)
     if ref is None or ref.get("kind") != api.KIND:
         return None
     if not str(ref.get("apiVersion") or "").startswith(api.RESERVED_PREFIX):
         return None
     uid = ref.get("uid")
-    if not isinstance(uid, str) or not uid or (metadata.get("labels") or {}).get(api.LABEL_JOB_UID) != uid:
+    if not isinstance(uid, str) or not uid or fields.labels(pod).get(api.LABEL_JOB_UID) != uid:
         return None
     return metadata.get("namespace") or "", uid
 
@@ -228,62 +229,54 @@ def _kept_terminated(terminated: Mapping[str, Any]) -> dict[str, Any]:
     return kept
 
 
-def uid_of(pod: Pod) -> str:
-    return pod["metadata"]["uid"]
-
-
-def name_of(pod: Pod) -> str:
-    return pod["metadata"]["name"]
-
-
 def is_controlled_by(pod: Pod, owner_uid: str) -> bool:
     return any(
-        ref.get("uid") == owner_uid and ref.get("controller") for ref in pod["metadata"].get("ownerReferences") or []
+        ref.get("uid") == owner_uid and ref.get("controller") for ref in fields.owner_references(pod)
     )
 
 
 def owner_key(pod: Pod) -> tuple[str, str] | None:
     """(namespace, name) of the VigilJob controlling the pod: always the pod's own namespace."""
-    for ref in pod["metadata"].get("ownerReferences") or []:
+    for ref in fields.owner_references(pod):
         if ref.get("controller") and ref.get("kind") == api.KIND:
-            return pod["metadata"]["namespace"], ref["name"]
+            return fields.namespace(pod), ref["name"]
     return None
 
 
 def attempt_of(pod: Pod) -> int | None:
     """The attempt number in the pod's `vigil.dev/attempt` label, if it has a valid one."""
-    value = (pod["metadata"].get("labels") or {}).get(api.LABEL_ATTEMPT, "")
+    value = fields.labels(pod).get(api.LABEL_ATTEMPT, "")
     return int(value) if value.isdigit() else None
 
 
 def started_at(pod: Pod) -> datetime | None:
     """When its attempt started: as Vigil wrote it on the pod, else when the API server created
     the pod (whole seconds); None if the pod says neither."""
-    written = _time((pod["metadata"].get("annotations") or {}).get(api.ANNOTATION_STARTED_AT))
-    return written or _time(pod["metadata"].get("creationTimestamp"))
+    written = _time(fields.annotations(pod).get(api.ANNOTATION_STARTED_AT))
+    return written or _time(fields.creation_timestamp(pod))
 
 
 def is_finished(pod: Pod) -> bool:
-    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+    return fields.phase(pod) in ("Succeeded", "Failed")
 
 
 def is_deleting(pod: Pod) -> bool:
-    return pod["metadata"].get("deletionTimestamp") is not None
+    return fields.deletion_timestamp(pod) is not None
 
 
 def is_force_deleted(pod: Pod) -> bool:
     """Deleted with no grace period: the API server waits for no kubelet (a force delete, the
     pod garbage collector, or a pod never scheduled), so only finalizers keep the object."""
-    return is_deleting(pod) and pod["metadata"].get("deletionGracePeriodSeconds") == 0
+    return is_deleting(pod) and fields.metadata(pod).get("deletionGracePeriodSeconds") == 0
 
 
 def is_tracked(pod: Pod) -> bool:
     """Whether the pod still carries Vigil's attempt-tracking finalizer."""
-    return api.FINALIZER_ATTEMPT_TRACKING in (pod["metadata"].get("finalizers") or [])
+    return api.FINALIZER_ATTEMPT_TRACKING in fields.finalizers(pod)
 
 
 def annotation_of(pod: Pod, key: str) -> str | None:
-    return (pod["metadata"].get("annotations") or {}).get(key)
+    return fields.annotations(pod).get(key)
 
 
 def checkpoint_problem(value: str) -> str | None:
@@ -321,7 +314,7 @@ def freshest_by_uid(pods: Iterable[Pod]) -> list[Pod]:
     """One snapshot per pod UID: the one furthest along (phase, then deletion, then version)."""
     best: dict[str, Pod] = {}
     for pod in pods:
-        uid = uid_of(pod)
+        uid = fields.uid(pod)
         if uid not in best or _progress(pod) > _progress(best[uid]):
             best[uid] = pod
     return list(best.values())
@@ -329,7 +322,7 @@ def freshest_by_uid(pods: Iterable[Pod]) -> list[Pod]:
 
 def _progress(pod: Pod) -> tuple[int, bool, bool, int]:
     return (
-        _PHASE_RANK.get((pod.get("status") or {}).get("phase", "Pending"), 0),
+        _PHASE_RANK.get(fields.status(pod).get("phase", "Pending"), 0),
         _is_disrupted(pod),
         is_deleting(pod),
         version_of(pod) or 0,
@@ -340,7 +333,7 @@ def read_pod(pod: Pod) -> PodReport:
     """What this snapshot says about the attempt. A success of its own wins over everything; a
     disruption wins over a failure (an evicted pod's containers fail too) and over a stop by
     deletion (an eviction is a deletion that says why)."""
-    status = pod.get("status") or {}
+    status = fields.status(pod)
     phase = status.get("phase", "Pending")
     node_name = pod.get("spec", {}).get("nodeName")
     checkpoint = annotation_of(pod, api.ANNOTATION_CHECKPOINT)
@@ -366,7 +359,7 @@ def read_pod(pod: Pod) -> PodReport:
 
 
 def _is_disrupted(pod: Pod) -> bool:
-    status = pod.get("status") or {}
+    status = fields.status(pod)
     return status.get("reason") in DISRUPTION_REASONS or any(
         c.get("type") == "DisruptionTarget" and c.get("status") == "True" for c in status.get("conditions") or []
     )
@@ -384,7 +377,7 @@ def _ended_before_deletion(pod: Pod) -> bool:
     deletes. With a grace period of 0 or 1 the request time is therefore unknown (it may be
     earlier), and nothing is proven: the pod reads as stopped.
     """
-    metadata, status = pod["metadata"], pod.get("status") or {}
+    metadata, status = fields.metadata(pod), fields.status(pod)
     grace = metadata.get("deletionGracePeriodSeconds")
     deleted = _time(metadata.get("deletionTimestamp"))
     if not isinstance(grace, int) or grace <= 1 or deleted is None:

@@ -41,7 +41,7 @@ from hypothesis import strategies as st
 
 from tests.support.builders import T0, make_job, merge_patch, stamp
 from vigil import api
-from vigil.core import podstate
+from vigil.core import fields, podstate
 from vigil.core.actions import (
     AnnotatePod,
     ConfirmVersion,
@@ -161,7 +161,7 @@ class World:
         if stale_duplicates:
             pods += [stored.versions[0] for stored in self.pods.values() if len(stored.versions) > 1]
         random.Random(shuffle_seed).shuffle(pods)
-        self.last_view = {podstate.uid_of(pod): pod for pod in podstate.freshest_by_uid(pods)}
+        self.last_view = {fields.uid(pod): pod for pod in podstate.freshest_by_uid(pods)}
         decision = decide(
             copy.deepcopy(job),
             copy.deepcopy(pods),
