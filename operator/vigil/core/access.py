@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vigil.core import fields
 from vigil.core.lru import Lru
 from vigil.core.ratelimit import SourceBudget
 
@@ -80,7 +81,7 @@ def token_review(token: str) -> dict[str, Any]:
 
 def reviewed_user(answer: Mapping[str, Any]) -> dict[str, Any] | None:
     """The user a TokenReview's answer names; None when the token is not authenticated."""
-    status = answer.get("status") or {}
+    status = fields.status(answer)
     if not status.get("authenticated"):
         return None
     return dict(status.get("user") or {})
@@ -102,7 +103,7 @@ def access_review(user: Mapping[str, Any], path: str = METRICS_PATH) -> dict[str
 
 
 def access_verdict(answer: Mapping[str, Any]) -> Verdict:
-    status = answer.get("status") or {}
+    status = fields.status(answer)
     return Verdict.ALLOWED if status.get("allowed") and not status.get("denied") else Verdict.FORBIDDEN
 
 

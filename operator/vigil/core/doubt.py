@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from vigil.core import fields
 from vigil.core.actions import CreatePod, Decision, DeletePod, PatchStatus
 
 
@@ -34,9 +35,9 @@ def doubt(job: Mapping[str, Any], decision: Decision) -> str | None:
     lost = _newly_lost(job, decision)
     if lost:
         return f"it declares attempt {lost} lost"
-    if (job.get("spec") or {}).get("guarantee") == "NoOverlap":
+    if fields.spec(job).get("guarantee") == "NoOverlap":
         for create in decision.of_type(CreatePod):
-            return f"it starts pod {create.manifest['metadata']['name']} under NoOverlap"
+            return f"it starts pod {fields.name(create.manifest)} under NoOverlap"
     return None
 
 
@@ -44,7 +45,7 @@ def _newly_lost(job: Mapping[str, Any], decision: Decision) -> int | None:
     writes = decision.of_type(PatchStatus)
     if not writes:
         return None
-    before = {record.get("number") for record in (job.get("status") or {}).get("history") or []}
+    before = {record.get("number") for record in fields.status(job).get("history") or []}
     for record in writes[0].status.get("history") or []:
         if record.get("outcome") == "Lost" and record.get("number") not in before:
             return record.get("number")

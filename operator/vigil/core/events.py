@@ -29,12 +29,14 @@ so one namespace's flood fills its own share and drops only its own events. The 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from vigil.core import fields
 from vigil.core.lru import Lru
 from vigil.core.ratelimit import TokenBucket
 
@@ -80,7 +82,7 @@ class Drop:
 def created(write: Write) -> Create:
     """The same Event, to be created: a patch whose Event is gone (events live an hour) is
     created again, with the count it has reached."""
-    return Create(**{field.name: getattr(write, field.name) for field in fields(Write)})
+    return Create(**{field.name: getattr(write, field.name) for field in dataclasses.fields(Write)})
 
 
 def supersede(waiting: Write, newer: Write) -> Write:
@@ -177,7 +179,7 @@ class Backlog:
     def put(self, job: Mapping[str, Any], write: Write) -> EventKey | None:
         """The key the write waits under; None if it is dropped: its namespace holds its share
         already, or the backlog its capacity."""
-        namespace = job["metadata"]["namespace"]
+        namespace = fields.namespace(job)
         key = (namespace, write.name)
         waiting = self._pending.get(key)
         if waiting is not None:  # the same Event: no more room taken

@@ -17,12 +17,13 @@ from datetime import datetime
 from typing import Any
 
 from vigil.api import Condition
+from vigil.core import fields
 from vigil.core.conditions import find_condition, remove_condition, set_condition
 
 CONDITION = "ReconcileError"
 
 def _conditions(job: Mapping[str, Any]) -> list[Condition]:
-    return [Condition.model_validate(c) for c in (job.get("status") or {}).get("conditions") or []]
+    return [Condition.model_validate(c) for c in fields.status(job).get("conditions") or []]
 
 
 def _wire(conditions: list[Condition]) -> list[dict[str, Any]]:

@@ -58,6 +58,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from vigil import api
+from vigil.core import fields
 from vigil.core.objects import version_number
 
 State = Literal["Healthy", "Uncertain", "Lost"]
@@ -173,9 +174,8 @@ class HeartbeatTracker:
         beat): the caller should then take `deadline()` again. False for duplicates, stale
         snapshots and changes that do not concern liveness.
         """
-        metadata = pod["metadata"]
-        uid = metadata["uid"]
-        version = version_number(metadata.get("resourceVersion"))
+        uid = fields.uid(pod)
+        version = version_number(fields.metadata(pod).get("resourceVersion"))
         seen = self._pods.get(uid)
         changed = seen is None
         if seen is None:
@@ -185,7 +185,7 @@ class HeartbeatTracker:
         if version is not None:
             seen.version = version
 
-        beat = (metadata.get("annotations") or {}).get(api.ANNOTATION_HEARTBEAT)
+        beat = fields.annotations(pod).get(api.ANNOTATION_HEARTBEAT)
         if seen.running_since is None and (beat is not None or _is_running(pod)):
             seen.running_since = now
             changed = True
@@ -263,7 +263,7 @@ class HeartbeatTracker:
 def _is_running(pod: Mapping[str, Any]) -> bool:
     # Unknown (node unreachable) counts: a pod only gets there after it was bound and started,
     # and a partitioned pod that never beats must still become Lost.
-    return (pod.get("status") or {}).get("phase") in ("Running", "Unknown")
+    return fields.phase(pod) in ("Running", "Unknown")
 
 
 def _clock(seen: _Seen, heartbeat: api.Heartbeat, floor: float | None) -> tuple[float, float, float] | None:

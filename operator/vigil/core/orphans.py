@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from vigil import api
+from vigil.core import fields
+from vigil.core.fields import Pod
 from vigil.core.podstate import is_tracked
-
-Pod = Mapping[str, Any]
 
 # How often the operator lists Vigil's pods from the API server to find orphans its watches could
 # not show it (a job deleted while no operator ran, a DELETED lost with a watch, a look cut short).
@@ -27,7 +27,7 @@ SWEEP_JITTER = 0.2  # a share of the interval, so that replicas restarted togeth
 
 def controller_of(pod: Pod) -> tuple[str, str] | None:
     """(name, uid) of the VigilJob the pod's controller reference names, if any."""
-    for ref in pod["metadata"].get("ownerReferences") or []:
+    for ref in fields.owner_references(pod):
         if ref.get("controller") and ref.get("kind") == api.KIND:
             return ref.get("name", ""), ref.get("uid", "")
     return None
@@ -42,7 +42,7 @@ def candidates(pods: Iterable[Pod], knows_job: Callable[[tuple[str, str]], bool]
         if not is_tracked(pod):
             continue
         owner = controller_of(pod)
-        if owner is None or not knows_job((pod["metadata"]["namespace"], owner[1])):
+        if owner is None or not knows_job((fields.namespace(pod), owner[1])):
             found.append(pod)
     return found
 
@@ -54,7 +54,7 @@ def orphaned(pod: Pod, job: Mapping[str, Any] | None) -> bool:
     owner = controller_of(pod)
     if owner is None or job is None:
         return True
-    return job["metadata"].get("uid") != owner[1]
+    return fields.metadata(job).get("uid") != owner[1]
 
 
 def next_sweep_in(interval: float, u: float) -> float:

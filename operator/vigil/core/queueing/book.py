@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Any
 
 from vigil.api import ANNOTATION_REDRIVE, BLOCKED_REASONS, DEFAULT_QUEUE
+from vigil.core import fields
 from vigil.core.queueing.heap import LazyHeap
 from vigil.core.queueing.limits import RetryWindow, TokenBucket, retry_floor
 
@@ -108,7 +109,7 @@ def entry_of(job: Mapping[str, Any]) -> QueueEntry:
     turned off) or redriven (a new vigil.dev/redrive value) is already QUEUED, since that same
     decision may start its attempt.
     """
-    meta, spec, status = job["metadata"], job.get("spec") or {}, job.get("status") or {}
+    meta, spec, status = fields.metadata(job), fields.spec(job), fields.status(job)
     standing, fresh_round = _standing(meta, spec, status)
     return QueueEntry(
         namespace=meta["namespace"],

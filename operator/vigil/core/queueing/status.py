@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from vigil.api import Condition
+from vigil.core import fields
 from vigil.core.conditions import set_condition
 from vigil.core.queueing.book import QueueBook, QueueKey, Standing
 from vigil.core.queueing.limits import RETRY_WINDOW_SECONDS
@@ -90,8 +91,8 @@ def queue_status(book: QueueBook, queue_key: QueueKey, now: float) -> QueueStatu
 def status_patch(body: Mapping[str, Any], status: QueueStatus, now: datetime) -> dict[str, Any]:
     """The merge patch of a VigilQueue's status that shows `status`, its conditions kept in place
     and their lastTransitionTime moved only when they change (`core.conditions`)."""
-    generation = int(body["metadata"].get("generation") or 1)
-    conditions = [Condition.model_validate(c) for c in (body.get("status") or {}).get("conditions") or []]
+    generation = int(fields.metadata(body).get("generation") or 1)
+    conditions = [Condition.model_validate(c) for c in fields.status(body).get("conditions") or []]
     for condition in status.conditions:
         conditions = set_condition(
             conditions,
