@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from vigil import api
+from vigil.core import fields
 from vigil.core.actions import CreatePod, Decision, PatchStatus
 from vigil.core.queueing.book import QueueBook, QueueKey, QueueSpec, Standing, StartPermit, entry_of
 from vigil.core.queueing.status import queue_status
@@ -31,7 +32,7 @@ Key = tuple[str, str]
 
 def queue_spec(body: Mapping[str, Any]) -> QueueSpec:
     """The core's view of a VigilQueue's spec (defaults as the CRD applies them)."""
-    spec = api.VigilQueueSpec.model_validate(body.get("spec") or {})
+    spec = api.VigilQueueSpec.model_validate(fields.spec(body))
     return QueueSpec(
         max_running=spec.max_running,
         max_queued=spec.max_queued,
@@ -68,7 +69,7 @@ class Dispatcher:
     # --- what the watches show ------------------------------------------------------------
 
     def job_seen(self, body: Mapping[str, Any]) -> None:
-        before = self.book.queue_of(body["metadata"]["namespace"], body["metadata"]["name"])
+        before = self.book.queue_of(fields.namespace(body), fields.name(body))
         entry = entry_of(body)
         self.book.observe(entry)
         if before is not None and before != entry.queue_key:
@@ -83,8 +84,7 @@ class Dispatcher:
         self._tell()
 
     def queue_delta(self, delta: Delta) -> None:
-        meta = delta.obj["metadata"]
-        key = (meta["namespace"], meta["name"])
+        key = (fields.namespace(delta.obj), fields.name(delta.obj))
         if delta.kind == "delete":
             self.book.set_queue(*key, None, self._now())
             self._next_start.pop(key, None)
@@ -132,9 +132,9 @@ class Dispatcher:
         is still there, a backoff not over), so that the next job in line gets it."""
         if permit.reason != "Admitted" or _reserves_attempt(job, decision):
             return
-        meta = job["metadata"]
-        self.book.release(meta["namespace"], meta["name"], self._now())
-        queue = self.book.queue_of(meta["namespace"], meta["name"])
+        namespace, name = fields.namespace(job), fields.name(job)
+        self.book.release(namespace, name, self._now())
+        queue = self.book.queue_of(namespace, name)
         if queue is not None:
             self._dispatch(queue)
 
@@ -150,7 +150,7 @@ class Dispatcher:
         """
         if permit.reason != "Admitted" or not _creates_attempt_pod(job, decision):
             return None
-        queue = self.book.queue_of(job["metadata"]["namespace"], job["metadata"]["name"])
+        queue = self.book.queue_of(fields.namespace(job), fields.name(job))
         spec = self.book.spec(queue) if queue is not None else None
         if queue is None or spec is None or spec.max_starts_per_second is None:
             return None
@@ -194,15 +194,15 @@ class Dispatcher:
 def _creates_attempt_pod(job: Mapping[str, Any], decision: Decision) -> bool:
     """Whether the decision creates the pod of an attempt that status does not hold yet: the
     moment an attempt starts, which a queue's maxStartsPerSecond spaces."""
-    before = int((job.get("status") or {}).get("attempts") or 0)
+    before = int(fields.status(job).get("attempts") or 0)
     creations = decision.of_type(CreatePod)
-    return any(int(create.manifest["metadata"]["labels"][api.LABEL_ATTEMPT]) > before for create in creations)
+    return any(int(fields.labels(create.manifest)[api.LABEL_ATTEMPT]) > before for create in creations)
 
 
 def _reserves_attempt(job: Mapping[str, Any], decision: Decision) -> bool:
     """Whether the decision starts a new attempt: its status write reserves one, or it creates
     the pod of one that status does not hold yet (the pod first, see vigil.core.lifecycle)."""
-    before = int((job.get("status") or {}).get("attempts") or 0)
+    before = int(fields.status(job).get("attempts") or 0)
     if any(int(write.status.get("attempts") or 0) > before for write in decision.of_type(PatchStatus)):
         return True
     return _creates_attempt_pod(job, decision)

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vigil.controllers.worker import AfterFailure, Worker
+from vigil.core import fields
 from vigil.core.objects import is_older
 from vigil.core.queueing.book import QueueBook, QueueKey, Standing
 from vigil.core.queueing.status import queue_status, same_status, status_patch
@@ -48,8 +49,7 @@ class QueueStatusController:
         self._written_at: dict[QueueKey, float] = {}
 
     def queue_delta(self, delta: Delta) -> None:
-        meta = delta.obj["metadata"]
-        key = (meta["namespace"], meta["name"])
+        key = (fields.namespace(delta.obj), fields.name(delta.obj))
         if delta.kind == "delete":
             self.metrics.forget_queue(*key)
             self.queues.pop(key, None)
@@ -87,7 +87,7 @@ class QueueStatusController:
             return
         patch = status_patch(body, status, self.clock.wall())
         if not same_status(patch, self._written.get(key)):
-            updated = await self.kube.patch_queue_status(key[0], key[1], body["metadata"]["resourceVersion"], patch)
+            updated = await self.kube.patch_queue_status(key[0], key[1], fields.resource_version(body), patch)
             self._written[key], self._written_at[key] = patch, self.clock.monotonic()
             if updated is not None and key in self.queues:
                 self.queues[key] = updated

@@ -14,7 +14,7 @@ from typing import Any
 
 from vigil import api
 from vigil.controllers.jobs.view import ClusterView
-from vigil.core import actions, lifecycle, podstate
+from vigil.core import actions, fields, lifecycle, podstate
 from vigil.core.objects import Key, key_of
 from vigil.kube.errors import Conflict, NotFound, Refused
 from vigil.kube.events import EventRecorder
@@ -64,13 +64,12 @@ class Executor:
         match action:
             case actions.PatchStatus(status=status, resource_version=rv):
                 updated = await self.kube.patch_job_status(namespace, name, rv or "", status)
-                spec = job.get("spec") or {}
                 count_transition(
                     self.metrics,
-                    job.get("status") or {},
-                    updated.get("status") or {},
-                    queue=(namespace, spec.get("queue") or api.DEFAULT_QUEUE),
-                    created=job["metadata"].get("creationTimestamp"),
+                    fields.status(job),
+                    fields.status(updated),
+                    queue=(namespace, fields.spec(job).get("queue") or api.DEFAULT_QUEUE),
+                    created=fields.creation_timestamp(job),
                     now=self.clock.wall(),
                 )
                 # No look at our own write: a decision is complete, and deciding again on what it
@@ -90,7 +89,7 @@ class Executor:
                 await self.kube.release_pod(namespace, pod_name, uid)
             case actions.SetDeadLetterLabel(dead_lettered=flag):
                 # Fenced as the status write or the read before it was: on the version it left.
-                rv = job["metadata"]["resourceVersion"]
+                rv = fields.resource_version(job)
                 labelled = await self.kube.patch_job_labels(
                     namespace, name, rv, {api.LABEL_DEAD_LETTER: "true" if flag else None}
                 )
@@ -112,15 +111,15 @@ class Executor:
         must be the version decided on, else the decision is void (a Conflict, as a status
         write's 409 would be)."""
         stored = await self.kube.read_job(*key_of(job))
-        if stored is None or stored["metadata"]["uid"] != job["metadata"]["uid"]:
+        if stored is None or fields.uid(stored) != fields.uid(job):
             raise NotFound(f"{key_of(job)} is gone")
-        if stored["metadata"]["resourceVersion"] != resource_version:
+        stored_rv = fields.resource_version(stored)
+        if stored_rv != resource_version:
             self.job_seen(stored, look=False, read=True)
-            stored_rv = stored["metadata"]["resourceVersion"]
             raise Conflict(f"the job is at resourceVersion {stored_rv}, not {resource_version}")
 
     async def _create_pod(self, job: Mapping[str, Any], manifest: Mapping[str, Any]) -> None:
-        namespace, pod_name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        namespace, pod_name = fields.namespace(manifest), fields.name(manifest)
         try:
             created = await self.kube.create_pod(namespace, manifest)
         except Refused as err:
@@ -128,11 +127,11 @@ class Executor:
                 message = f"the API server refused pod {pod_name}: {err.message}"
                 raise PodCreateRefused(message, status=err.status, reason=err.reason) from err
             # A template Kubernetes will not accept: say so on the job rather than crash-loop.
-            attempt = int(manifest["metadata"]["labels"][api.LABEL_ATTEMPT])
+            attempt = int(fields.labels(manifest)[api.LABEL_ATTEMPT])
             for action in lifecycle.reject_pod(job, attempt, err.message, self.clock.wall()).actions:
                 job = await self.execute(job, action)
             return
-        key, job_uid = key_of(job), job["metadata"]["uid"]
+        key, job_uid = key_of(job), fields.uid(job)
         if created is not None:
             self.view.pods.created(created, self.clock.monotonic())
             # Should the watch never show it (a watch can miss an event), the job is looked at
@@ -153,5 +152,5 @@ class Executor:
 
     def _look_if_unseen(self, key: Key) -> None:
         job = self.view.job(key)
-        if job is not None and self.view.pods.unseen((key[0], job["metadata"]["uid"])):
+        if job is not None and self.view.pods.unseen((key[0], fields.uid(job))):
             self.queue.add(key)

@@ -19,7 +19,7 @@ from vigil import api
 from vigil.controllers.dispatcher import Dispatcher
 from vigil.controllers.jobs.orphans import Releaser
 from vigil.controllers.jobs.view import ClusterView
-from vigil.core import podstate
+from vigil.core import fields, podstate
 from vigil.core.liveness import beat_stamp_due
 from vigil.core.objects import Key, key_of
 from vigil.kube.seen import Delta
@@ -35,13 +35,13 @@ POD_BATCH_SECONDS = 1.0
 def more_than_a_beat(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     """Whether two versions of a pod differ in anything the decision core reads, the heartbeat
     annotation left out. Compared field by field (dict equality, in C): no copy, no encoding."""
-    before, after = old["metadata"], new["metadata"]
+    before, after = fields.metadata(old), fields.metadata(new)
     return (
         old.get("status") != new.get("status")
-        or before.get("deletionTimestamp") != after.get("deletionTimestamp")
+        or fields.deletion_timestamp(old) != fields.deletion_timestamp(new)
         or before.get("finalizers") != after.get("finalizers")
         or before.get("labels") != after.get("labels")
-        or (old.get("spec") or {}).get("nodeName") != (new.get("spec") or {}).get("nodeName")
+        or fields.spec(old).get("nodeName") != fields.spec(new).get("nodeName")
         or _annotations_but_the_beat(before) != _annotations_but_the_beat(after)
     )
 
@@ -90,7 +90,7 @@ class JobEvents:
         key = key_of(body)
         if self.view.take(body, read=read):
             self.dispatcher.job_seen(body)
-            for pod in self.view.pods.of_job((key[0], body["metadata"]["uid"])):
+            for pod in self.view.pods.of_job((key[0], fields.uid(body))):
                 self._note_start(key, body, pod)
         if look:
             self.queue.add(key)
@@ -99,9 +99,9 @@ class JobEvents:
         """The job was deleted (the watch's DELETED, a relist, or a direct read). Its pods are
         released even if the job was forgotten already (a look that met its 404 first), or
         replaced by a new job of the same name: they are filed by the deleted job's UID."""
-        key, uid = key_of(body), body["metadata"]["uid"]
+        key, uid = key_of(body), fields.uid(body)
         current = self.view.job(key)
-        if current is not None and current["metadata"]["uid"] == uid:
+        if current is not None and fields.uid(current) == uid:
             self.forget(key)
         # Its pods can tell nobody anything any more: let them go.
         pods = self.view.pods.drop_job((key[0], uid))
@@ -115,7 +115,7 @@ class JobEvents:
         job = self.view.job(key)
         self.forget(key)
         if job is not None:
-            self.releaser.release_orphans(self.view.pods.of_job((key[0], job["metadata"]["uid"])))
+            self.releaser.release_orphans(self.view.pods.of_job((key[0], fields.uid(job))))
 
     def pod_changed(self, pod: Mapping[str, Any], deleted: bool = False) -> None:
         """A pod of some job changed (the hot path: see the module docstring)."""
@@ -124,7 +124,7 @@ class JobEvents:
         if job_ref is None:
             return  # nobody's pod (the pod watch keeps none: podstate.keep_job_pod)
         key = podstate.owner_key(pod)
-        uid = pod["metadata"]["uid"]
+        uid = fields.uid(pod)
         if deleted:
             view.pod_gone(job_ref, uid)
         elif view.forged(job_ref):
@@ -158,7 +158,7 @@ class JobEvents:
         """A verified beat posted to the leader for `pod` (held in the view): as a new
         annotation value would be, without the pod having changed."""
         view = self.view
-        uid = pod["metadata"]["uid"]
+        uid = fields.uid(pod)
         tracker = view.tracker
         if not tracker.heard(uid, self.clock.monotonic(), self.clock.wall()):
             return  # the pod is held but not tracked yet: its first watch event tracks it
@@ -173,8 +173,8 @@ class JobEvents:
         """A pod of an attempt the job's status does not hold yet is a start made (its pod came
         first): its queue counts it as running until status shows it, after a restart too."""
         attempt = podstate.attempt_of(pod)
-        recorded = int((job.get("status") or {}).get("attempts") or 0)
-        if attempt is not None and attempt > recorded and podstate.belongs_to(pod, key[0], job["metadata"]["uid"]):
+        recorded = int(fields.status(job).get("attempts") or 0)
+        if attempt is not None and attempt > recorded and podstate.belongs_to(pod, key[0], fields.uid(job)):
             self.dispatcher.started_unseen(*key, attempt)
 
     def _check_orphan(self, pod: Mapping[str, Any], job: tuple[str, str]) -> None:
@@ -191,7 +191,7 @@ class JobEvents:
         job = self.view.job(key)
         if job is None:
             return False
-        status = job.get("status") or {}
+        status = fields.status(job)
         if status.get("phase") == "Uncertain":
             return True
         heartbeat = self.view.heartbeats[key]

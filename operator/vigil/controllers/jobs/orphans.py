@@ -18,12 +18,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal, NamedTuple
+from collections.abc import Callable, Iterable
+from typing import Literal, NamedTuple
 
 from vigil.controllers.jobs.podcache import PodCache
 from vigil.controllers.worker import AfterFailure, Worker
-from vigil.core import orphans, podstate
+from vigil.core import fields, orphans, podstate
+from vigil.core.fields import Pod
 from vigil.kube.operations import Kube
 from vigil.metrics import Metrics
 from vigil.runtime.clock import Clock
@@ -31,8 +32,6 @@ from vigil.runtime.timers import Timers
 from vigil.runtime.workqueue import WorkQueue, namespace_of
 
 log = logging.getLogger(__name__)
-
-Pod = Mapping[str, Any]
 
 RELEASES = "vigiljob-orphans"  # the release queue's name in the workqueue and reconcile metrics
 # Releases at once: each is a read and a patch, beside the looks' writes on the same connections;
@@ -78,8 +77,7 @@ class Release:
 
 
 def ref_of(pod: Pod) -> PodRef:
-    meta = pod["metadata"]
-    return PodRef(meta["namespace"], meta["name"], meta["uid"])
+    return PodRef(fields.namespace(pod), fields.name(pod), fields.uid(pod))
 
 
 class Releaser:

@@ -24,13 +24,13 @@ reads): docs/capacity-planning.md has the figures.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
+from vigil.core import fields
+from vigil.core.fields import Pod
 from vigil.core.objects import is_older
 from vigil.core.podstate import owning_job
 
-Pod = Mapping[str, Any]
 JobRef = tuple[str, str]  # (namespace, job UID)
 
 
@@ -63,18 +63,18 @@ class PodCache:
     def watched(self, pod: Pod) -> bool:
         """The watch showed `pod` (ADDED or MODIFIED). Returns False if it was older than the
         snapshot held, or belongs to no job (then it is not kept)."""
-        uid = pod["metadata"]["uid"]
+        uid = fields.uid(pod)
         self._unseen.pop(uid, None)
         return self._put(pod)
 
     def created(self, pod: Pod, now: float) -> None:
         """This operator created `pod` (the API server's answer)."""
         if self._put(pod):
-            self._unseen[pod["metadata"]["uid"]] = now
+            self._unseen[fields.uid(pod)] = now
 
     def read(self, pod: Pod) -> None:
         """A direct read of the API server showed `pod` as it is."""
-        self._unseen.pop(pod["metadata"]["uid"], None)
+        self._unseen.pop(fields.uid(pod), None)
         self._put(pod)
 
     def gone(self, job: JobRef, uid: str) -> Pod | None:
@@ -93,10 +93,10 @@ class PodCache:
     def replace_job(self, job: JobRef, pods: Iterable[Pod]) -> list[Pod]:
         """A direct list of the job's pods, the whole truth as of now: pods not in it are gone
         (and pods in it that are not the job's are not kept). Returns the pods it dropped."""
-        truth = {pod["metadata"]["uid"]: pod for pod in pods if owning_job(pod) == job}
+        truth = {fields.uid(pod): pod for pod in pods if owning_job(pod) == job}
         dropped = [pod for uid, pod in self._by_job.get(job, {}).items() if uid not in truth]
         for pod in dropped:
-            self.gone(job, pod["metadata"]["uid"])
+            self.gone(job, fields.uid(pod))
         for pod in truth.values():
             self.read(pod)
         return dropped
@@ -105,8 +105,8 @@ class PodCache:
         """Forget a job's pods (the job is gone); returns them."""
         pods = list(self._by_job.pop(job, {}).values())
         for pod in pods:
-            self._unseen.pop(pod["metadata"]["uid"], None)
-            self._job_of.pop(pod["metadata"]["uid"], None)
+            self._unseen.pop(fields.uid(pod), None)
+            self._job_of.pop(fields.uid(pod), None)
         return pods
 
     def unseen(self, job: JobRef) -> list[tuple[Pod, float]]:
@@ -119,7 +119,7 @@ class PodCache:
         job = owning_job(pod)
         if job is None:
             return False  # nobody's pod is never kept (podstate.owning_job)
-        uid = pod["metadata"]["uid"]
+        uid = fields.uid(pod)
         pods = self._by_job.setdefault(job, {})
         held = pods.get(uid)
         if held is not None and is_older(pod, held):

@@ -14,22 +14,19 @@ versions come and go (`phases`), so the metrics read a count instead of walking 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
-from typing import Any
 
 from vigil import api
 from vigil.controllers.jobs.podcache import PodCache
+from vigil.core import fields
+from vigil.core.fields import Job, Pod
 from vigil.core.liveness import STAMP_WRITES_PER_SECOND, HeartbeatTracker, stamp_floor
 from vigil.core.objects import Key, is_older, key_of
 from vigil.core.ratelimit import TokenBucket
 
-Job = Mapping[str, Any]
-Pod = Mapping[str, Any]
-
 
 def parse_heartbeat(job: Job) -> api.Heartbeat:
     try:
-        return api.Heartbeat.model_validate((job.get("spec") or {}).get("heartbeat") or {})
+        return api.Heartbeat.model_validate(fields.spec(job).get("heartbeat") or {})
     except ValueError:  # decide() reports the invalid spec; the detector uses the defaults meanwhile
         return api.Heartbeat()
 
@@ -79,9 +76,8 @@ class ClusterView:
         even if its resourceVersion is lower (an etcd restored from a backup goes back in time)."""
         key = key_of(body)
         current = self.jobs.get(key)
-        if current is not None and body["metadata"].get("resourceVersion") == current["metadata"].get(
-            "resourceVersion"
-        ):
+        version = fields.metadata(body).get("resourceVersion")
+        if current is not None and version == fields.metadata(current).get("resourceVersion"):
             return False  # the watch echoing a write of ours, or a duplicate
         if not read and current is not None and is_older(body, current):
             return False
@@ -89,7 +85,7 @@ class ClusterView:
             self._count(current, -1)
         self.jobs[key] = body
         self._count(body, +1)
-        self._uids[body["metadata"]["uid"]] = key
+        self._uids[fields.uid(body)] = key
         self.heartbeats[key] = parse_heartbeat(body)
         return True
 
@@ -98,7 +94,7 @@ class ClusterView:
         job = self.jobs.pop(key, None)
         if job is not None:
             self._count(job, -1)
-            self._uids.pop(job["metadata"]["uid"], None)
+            self._uids.pop(fields.uid(job), None)
         self.heartbeats.pop(key, None)
         self.strangers.pop(key, None)
         return job
@@ -116,4 +112,4 @@ class ClusterView:
 
 
 def phase_of(job: Job) -> str:
-    return (job.get("status") or {}).get("phase") or "New"
+    return fields.phase(job) or "New"
