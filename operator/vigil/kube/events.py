@@ -23,6 +23,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from vigil.core import fields
 from vigil.core.events import Backlog, Drop, EventCorrelator, EventKey, Patch, Write, created
 from vigil.runtime.clock import SYSTEM, Clock
 from vigil.runtime.workqueue import WorkQueue, namespace_of
@@ -64,8 +65,7 @@ class EventRecorder:
     def record(self, job: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         """Decides and queues the event, and returns at once; drops it past the job's budget or
         its namespace's share of the backlog."""
-        meta = job["metadata"]
-        involved = (meta["namespace"], meta["name"], meta.get("uid") or "")
+        involved = (fields.namespace(job), fields.name(job), fields.metadata(job).get("uid") or "")
         decision = self.correlator.correlate(
             involved, type_, reason, message, now=self.clock.monotonic(), wall=self.clock.wall()
         )
@@ -138,7 +138,7 @@ class EventRecorder:
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # best effort: Kube already swallows API refusals
-                log.debug("writing event %s on %s failed: %s", write.reason, job["metadata"].get("name"), err)
+                log.debug("writing event %s on %s failed: %s", write.reason, fields.metadata(job).get("name"), err)
             finally:
                 self._sending -= 1
                 self._order.done(key)  # a newer write of this Event, waiting meanwhile, may go now
@@ -146,6 +146,6 @@ class EventRecorder:
                     self._idle.set()
 
     async def _write(self, job: Mapping[str, Any], write: Write) -> None:
-        if isinstance(write, Patch) and await self.patch(job["metadata"]["namespace"], write):
+        if isinstance(write, Patch) and await self.patch(fields.namespace(job), write):
             return
         await self.post(job, created(write))  # a new Event, or one whose first is gone

@@ -35,6 +35,7 @@ import logging
 import random
 from collections.abc import Callable, Mapping
 
+from vigil.core import fields
 from vigil.core.backoff import backoff
 from vigil.core.objects import strip
 from vigil.kube.client import PAGE_BYTES, ApiClient
@@ -212,7 +213,7 @@ class Informer:
             try:
                 handler(delta)
             except Exception:  # a consumer's bug must not stop the watch of every other object
-                name = delta.obj["metadata"].get("name")
+                name = fields.metadata(delta.obj).get("name")
                 log.exception("%s: handling a %s of %s failed", self.name, delta.kind, name)
 
 

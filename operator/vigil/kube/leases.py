@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
+from vigil.core import fields
 from vigil.core.election import LeaseRecord
 from vigil.kube.client import ApiClient
 from vigil.kube.errors import NotFound
@@ -39,7 +40,7 @@ class LeaseStore:
         # Only ever called with an answer awaited on the event loop: a call abandoned by its
         # timeout never completes later and overwrites what is remembered.
         self._object = obj
-        return LeaseRecord.from_spec(obj.get("spec")), obj["metadata"]["resourceVersion"]
+        return LeaseRecord.from_spec(obj.get("spec")), fields.resource_version(obj)
 
     async def get(self) -> tuple[LeaseRecord, str] | None:
         """The record and its resourceVersion; None when there is no such Lease."""
@@ -64,12 +65,12 @@ class LeaseStore:
     async def update(self, record: LeaseRecord, version: str) -> tuple[LeaseRecord, str]:
         """Writes `record` if the Lease is still at `version` (else Conflict)."""
         base = self._object or {"metadata": {"name": self.name, "namespace": self.namespace}}
-        metadata = {k: v for k, v in base["metadata"].items() if k != "managedFields"}
+        metadata = {k: v for k, v in fields.metadata(base).items() if k != "managedFields"}
         lease = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
             "metadata": {**metadata, "resourceVersion": version},
-            "spec": {**(base.get("spec") or {}), **record.to_spec()},
+            "spec": {**fields.spec(base), **record.to_spec()},
         }
         obj = await self.client.request(
             "PUT", self._path, params={"fieldManager": FIELD_MANAGER}, body=lease, timeout=self.request_timeout

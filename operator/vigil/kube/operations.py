@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from vigil.api import FINALIZER_ATTEMPT_TRACKING, GROUP, LABEL_JOB_UID, PLURAL, QUEUE_PLURAL, VERSION
+from vigil.core import fields
 from vigil.core.events import Write
 from vigil.core.objects import strip, strip_job
 from vigil.core.podstate import strip_pod
@@ -258,7 +259,7 @@ class Kube:
             )
         except NotFound:
             return None
-        labels = ((deployment.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+        labels = (fields.spec(deployment).get("selector") or {}).get("matchLabels") or {}
         return ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
 
     # --- events -------------------------------------------------------------------------
@@ -266,20 +267,21 @@ class Kube:
     async def post_event(self, job: Mapping[str, Any], event: Write) -> None:
         """Creates the Event `event` on the job. Best effort: an event lost is never worth a
         retry loop."""
-        meta = job["metadata"]
+        name, namespace = fields.name(job), fields.namespace(job)
         involved = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "VigilJob",
-            "name": meta["name"],
-            "namespace": meta["namespace"],
-            "uid": meta["uid"],
+            "name": name,
+            "namespace": namespace,
+            "uid": fields.uid(job),
         }
-        if meta.get("resourceVersion") is not None:
-            involved["resourceVersion"] = meta["resourceVersion"]
+        version = fields.metadata(job).get("resourceVersion")
+        if version is not None:
+            involved["resourceVersion"] = version
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": event.name, "namespace": meta["namespace"]},
+            "metadata": {"name": event.name, "namespace": namespace},
             "involvedObject": involved,
             "type": event.type_,
             "reason": event.reason,
@@ -292,9 +294,9 @@ class Kube:
             "reportingInstance": "vigil",
         }
         try:
-            await self._call("create", "events", "POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=body)
+            await self._call("create", "events", "POST", f"/api/v1/namespaces/{namespace}/events", body=body)
         except ApiError as err:
-            log.warning("could not post event %s on %s/%s: %s", event.reason, meta["namespace"], meta["name"], err)
+            log.warning("could not post event %s on %s/%s: %s", event.reason, namespace, name, err)
 
     async def patch_event(self, namespace: str, event: Write) -> bool:
         """The Event `event.name` happened again: its count, lastTimestamp and message, as

@@ -16,13 +16,13 @@ kept by whoever consumes the deltas, in the types they need.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
+from vigil.core import fields
+from vigil.core.fields import Obj
 from vigil.core.objects import Key, is_older_version, key_of
-
-Obj = Mapping[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +41,7 @@ class _Version:
 
 
 def _version(obj: Obj) -> _Version:
-    metadata = obj["metadata"]
-    return _Version(metadata["uid"], metadata.get("resourceVersion", ""))
+    return _Version(fields.uid(obj), fields.metadata(obj).get("resourceVersion", ""))
 
 
 class SeenObjects:
@@ -124,6 +123,6 @@ class SeenObjects:
 def _tombstone(obj: Obj) -> Obj:
     """What a delete found by a relist carries: the object's identity and its labels and owners,
     enough for a consumer to find what it filed the object under (its job, its index)."""
-    metadata = obj["metadata"]
+    metadata = fields.metadata(obj)
     kept = ("name", "namespace", "uid", "resourceVersion", "labels", "ownerReferences")
     return {"metadata": {field: metadata[field] for field in kept if field in metadata}}
