@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vigil.core import podstate
+from vigil.core import fields, podstate
 from vigil.kube.client import ApiClient, user_agent
 from vigil.kube.config import Credentials
 from vigil.kube.operations import Kube
@@ -52,7 +52,7 @@ async def stop_operator(kube: Kube, namespace: str, name: str, timeout: float, c
         if not left:
             return True
         if clock.monotonic() >= until:
-            names = ", ".join(pod["metadata"]["name"] for pod in left)
+            names = ", ".join(fields.name(pod) for pod in left)
             raise OperatorStillRunning(
                 f"the operator's pods in {namespace} ({names}) were still there after {timeout:g}s; "
                 "releasing the finalizers now could race the next pod it creates"
@@ -71,12 +71,12 @@ async def release_all(
             for pod in page:
                 if not (accept(pod) and podstate.is_tracked(pod)):
                     continue
-                meta = pod["metadata"]
+                namespace, name = fields.namespace(pod), fields.name(pod)
                 if not dry_run:
-                    await kube.release_pod(meta["namespace"], meta["name"], meta["uid"])
-                log.info("%s %s/%s", "would release" if dry_run else "released", meta["namespace"], meta["name"])
+                    await kube.release_pod(namespace, name, fields.uid(pod))
+                log.info("%s %s/%s", "would release" if dry_run else "released", namespace, name)
                 done.pods += 1
-                done.namespaces.add(meta["namespace"])
+                done.namespaces.add(namespace)
     return done
 
 

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from vigil.core import fields
 from vigil.core.election import mark_changes
 from vigil.kube.operations import Kube
 from vigil.runtime.clock import SYSTEM, Clock
@@ -69,7 +70,7 @@ class LeaderMark:
         while True:
             try:
                 listed = await self.kube.list_labelled_pods(self.pod.namespace, f"{LEADER_LABEL}={self.lease}")
-                pods = {pod["metadata"]["name"]: pod for pod in listed}
+                pods = {fields.name(pod): pod for pod in listed}
                 own = pods.get(self.pod.name) or await self.kube.read_pod(*self.pod.key)
                 if own is None:
                     raise RuntimeError(f"pod {self.pod.namespace}/{self.pod.name} not found")
@@ -90,14 +91,13 @@ class LeaderMark:
         try:
             # By the selector, as `claim` reads: a pod as Vigil keeps it (strip_pod) has no mark.
             listed = await self.kube.list_labelled_pods(self.pod.namespace, f"{LEADER_LABEL}={self.lease}")
-            own = next((pod for pod in listed if pod["metadata"]["name"] == self.pod.name), None)
+            own = next((pod for pod in listed if fields.name(pod) == self.pod.name), None)
             if own is not None:
                 await self._label(own, None)
         except Exception as err:  # noqa: BLE001 - the next leader clears it
             log.warning("could not remove the leader mark from this pod: %s", err)
 
     async def _label(self, pod: Mapping[str, Any], value: str | None) -> None:
-        meta = pod["metadata"]
         await self.kube.label_pod(
-            self.pod.namespace, meta["name"], meta["uid"], meta["resourceVersion"], {LEADER_LABEL: value}
+            self.pod.namespace, fields.name(pod), fields.uid(pod), fields.resource_version(pod), {LEADER_LABEL: value}
         )

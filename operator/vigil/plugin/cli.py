@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vigil.api import GROUP, LABEL_ATTEMPT, LABEL_DEAD_LETTER, LABEL_JOB_UID, PLURAL, QUEUE_PLURAL, VERSION
+from vigil.core import fields
 from vigil.core.manifest import DEFAULT_CONTAINER  # the annotation kubectl logs reads
 from vigil.core.ratelimit import TokenBucket
 from vigil.kube.client import MERGE_PATCH, ApiClient, resource_path, user_agent
@@ -106,7 +107,7 @@ async def _read_job(api: Api, namespace: str, name: str) -> dict:
 
 async def status(api: Api, namespace: str, args: argparse.Namespace, clock: Clock) -> tuple[int, str]:
     job = await _read_job(api, namespace, args.job)
-    current = (job.get("status") or {}).get("currentAttempt") or {}
+    current = fields.status(job).get("currentAttempt") or {}
     pod = None
     if current.get("podName"):
         # The beats the agent sent are a detail: one who may not read pods sees the rest.
@@ -130,7 +131,7 @@ async def top(api: Api, namespace: str | None, args: argparse.Namespace, clock: 
 async def redrive(api: Api, namespace: str, args: argparse.Namespace, clock: Clock) -> tuple[int, str]:
     if args.all_dead_letters:
         selector = ",".join(filter(None, [f"{LABEL_DEAD_LETTER}=true", args.selector]))
-        jobs = {job["metadata"]["name"]: job for job in await api.jobs(namespace, selector)}
+        jobs = {fields.name(job): job for job in await api.jobs(namespace, selector)}
         listed = report.dead_letters(jobs.values(), clock.wall())  # the longest dead first
         requested: list[tuple[str, Mapping[str, Any] | None]] = [(row["name"], jobs[row["name"]]) for row in listed]
     else:
@@ -176,7 +177,7 @@ async def pause(api: Api, namespace: str, args: argparse.Namespace, clock: Clock
     queue = await api.queue(namespace, args.queue)
     if queue is None:
         raise _not_found("vigilqueue", args.queue, namespace)
-    changed = bool((queue.get("spec") or {}).get("paused", False)) != paused
+    changed = bool(fields.spec(queue).get("paused", False)) != paused
     if changed:
         await api.patch_queue(namespace, args.queue, {"spec": {"paused": paused}})
     row = {"name": args.queue, "namespace": namespace, "paused": paused, "changed": changed}
@@ -188,11 +189,11 @@ async def pause(api: Api, namespace: str, args: argparse.Namespace, clock: Clock
 
 async def logs(api: Api, namespace: str, args: argparse.Namespace, clock: Clock) -> tuple[int, str]:
     job = await _read_job(api, namespace, args.job)
-    status_ = job.get("status") or {}
+    status_ = fields.status(job)
     number = args.attempt or (status_.get("currentAttempt") or {}).get("number") or status_.get("attempts")
     if not number:
         raise Failed(EXIT_FAILED, f"vigiljob {args.job} has started no attempt yet: no log to show")
-    selector = f"{LABEL_JOB_UID}={job['metadata']['uid']},{LABEL_ATTEMPT}={number}"
+    selector = f"{LABEL_JOB_UID}={fields.uid(job)},{LABEL_ATTEMPT}={number}"
     pods = await api.pods(namespace, selector)
     if not pods:
         raise Failed(
@@ -201,7 +202,7 @@ async def logs(api: Api, namespace: str, args: argparse.Namespace, clock: Clock)
             f"created): its log went with it; `kubectl vigil status {args.job}` lists the attempts",
         )
     pod = pods[0]
-    name, node = pod["metadata"]["name"], (pod.get("spec") or {}).get("nodeName") or "no node"
+    name, node = fields.name(pod), fields.spec(pod).get("nodeName") or "no node"
     container = args.container or _default_container(pod)
     try:
         text = await api.log(namespace, name, container, args.tail)
@@ -219,7 +220,7 @@ async def logs(api: Api, namespace: str, args: argparse.Namespace, clock: Clock)
 def _default_container(pod: Mapping[str, Any]) -> str | None:
     """As kubectl logs picks one: the pod's default-container annotation, else its first."""
     named = ((pod.get("metadata") or {}).get("annotations") or {}).get(DEFAULT_CONTAINER)
-    containers = (pod.get("spec") or {}).get("containers") or []
+    containers = fields.spec(pod).get("containers") or []
     return named or (containers[0].get("name") if containers else None)
 
 

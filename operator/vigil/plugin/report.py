@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from vigil.api import ANNOTATION_HEARTBEAT, ANNOTATION_REDRIVE, DEFAULT_QUEUE
+from vigil.core import fields
 
 RECENT_ATTEMPTS = 5  # the history `status` shows; status keeps up to 20
 # Conditions at a value that says something holds the job back or went wrong; the others
@@ -23,11 +24,9 @@ TROUBLE = {
 WAITING = ("Queued", "Starting", "BackingOff", "Uncertain", "Suspended")
 
 
-def _status(obj: Mapping[str, Any]) -> dict[str, Any]:
-    return obj.get("status") or {}
-
-
 def _meta(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """metadata, {} when missing: what is shown reads whatever it is given (`fields.metadata`
+    requires it)."""
     return obj.get("metadata") or {}
 
 
@@ -59,7 +58,7 @@ def duration(seconds: float | None) -> str:
 
 
 def condition(obj: Mapping[str, Any], type_: str) -> dict[str, Any] | None:
-    return next((c for c in _status(obj).get("conditions") or [] if c.get("type") == type_), None)
+    return next((c for c in fields.status(obj).get("conditions") or [] if c.get("type") == type_), None)
 
 
 # --- status JOB -------------------------------------------------------------------------------
@@ -69,7 +68,7 @@ def why_it_waits(job: Mapping[str, Any]) -> list[dict[str, str]]:
     """What holds the job back, each once: its phase's reason and message while it does not run
     (QueueSaturated, RetryBudgetExhausted, a backoff's end...), then every condition in trouble
     (ReconcileError, heartbeats not healthy, a checkpoint refused)."""
-    status = _status(job)
+    status = fields.status(job)
     found: list[dict[str, str]] = []
     if status.get("phase") in WAITING and status.get("reason"):
         found.append({"source": "phase", "reason": status["reason"], "message": status.get("message") or ""})
@@ -92,7 +91,7 @@ def job_status(job: Mapping[str, Any], now: datetime, pod: Mapping[str, Any] | N
     """`kubectl vigil status JOB`: the job's phase, attempts, why it waits, its beats, its last
     checkpoint and recent attempts. `pod`: the current attempt's pod, if it could be read, for
     the beats the agent has sent (status records the time of a beat only every few minutes)."""
-    meta, spec, status = _meta(job), job.get("spec") or {}, _status(job)
+    meta, spec, status = _meta(job), fields.spec(job), fields.status(job)
     current = status.get("currentAttempt")
     healthy = condition(job, "HeartbeatHealthy")
     required = (spec.get("heartbeat") or {}).get("required", True)
@@ -152,12 +151,12 @@ def dead_letters(jobs: Iterable[Mapping[str, Any]], now: datetime) -> list[dict[
     """`kubectl vigil dlq`: one row per dead-lettered job, the longest dead first."""
     rows = []
     for job in jobs:
-        meta, status = _meta(job), _status(job)
+        meta, status = _meta(job), fields.status(job)
         rows.append(
             {
                 "name": meta.get("name"),
                 "namespace": meta.get("namespace"),
-                "queue": (job.get("spec") or {}).get("queue") or DEFAULT_QUEUE,
+                "queue": fields.spec(job).get("queue") or DEFAULT_QUEUE,
                 "attempts": status.get("attempts", 0),
                 "redrives": status.get("redrives", 0),
                 "reason": status.get("reason"),
@@ -171,7 +170,7 @@ def dead_letters(jobs: Iterable[Mapping[str, Any]], now: datetime) -> list[dict[
 
 def budget_state(queue: Mapping[str, Any]) -> str:
     """The retry budget in a word or two: off (retryBudget 1), its share and whether it is spent."""
-    share = (queue.get("spec") or {}).get("retryBudget", 0.2)
+    share = fields.spec(queue).get("retryBudget", 0.2)
     if share >= 1:
         return "off"
     exhausted = (condition(queue, "RetryBudgetExhausted") or {}).get("status") == "True"
@@ -183,7 +182,7 @@ def queue_rows(queues: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     (at most every 2 s); a queue Vigil has not written yet shows no counts."""
     rows = []
     for queue in queues:
-        meta, spec, status = _meta(queue), queue.get("spec") or {}, _status(queue)
+        meta, spec, status = _meta(queue), fields.spec(queue), fields.status(queue)
         rows.append(
             {
                 "name": meta.get("name"),
@@ -248,7 +247,7 @@ def plan_redrive(
         if job is None:
             steps.append(RedriveStep(name, namespace, None, f"vigiljob {name} not found in namespace {namespace}"))
             continue
-        status = _status(job)
+        status = fields.status(job)
         pending = (_meta(job).get("annotations") or {}).get(ANNOTATION_REDRIVE)
         phase = status.get("phase") or "New"
         where = _meta(job).get("namespace") or namespace
