@@ -64,14 +64,79 @@ def strip(obj: dict[str, Any]) -> dict[str, Any]:
 _KEPT_JOB_LABELS = (api.LABEL_DEAD_LETTER,)
 _KEPT_JOB_ANNOTATIONS = (api.ANNOTATION_REDRIVE,)
 
+# A job's pod template is kept in memory only while its JSON is estimated at most this long
+# (`json_size`). Templates are typically 1-2 KiB, so the common job is kept whole; one of 900 KiB
+# (the API server takes up to 1.5 MiB) costs 8-11 MiB as Python objects, for as long as
+# the job waits. docs/capacity-planning.md ("A tenant's templates") has the figures.
+TEMPLATE_KEPT_BYTES = 8 * 1024
+# What stands in spec.template for a template that was not kept: the look that would create a pod
+# from it reads the job from the API server first (`vigil.controllers.jobs.templates`).
+TEMPLATE_DROPPED = "vigil.dev/template-dropped"
 
-def strip_job(job: dict[str, Any]) -> dict[str, Any]:
+# The estimate's figures, as JSON spells them: a string's quotes, a key's quotes and colon, a
+# container's brackets, and a number, a boolean or null at the length of a short one.
+_QUOTES, _KEY, _BRACKETS, _SCALAR = 2, 3, 2, 5
+
+
+def json_size(value: Any, limit: int) -> int:
+    """About len(json.dumps(value, separators=(",", ":"))), as decoded JSON holds it (dicts,
+    lists, strings, numbers, booleans, None): strings count their characters (not their UTF-8
+    bytes), numbers, booleans and null five each. It stops once past `limit` and returns what it
+    has counted, more than `limit`; a container is counted (one character an element at least)
+    before its elements are, so the walk costs at most what a value of `limit` characters costs,
+    whatever `value` is (a template of 900 KiB as much as one of 8 KiB). No encoding, no copy:
+    it runs on every job event (13 µs for a typical template of 1.5 KiB: docs/capacity-planning.md)."""
+    size = 0
+    stack = [value]
+    pop, push, extend = stack.pop, stack.append, stack.extend
+    while stack:
+        item = pop()
+        kind = type(item)
+        if kind is dict:
+            size += _BRACKETS + len(item)  # the commas, and one more
+            if size > limit:
+                return size
+            for key, nested in item.items():
+                if type(nested) is str:  # most of a template: names and values
+                    size += len(key) + _KEY + len(nested) + _QUOTES
+                else:
+                    size += len(key) + _KEY
+                    push(nested)
+        elif kind is str:
+            size += len(item) + _QUOTES
+        elif kind is list:
+            size += _BRACKETS + len(item)
+            if size > limit:
+                return size
+            extend(item)
+        elif isinstance(item, Mapping):  # not what a JSON decoder makes; counted all the same
+            push(dict(item))
+        else:
+            size += _SCALAR
+        if size > limit:
+            return size
+    return size
+
+
+def template_dropped(job: Mapping[str, Any]) -> bool:
+    """Whether the job's pod template was not kept (`strip_job`): read the job whole to use it."""
+    template = (job.get("spec") or {}).get("template")
+    return isinstance(template, Mapping) and TEMPLATE_DROPPED in template
+
+
+def strip_job(job: dict[str, Any], *, whole_template: bool = False) -> dict[str, Any]:
     """What Vigil keeps of a VigilJob, in place: `strip`, of its labels and annotations only
-    the ones Vigil reads, and of a Succeeded job not its pod template. Every job stays in the
-    view until it is deleted (no TTL is set by default, as batch/v1 sets none); a Succeeded job
-    never starts another attempt (only a dead-lettered one can be redriven), so its template,
-    most of a job in memory, is never read again; a job that has not succeeded is kept whole,
-    since any later look may start a pod from it. docs/capacity-planning.md has the figures."""
+    the ones Vigil reads, and its pod template only while the job may start a pod from it and
+    the template is small (`TEMPLATE_KEPT_BYTES`); otherwise the template is replaced by a marker
+    (`template_dropped`). Every job stays in the view until it is deleted (no TTL is set by
+    default, as batch/v1 sets none), and a job may wait in its queue for as long as a tenant
+    likes: kept whole, a large template (most of a job in memory) would let anyone who may create
+    VigilJobs fill the operator's memory. A Succeeded job never starts another attempt (only a
+    dead-lettered one can be redriven), so its template is never read again, whatever its size;
+    a large one is read from the API server by the look that creates a pod from it. The watch's
+    copies, the lists' and the writes' answers all pass here, so a list never holds large
+    templates either. `whole_template`: keep the template as it is (the one read that needs it).
+    docs/capacity-planning.md has the figures."""
     strip(job)
     metadata = job.get("metadata") or {}
     for field, kept in (("labels", _KEPT_JOB_LABELS), ("annotations", _KEPT_JOB_ANNOTATIONS)):
@@ -79,6 +144,19 @@ def strip_job(job: dict[str, Any]) -> dict[str, Any]:
         if values:
             metadata[field] = {key: values[key] for key in kept if key in values}
     spec = job.get("spec")
-    if (job.get("status") or {}).get("phase") == "Succeeded" and isinstance(spec, dict) and spec.get("template"):
-        spec["template"] = {}
+    if whole_template or not isinstance(spec, dict):
+        return job
+    template = spec.get("template")
+    if not template or TEMPLATE_DROPPED in template:
+        return job
+    succeeded = (job.get("status") or {}).get("phase") == "Succeeded"
+    if succeeded or json_size(template, TEMPLATE_KEPT_BYTES) > TEMPLATE_KEPT_BYTES:
+        spec["template"] = {TEMPLATE_DROPPED: True}
     return job
+
+
+def kept_copy(job: dict[str, Any]) -> dict[str, Any]:
+    """What the view keeps of a job read whole (`strip_job(..., whole_template=True)`): a copy
+    that shares all of it but its spec, whose template is then dropped if `strip_job` drops it;
+    `job` keeps its template."""
+    return strip_job({**job, "spec": dict(job["spec"])} if isinstance(job.get("spec"), dict) else dict(job))

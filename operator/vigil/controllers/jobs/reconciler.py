@@ -9,7 +9,10 @@ rumour, so around the decision the reconciler asks the API server directly:
 - a pod this operator created that the watch has not shown within `UNSEEN_CHECK_SECONDS` is
   read by name;
 - a job left Starting has itself and its pods read every `STARTING_RECHECK_SECONDS`;
-- a stranger in the way of the job's next pod is read again at each look.
+- a stranger in the way of the job's next pod is read again at each look;
+- a job whose pod template the view did not keep (a large one: `core.objects.strip_job`) is
+  read whole (`templates.read_whole_job`) by the look that would create a pod from it, and the
+  decision taken again on that read; a small template, the common case, costs no read.
 
 While the pod watch is not fresh, silence is no evidence: a Lost verdict is held back (the
 attempt may become Uncertain) and the job looked at again soon. A failure is shown on the job
@@ -29,17 +32,19 @@ from vigil.controllers.jobs.alarms import SilenceAlarms
 from vigil.controllers.jobs.executor import UNSEEN_CHECK_SECONDS, Executor, PodCreateRefused
 from vigil.controllers.jobs.handlers import JobEvents
 from vigil.controllers.jobs.rechecks import StartingRechecks
+from vigil.controllers.jobs.templates import read_whole_job
 from vigil.controllers.jobs.view import ClusterView
 from vigil.controllers.worker import AfterFailure
 from vigil.core import actions, doubt, failures, lifecycle, podstate
 from vigil.core.liveness import actionable
 from vigil.core.manifest import BeatChannel
-from vigil.core.objects import Key
+from vigil.core.objects import Key, kept_copy, template_dropped
 from vigil.core.queueing.book import StartPermit
 from vigil.kube.errors import Conflict, NotFound, Refused
 from vigil.kube.events import EventRecorder
 from vigil.kube.operations import Kube
 from vigil.runtime.clock import Clock
+from vigil.runtime.memory import give_back
 from vigil.runtime.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -114,33 +119,57 @@ class JobReconciler:
     # --- the worker's questions -----------------------------------------------------------
 
     async def reconcile(self, key: Key) -> None:
+        if await self._look(key):
+            give_back()  # what the read's parse and the pod's manifest grew the heap by, now freed
+
+    async def _look(self, key: Key) -> bool:
+        """One look; True if it read the job whole for its template."""
         job = self.view.job(key)
         if job is None:
-            return
+            return False
         namespace, job_uid = key[0], job["metadata"]["uid"]
         await self._settle_unseen(namespace, job_uid)
         job = await self._recheck_starting(key, job)
         if job is None:
-            return
+            return False
         stranger = await self._recheck_stranger(key)
         extra = [stranger] if stranger is not None else []
-        decided = self._decide(key, job, self.view.pods.of_job((namespace, job_uid)) + extra)
+        pods = self.view.pods.of_job((namespace, job_uid)) + extra
+        looked_at = job
+        decided = self._decide(key, job, pods)
+        job, decided = await self._with_template(key, job, pods, decided)
+        if job is None:
+            return False
         held_back = decided.held_back
         why = doubt.doubt(job, decided.decision)
         if why is not None:
             # Never on a rumour: decide again on what the API server says now.
-            pods = await self.read_pods(job)
-            self._take_pods_read((namespace, job_uid), pods)
-            decided = self._decide(key, job, pods + extra)
+            read = await self.read_pods(job)
+            self._take_pods_read((namespace, job_uid), read)
+            decided = self._decide(key, job, read + extra)
             if doubt.doubt(job, decided.decision) != why:  # the watch missed a beat, a pod, a deletion
                 self.repair(f"a direct read of {namespace}/{key[1]}'s pods contradicts the watch: {why}")
+            job, decided = await self._with_template(key, job, read + extra, decided)
+            if job is None:
+                return False
+        if template_dropped(job) and decided.decision.of_type(actions.CreatePod):
+            # Not reached (_with_template reads the template first): a pod made from the marker
+            # would have no containers, and its refusal would dead-letter the job.
+            raise RuntimeError(f"a pod of {namespace}/{key[1]} was to be made from a template not kept")
+        read_whole = job is not looked_at
+        if read_whole:
+            # Decided on the job read whole; the actions carry it as the view keeps it (nothing
+            # of theirs reads the template, and an event waiting in the recorder's backlog holds
+            # the job it is about).
+            job = kept_copy(dict(job))
         wait = self.dispatcher.pace(job, decided.permit, decided.decision)
         if wait is not None:  # the queue's start rate: this start goes a little later
             self.queue.add_after(key, wait)
-            return
+            return read_whole
         for action in decided.decision.actions:
             job = await self.executor.execute(job, action)
         self._schedule(key, decided.states, held_back)
+        return read_whole
 
     async def failed(self, key: Key, err: Exception, in_a_row: int) -> AfterFailure:
         if isinstance(err, NotFound):
@@ -191,6 +220,26 @@ class JobReconciler:
         )
         self.dispatcher.decided(job, permit, decision)
         return Decided(decision, held_back, permit, states)
+
+    async def _with_template(
+        self, key: Key, job: Mapping[str, Any], pods: list[Pod], decided: Decided
+    ) -> tuple[Mapping[str, Any] | None, Decided]:
+        """The job to carry `decided` out on, and the decision: as given, unless the decision
+        creates a pod and the view did not keep the job's template. Then the job is read from the
+        API server whole, and decided on again (the same pods): that read is the version the
+        decision is fenced on, and the template the pod is made of, as the job is now (a redrive,
+        an edit, a new job of the same name since the view heard of it). The view takes the read,
+        trimmed. (None, decided) if the job is gone, or is another job now."""
+        if not template_dropped(job) or not decided.decision.of_type(actions.CreatePod):
+            return job, decided
+        whole = await read_whole_job(self.kube, *key)
+        if whole is None or whole["metadata"]["uid"] != job["metadata"]["uid"]:
+            self.handlers.job_gone(job)
+            if whole is not None:  # a new job of that name: a look of its own
+                self.handlers.job_seen(kept_copy(whole), read=True)
+            return None, decided
+        self.handlers.job_seen(kept_copy(whole), look=False, read=True)
+        return whole, self._decide(key, whole, pods)
 
     def _schedule(self, key: Key, states: Mapping[str, str], held_back: bool) -> None:
         """Sets the job's silence alarm, or wakes it soon if a Lost verdict waits for the pod
