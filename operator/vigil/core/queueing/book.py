@@ -112,11 +112,11 @@ def entry_of(job: Mapping[str, Any]) -> QueueEntry:
     meta, spec, status = fields.metadata(job), fields.spec(job), fields.status(job)
     standing, fresh_round = _standing(meta, spec, status)
     return QueueEntry(
-        namespace=meta["namespace"],
-        name=meta["name"],
+        namespace=fields.namespace(job),
+        name=fields.name(job),
         queue=spec.get("queue") or DEFAULT_QUEUE,
         priority=int(spec.get("priority") or 0),
-        created=_epoch(meta.get("creationTimestamp")) or 0.0,
+        created=_epoch(fields.creation_timestamp(job)) or 0.0,
         standing=standing,
         attempts=int(status.get("attempts") or 0),
         # startedAt is the round's first start; lifecycle resets it on redrive and resume
