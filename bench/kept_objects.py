@@ -8,7 +8,7 @@ No operator runs: each object is parsed from its JSON with orjson, as `vigil.kub
 N times over (`--copies`, 200), and tracemalloc counts what the copies hold, whole, and after
 the transform the operator applies to it as it arrives (`podstate.keep_job_pod` for the pod
 watch, `objects.strip_job` for the job watch). A refused pod keeps nothing. The hostile pod is
-the one of tests/e2e/test_hostile_pods.py: Vigil's label, 2,500 other labels and a 150 KB
+the one of e2e/test_hostile_pods.py: Vigil's label, 2,500 other labels and a 150 KB
 annotation, owned by no VigilJob. Objects read from a cluster (kubectl get -o json) are
 reported by kind and phase, as the mean over the objects of each.
 

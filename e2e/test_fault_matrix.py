@@ -12,7 +12,7 @@ Each test runs its own `vigil operator` in a namespace of its own (`own_namespac
 session's operator, watching `t-*`, leaves alone). The full matrix (20 SIGKILL rounds) and its table:
 
     VIGIL_FAULT_ROUNDS=20 VIGIL_FAULT_REPORT=/tmp/faults.json .venv/bin/pytest -m e2e -s \\
-        tests/e2e/test_fault_matrix.py tests/e2e/test_network_lies.py
+        e2e/test_fault_matrix.py e2e/test_network_lies.py
     .venv/bin/python -m tests.support.fault_report /tmp/faults.json
 
 VIGIL_FAULT_ROUNDS (default 3, what CI runs) is the number of SIGKILL rounds; VIGIL_CHAOS_SEED

@@ -11,7 +11,7 @@ The operator runs as the chart runs it (its default queue policy for namespaces 
 over namespaces, the 1 s floor under every retry, the default policy's maxRunning and retry
 budget.
 
-    VIGIL_FLOOD_JOBS=200 .venv/bin/pytest -s tests/e2e/test_hostile_flood.py
+    VIGIL_FLOOD_JOBS=200 .venv/bin/pytest -s e2e/test_hostile_flood.py
 
 - VIGIL_FLOOD_JOBS (default 200): the flood's jobs.
 """

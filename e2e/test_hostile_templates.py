@@ -45,7 +45,7 @@ QUEUE = "held"
 KEPT_PER_JOB = 25 * TEMPLATE_KEPT_BYTES
 # What glibc may keep of the transient parses (each event of such a job is 900 KiB of JSON parsed
 # to about 11 MiB, then trimmed): a high-water mark that does not grow with the number of jobs,
-# as the hostile pods' (tests/e2e/test_hostile_pods.py: 24 MiB for parses of 0.5 MiB each) but
+# as the hostile pods' (e2e/test_hostile_pods.py: 24 MiB for parses of 0.5 MiB each) but
 # for parses 20 times larger, a few at once (the watch's, the workers' reads): 4 of them.
 ALLOCATOR = 4 * 11 * MIB
 # Before the fix: 9.5-10.8 MiB a job; this bound is 20 x 200 KiB + 44 MiB = 47.9 MiB for 20 jobs

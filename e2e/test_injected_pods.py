@@ -3,7 +3,7 @@ heartbeat gets a pod the API server accepts (a native sidecar `vigil-agent` from
 agent image, one PID namespace, the shared directory), and a job that asks for the injected agent
 of an operator without one waits as AgentImageMissing, with a Warning, and starts no attempt.
 
-kwok runs no containers, so these are about the pod Vigil writes; tests/e2e/test_sidecar_agent.py
+kwok runs no containers, so these are about the pod Vigil writes; e2e/test_sidecar_agent.py
 runs the agent itself beside a job from an image with no Python."""
 
 from __future__ import annotations

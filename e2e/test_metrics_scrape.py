@@ -17,7 +17,7 @@ against the cluster:
   after 25 jobs is the set after 5 (the second batch repeats the first one's kinds of jobs).
 
 The heartbeat-gap histogram stays empty here: kwok's simulated pods run no vigil-agent (heartbeat
-required: false), so there are no beats to measure; tests/e2e/test_heartbeats.py has them.
+required: false), so there are no beats to measure; e2e/test_heartbeats.py has them.
 A scrape taken during the run is saved to /tmp/metrics-sample.txt.
 """
 
@@ -185,7 +185,7 @@ def test_metrics_during_a_run_agree_with_the_cluster_and_do_not_grow_with_jobs(
     for i, port in enumerate(ports):
         operator = electing(kube, namespace, tmp_path / f"operator-{i}.log")
         # Plain HTTP on 127.0.0.1 (--metrics-insecure): this test reads what is served; who may
-        # read it is tests/e2e/test_hostile_metrics.py's.
+        # read it is e2e/test_hostile_metrics.py's.
         operator.extra_args = (*operator.extra_args, "--metrics-address", f"127.0.0.1:{port}", "--metrics-insecure")
         operators.append(operator)
         operator.start()

@@ -11,7 +11,7 @@ Each test prints what it measured (run with -s to see it).
 The knobs (CI runs the defaults; the issue's full sizes in brackets):
 
     VIGIL_QUEUE_STORM_JOBS=100 VIGIL_QUEUE_STORM_WATCH_SECONDS=0 VIGIL_QUEUE_RATE_JOBS=100 \\
-        .venv/bin/pytest -s tests/e2e/test_queues.py
+        .venv/bin/pytest -s e2e/test_queues.py
 
 - VIGIL_QUEUE_STORM_JOBS (default 40 [100]): the jobs of the retry storm.
 - VIGIL_QUEUE_STORM_WATCH_SECONDS (default 90): the storm runs on retryBudget 0.2 until the

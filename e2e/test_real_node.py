@@ -14,7 +14,7 @@ and beats by the pod's vigil.dev/heartbeat annotation (no --heartbeat-url).
 - `heartbeat.agent: Image`: `vigil-agent -- python3 ...` in the job's own container (Vigil's
   image), beating, passing the child's exit code through, carrying vigil.agent.checkpoint().
 
-tests/e2e/test_sidecar_agent.py runs the same processes under podman; this is the kubelet's way."""
+e2e/test_sidecar_agent.py runs the same processes under podman; this is the kubelet's way."""
 
 from __future__ import annotations
 

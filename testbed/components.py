@@ -79,7 +79,7 @@ def start_etcd(cluster: Cluster, durable: bool) -> None:
 # at level Metadata (no bodies), nothing for reads and watches, which are most requests and say
 # nothing about who changed what. A test tells who wrote from `user.username` and `userAgent`
 # (Vigil's clients name their process's holder identity there), e.g. that a leader that lost its
-# lease sent no write after it (tests/e2e/test_split_brain.py). Written as JSON, which is
+# lease sent no write after it (e2e/test_split_brain.py). Written as JSON, which is
 # YAML too.
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1",

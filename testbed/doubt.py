@@ -7,7 +7,7 @@ and their placement on the bed's real node.
 
 `watch` applies them and records what it sees (every change of a job's phase, each attempt's pod:
 superseded or not, its exit code, when it ended, its log); `problems` (pure) says what of the
-story is missing; tests/e2e/test_real_node.py runs both against the suite's real node.
+story is missing; e2e/test_real_node.py runs both against the suite's real node.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import lupa  # in the test extra
 ROOT = Path(__file__).resolve().parents[2]
 ARGO = ROOT / "gitops" / "argocd" / "vigil.dev"
 
-# Objects read from a live API server in each phase by tests/e2e/test_kstatus.py
+# Objects read from a live API server in each phase by e2e/test_kstatus.py
 # (VIGIL_RECORD_GITOPS_FIXTURES=1 records them again), with what kstatus (cli-utils v0.37.2)
 # computed for each at the time. The Lua checks must read them as Argo CD users expect, and the
 # live objects must read so too: one table for both.

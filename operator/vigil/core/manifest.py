@@ -33,7 +33,7 @@ class BeatChannel:
 # and the checkpoint file are there.
 SHARED_VOLUME = "vigil-shared"
 DEFAULT_CONTAINER = "kubectl.kubernetes.io/default-container"
-# Requests: what the agent needs while beating (measured in tests/e2e/test_sidecar_agent.py: 56 MiB
+# Requests: what the agent needs while beating (measured in e2e/test_sidecar_agent.py: 56 MiB
 # RSS, a few millicores); the limit leaves room for the API client's buffers and TLS without
 # letting a leak in the agent take the node's memory. CPU has no limit: a throttled agent beats
 # late, and a late beat is what makes an attempt look Lost.

@@ -3,7 +3,7 @@
 A list's pages are parsed and trimmed one at a time (kube.client.list_all), so what the operator
 keeps of a collection is bounded by what it keeps per object; but glibc's allocator holds on to
 the heap a page's parse grew into, so without this a restart that listed a tenant's large pods
-stays that much larger for ever (tests/e2e/test_hostile_pods.py). `malloc_trim(0)` after a list
+stays that much larger for ever (e2e/test_hostile_pods.py). `malloc_trim(0)` after a list
 returns the free heap; elsewhere than glibc it is a no-op.
 """
 

@@ -33,7 +33,7 @@ def test_a_start_rate_spaces_pod_creations_but_not_the_look_that_records_an_atte
     """maxStartsPerSecond 5: a second creation within 0.2 s waits; the look that records attempt 1,
     whose pod came first, starts nothing and goes at once. Spaced like a start, each recording took
     a slot of its own and was put off again by newer starts, and a burst started at half the rate
-    (tests/e2e/test_queues.py::test_max_starts_per_second_spaces_a_burst: 2.5 a second)."""
+    (e2e/test_queues.py::test_max_starts_per_second_spaces_a_burst: 2.5 a second)."""
     now = T0.timestamp()
     dispatcher = Dispatcher(QueueBook(), wake=lambda key: None, clock=FakeClock(wall=T0), metrics=Metrics())
     dispatcher.book.set_queue("work", "paced", QueueSpec(max_starts_per_second=5.0), now)

@@ -18,7 +18,7 @@ def seen(states: list[str], **pods: doubt.Pod) -> doubt.Seen:
 
 
 def the_story() -> dict[str, doubt.Seen]:
-    """What a run on the real node saw (tests/e2e/test_real_node.py), as testbed.doubt records it."""
+    """What a run on the real node saw (e2e/test_real_node.py), as testbed.doubt records it."""
     stall = seen(["Pending, attempt 0", "Running, attempt 1", "Uncertain, attempt 1", "Running, attempt 1"])
     stall.timeline.append((60.0, "Succeeded, attempt 1"))
     hang = seen(
