@@ -293,14 +293,14 @@ def test_junk_tokens_from_several_clients_neither_hold_the_loop_nor_delay_a_real
 
     calm_stop = threading.Event()
     calm = meanwhile(bed, calm_stop)
-    time.sleep(3)
+    time.sleep(3)  # the calm window the flood is compared with: a measurement, not a wait
     calm_stop.set()
     before = calm()
     tenant = meanwhile(bed, stop)
     clients = [threading.Thread(target=flood, args=(k,), daemon=True) for k in range(1, 7)]
     for client in clients:
         client.start()
-    time.sleep(10)
+    time.sleep(10)  # the flood window itself
     stop.set()
     for client in clients:
         client.join(deadline(10))
