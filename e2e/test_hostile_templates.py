@@ -6,7 +6,7 @@ Kept whole, a template of 900 KiB of small env entries costs the operator about 
 Python objects: 20 such jobs grew its RSS by 215 MiB before the fix, about 50 passed the chart's
 512 Mi, and a restart (a standby taking over) listed them all again. Now the view keeps a
 template only up to `TEMPLATE_KEPT_BYTES` of estimated JSON (`core.objects.strip_job`), and the
-look that creates a pod from a larger one reads the job whole (`controllers.jobs.templates`).
+look that creates a pod from a larger one reads the job whole (`Kube.read_job(..., whole_template=True)`).
 
 The test makes N such jobs in a paused queue, waits until the operator has looked at each (every
 one Queued), and reads the operator's memory from /proc/<pid>/status (VmRSS: resident now;

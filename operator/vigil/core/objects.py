@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vigil import api
+from vigil.core import fields
 
 Key = tuple[str, str]  # (namespace, name); namespace "" for cluster-scoped objects
 
@@ -70,7 +71,7 @@ _KEPT_JOB_ANNOTATIONS = (api.ANNOTATION_REDRIVE,)
 # the job waits. docs/capacity-planning.md ("A tenant's templates") has the figures.
 TEMPLATE_KEPT_BYTES = 8 * 1024
 # What stands in spec.template for a template that was not kept: the look that would create a pod
-# from it reads the job from the API server first (`vigil.controllers.jobs.templates`).
+# from it reads the job from the API server first (`Kube.read_job(..., whole_template=True)`).
 TEMPLATE_DROPPED = "vigil.dev/template-dropped"
 
 # The estimate's figures, as JSON spells them: a string's quotes, a key's quotes and colon, a
@@ -120,7 +121,7 @@ def json_size(value: Any, limit: int) -> int:
 
 def template_dropped(job: Mapping[str, Any]) -> bool:
     """Whether the job's pod template was not kept (`strip_job`): read the job whole to use it."""
-    template = (job.get("spec") or {}).get("template")
+    template = fields.spec(job).get("template")
     return isinstance(template, Mapping) and TEMPLATE_DROPPED in template
 
 
@@ -149,7 +150,7 @@ def strip_job(job: dict[str, Any], *, whole_template: bool = False) -> dict[str,
     template = spec.get("template")
     if not template or TEMPLATE_DROPPED in template:
         return job
-    succeeded = (job.get("status") or {}).get("phase") == "Succeeded"
+    succeeded = fields.phase(job) == "Succeeded"
     if succeeded or json_size(template, TEMPLATE_KEPT_BYTES) > TEMPLATE_KEPT_BYTES:
         spec["template"] = {TEMPLATE_DROPPED: True}
     return job

@@ -211,12 +211,15 @@ class Kube:
         except NotFound:
             return None
 
-    async def read_job(self, namespace: str, name: str) -> dict | None:
+    async def read_job(self, namespace: str, name: str, *, whole_template: bool = False) -> dict | None:
+        """The job as the API server has it now, trimmed as the view keeps jobs (`strip_job`), or
+        with its pod template whole (`whole_template`: the look that makes a pod from a template
+        the view did not keep); None if it is gone."""
         try:
             job = await self._call("get", "vigiljobs", "GET", f"{JOBS.format(namespace=namespace)}/{name}")
         except NotFound:
             return None
-        return strip_job(job)
+        return strip_job(job, whole_template=whole_template)
 
     async def patch_job_labels(
         self, namespace: str, name: str, resource_version: str, labels: dict[str, str | None]

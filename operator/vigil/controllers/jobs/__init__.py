@@ -9,8 +9,6 @@ Its parts, each in a module of its own:
 - `executor.Executor`: a decision's actions against the API server;
 - `orphans.Releaser`: finalizer releases that belong to no look, on a work queue of their own;
 - `alarms`, `rechecks`: the timers that bring a job back without an event;
-- `templates`: the read of a job whose pod template the view did not keep (a large one), for
-  the look that creates its pod;
 - the generic `vigil.controllers.worker.Worker` that runs the looks (and the releases).
 
 `JobController` builds them with their collaborators and is what the manager runs.

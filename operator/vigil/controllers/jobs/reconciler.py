@@ -11,7 +11,7 @@ rumour, so around the decision the reconciler asks the API server directly:
 - a job left Starting has itself and its pods read every `STARTING_RECHECK_SECONDS`;
 - a stranger in the way of the job's next pod is read again at each look;
 - a job whose pod template the view did not keep (a large one: `core.objects.strip_job`) is
-  read whole (`templates.read_whole_job`) by the look that would create a pod from it, and the
+  read whole (`Kube.read_job(..., whole_template=True)`) by the look that would create a pod from it, and the
   decision taken again on that read; a small template, the common case, costs no read.
 
 While the pod watch is not fresh, silence is no evidence: a Lost verdict is held back (the
@@ -32,10 +32,10 @@ from vigil.controllers.jobs.alarms import SilenceAlarms
 from vigil.controllers.jobs.executor import UNSEEN_CHECK_SECONDS, Executor, PodCreateRefused
 from vigil.controllers.jobs.handlers import JobEvents
 from vigil.controllers.jobs.rechecks import StartingRechecks
-from vigil.controllers.jobs.templates import read_whole_job
 from vigil.controllers.jobs.view import ClusterView
 from vigil.controllers.worker import AfterFailure
-from vigil.core import actions, doubt, failures, lifecycle, podstate
+from vigil.core import actions, doubt, failures, fields, lifecycle, podstate
+from vigil.core.fields import Job, Pod
 from vigil.core.liveness import actionable
 from vigil.core.manifest import BeatChannel
 from vigil.core.objects import Key, kept_copy, template_dropped
@@ -57,7 +57,6 @@ CONFLICTS_WORTH_A_WARNING = 3
 # How soon a job whose Lost verdict was held back (the pod watch not fresh) is looked at again.
 HELD_BACK_RECHECK_SECONDS = 2.0
 
-Pod = Mapping[str, Any]
 
 
 class Decided(NamedTuple):
@@ -127,7 +126,7 @@ class JobReconciler:
         job = self.view.job(key)
         if job is None:
             return False
-        namespace, job_uid = key[0], job["metadata"]["uid"]
+        namespace, job_uid = key[0], fields.uid(job)
         await self._settle_unseen(namespace, job_uid)
         job = await self._recheck_starting(key, job)
         if job is None:
@@ -190,17 +189,17 @@ class JobReconciler:
         job = self.view.job(key)
         patch = failures.cleared(job) if job is not None else None
         if job is not None and patch is not None:
-            self.handlers.job_seen(await self.kube.patch_job_status(*key, job["metadata"]["resourceVersion"], patch))
+            self.handlers.job_seen(await self.kube.patch_job_status(*key, fields.resource_version(job), patch))
 
     # --- deciding -------------------------------------------------------------------------
 
-    def _decide(self, key: Key, job: Mapping[str, Any], pods: list[Pod]) -> Decided:
+    def _decide(self, key: Key, job: Job, pods: list[Pod]) -> Decided:
         """The core's decision on these pods, and what it was taken on."""
         view = self.view
         heartbeat, now, fresh = view.heartbeats[key], self.clock.monotonic(), self.pods_fresh()
         liveness, states, held_back = {}, dict[str, str](), False
         for pod in pods:
-            uid = pod["metadata"]["uid"]
+            uid = fields.uid(pod)
             heard = view.tracker.liveness(uid, heartbeat, now)
             states[uid] = heard.state
             liveness[uid] = actionable(heard, fresh)
@@ -222,7 +221,7 @@ class JobReconciler:
         return Decided(decision, held_back, permit, states)
 
     async def _with_template(
-        self, key: Key, job: Mapping[str, Any], pods: list[Pod], decided: Decided
+        self, key: Key, job: Job, pods: list[Pod], decided: Decided
     ) -> tuple[Mapping[str, Any] | None, Decided]:
         """The job to carry `decided` out on, and the decision: as given, unless the decision
         creates a pod and the view did not keep the job's template. Then the job is read from the
@@ -232,8 +231,8 @@ class JobReconciler:
         trimmed. (None, decided) if the job is gone, or is another job now."""
         if not template_dropped(job) or not decided.decision.of_type(actions.CreatePod):
             return job, decided
-        whole = await read_whole_job(self.kube, *key)
-        if whole is None or whole["metadata"]["uid"] != job["metadata"]["uid"]:
+        whole = await self.kube.read_job(*key, whole_template=True)
+        if whole is None or fields.uid(whole) != fields.uid(job):
             self.handlers.job_gone(job)
             if whole is not None:  # a new job of that name: a look of its own
                 self.handlers.job_seen(kept_copy(whole), read=True)
@@ -259,8 +258,8 @@ class JobReconciler:
             return {}, None
         states: dict[str, str] = {}
         deadlines: list[float] = []
-        for pod in view.pods.of_job((key[0], job["metadata"]["uid"])):
-            uid = pod["metadata"]["uid"]
+        for pod in view.pods.of_job((key[0], fields.uid(job))):
+            uid = fields.uid(pod)
             states[uid] = view.tracker.liveness(uid, heartbeat, now).state
             if (deadline := view.tracker.deadline(uid, heartbeat, now)) is not None:
                 deadlines.append(deadline)
@@ -268,16 +267,16 @@ class JobReconciler:
 
     # --- asking the API server ------------------------------------------------------------
 
-    async def read_pods(self, job: Mapping[str, Any]) -> list[Pod]:
+    async def read_pods(self, job: Job) -> list[Pod]:
         """The job's pods as the API server has them now. A list is served from the API
         server's watch cache (consistent reads from cache, KEP-2340), and a cache can lose an
         event (kubernetes#123072); so the current attempt's pod, if the list lacks it, is read
         by name, which the API server answers from etcd."""
-        namespace, job_uid = job["metadata"]["namespace"], job["metadata"]["uid"]
+        namespace, job_uid = fields.namespace(job), fields.uid(job)
         pods: list[Pod] = list(await self.kube.list_job_pods(namespace, job_uid))
-        current = (job.get("status") or {}).get("currentAttempt") or {}
+        current = fields.status(job).get("currentAttempt") or {}
         name = current.get("podName")
-        if name and all(pod["metadata"]["name"] != name for pod in pods):
+        if name and all(fields.name(pod) != name for pod in pods):
             pod = await self.kube.read_pod(namespace, name)
             if pod is not None and podstate.belongs_to(pod, namespace, job_uid):
                 log.warning("pod %s/%s exists but the API server's list lacks it", namespace, name)
@@ -289,7 +288,7 @@ class JobReconciler:
         detector; a listed pod that is not the job's (`podstate.belongs_to`) is not taken."""
         view, now, wall = self.view, self.clock.monotonic(), self.clock.wall()
         for pod in view.pods.replace_job(job, pods):
-            view.tracker.forget(pod["metadata"]["uid"])
+            view.tracker.forget(fields.uid(pod))
         for pod in pods:
             if podstate.belongs_to(pod, *job):
                 view.tracker.observe(pod, now, wall)
@@ -302,29 +301,29 @@ class JobReconciler:
         for pod, created_at in pods.unseen(job):
             if created_at > horizon:
                 continue
-            current = await self.kube.read_pod(namespace, pod["metadata"]["name"])
-            if current is None or current["metadata"]["uid"] != pod["metadata"]["uid"]:
-                pods.gone(job, pod["metadata"]["uid"])
+            current = await self.kube.read_pod(namespace, fields.name(pod))
+            if current is None or fields.uid(current) != fields.uid(pod):
+                pods.gone(job, fields.uid(pod))
             else:
                 pods.read(current)
                 if self.pods_fresh():  # a fresh watch that never showed a pod this old missed it
                     self.repair(f"pod {namespace}/{pod['metadata']['name']} exists and the watch never showed it")
 
-    async def _recheck_starting(self, key: Key, job: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    async def _recheck_starting(self, key: Key, job: Job) -> Mapping[str, Any] | None:
         """A job that stays Starting has itself and its pods read from the API server every
         STARTING_RECHECK_SECONDS. Returns the job to decide on; None if it is gone."""
-        if (job.get("status") or {}).get("phase") != "Starting":
+        if fields.phase(job) != "Starting":
             self.rechecks.clear(key)
             return job
         if self.rechecks.due(key):
             stored = await self.kube.read_job(*key)
-            if stored is None or stored["metadata"]["uid"] != job["metadata"]["uid"]:
+            if stored is None or fields.uid(stored) != fields.uid(job):
                 self.handlers.job_gone(job)
                 return None
             self.handlers.job_seen(stored, look=False, read=True)
             job = self.view.jobs[key]
-            self._take_pods_read((key[0], job["metadata"]["uid"]), await self.read_pods(job))
-            if (job.get("status") or {}).get("phase") != "Starting":
+            self._take_pods_read((key[0], fields.uid(job)), await self.read_pods(job))
+            if fields.phase(job) != "Starting":
                 self.rechecks.clear(key)
                 return job
         self.rechecks.arm(key)
@@ -334,8 +333,8 @@ class JobReconciler:
         stranger = self.view.strangers.get(key)
         if stranger is None:
             return None
-        current = await self.kube.read_pod(key[0], stranger["metadata"]["name"])
-        if current is None or current["metadata"]["uid"] != stranger["metadata"]["uid"]:
+        current = await self.kube.read_pod(key[0], fields.name(stranger))
+        if current is None or fields.uid(current) != fields.uid(stranger):
             del self.view.strangers[key]
             return None
         return current
@@ -367,7 +366,7 @@ class JobReconciler:
         try:
             if patch is not None:
                 self.handlers.job_seen(
-                    await self.kube.patch_job_status(*key, job["metadata"]["resourceVersion"], patch), look=False
+                    await self.kube.patch_job_status(*key, fields.resource_version(job), patch), look=False
                 )
             if new_cause:
                 self.events.record(job, "Warning", reason, message)
