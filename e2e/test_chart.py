@@ -114,16 +114,28 @@ def test_the_operator_runs_with_nothing_but_the_charts_rbac(kube: Kube, namespac
         kubeconfig=kubeconfig,
         # as the chart runs it: leading its own Lease, which its Role names; metrics over HTTPS
         extra_args=(
-            "--leader-elect", "--lease-namespace", release_ns, "--lease-name", "vigil",
-            "--metrics-address", f"127.0.0.1:{metrics_port}",
-            "--metrics-cert-file", str(tmp_path / "certs" / "tls.crt"),
-            "--metrics-key-file", str(tmp_path / "certs" / "tls.key"),
+            "--leader-elect",
+            "--lease-namespace",
+            release_ns,
+            "--lease-name",
+            "vigil",
+            "--metrics-address",
+            f"127.0.0.1:{metrics_port}",
+            "--metrics-cert-file",
+            str(tmp_path / "certs" / "tls.crt"),
+            "--metrics-key-file",
+            str(tmp_path / "certs" / "tls.key"),
             # and beats to the leader, whose issuer keys every service account may read
-            "--beat-address", f"127.0.0.1:{beat_port}",
-            "--beat-cert-file", str(tmp_path / "certs" / "tls.crt"),
-            "--beat-key-file", str(tmp_path / "certs" / "tls.key"),
-            "--heartbeat-url", f"https://127.0.0.1:{beat_port}/v1/heartbeat",
-            "--heartbeat-ca-file", str(tmp_path / "certs" / "ca.crt"),
+            "--beat-address",
+            f"127.0.0.1:{beat_port}",
+            "--beat-cert-file",
+            str(tmp_path / "certs" / "tls.crt"),
+            "--beat-key-file",
+            str(tmp_path / "certs" / "tls.key"),
+            "--heartbeat-url",
+            f"https://127.0.0.1:{beat_port}/v1/heartbeat",
+            "--heartbeat-ca-file",
+            str(tmp_path / "certs" / "ca.crt"),
         ),  # fmt: skip
     )
     operator.start()

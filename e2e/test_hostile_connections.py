@@ -282,7 +282,8 @@ def test_junk_tokens_from_several_clients_neither_hold_the_loop_nor_delay_a_real
                     body = json.dumps({**bed.pod, "beat": "1:x"}).encode()
                     sock.sendall(
                         f"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {junk_token(n)}\r\n"
-                        f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+                        f"Content-Length: {len(body)}\r\n\r\n".encode()
+                        + body
                     )
                     status = int(sock.recv(4096).split(b" ", 2)[1])
             except (OSError, ValueError, IndexError):

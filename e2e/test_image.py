@@ -98,9 +98,7 @@ def test_the_operator_from_the_image_runs_a_job_through_its_life(
         job = wait_phase(kube, ns, "imaged", "Succeeded", timeout=45)
         assert job["status"]["attempts"] == 2
         assert [(h["number"], h["outcome"]) for h in job["status"]["history"]] == [(1, "Failed"), (2, "Succeeded")]
-        scraped = wait_until(
-            lambda: answer(f"http://127.0.0.1:{metrics}/metrics"), 10, "the operator's /metrics"
-        )
+        scraped = wait_until(lambda: answer(f"http://127.0.0.1:{metrics}/metrics"), 10, "the operator's /metrics")
         assert sample(scraped, "vigil_attempts_started_total") == 2
 
         # `kubectl vigil` from the same image, with the same kubeconfig.

@@ -312,6 +312,7 @@ class Operator:
             ),
             LongLivedHeap(clock),
         ]
+
         def refused(server: str) -> Callable[[str], None]:
             series = {reason: metrics.connections_refused.labels(server, reason) for reason in REFUSALS}
             return lambda reason: series[reason].inc()

@@ -230,6 +230,7 @@ class PodHeartbeat:
         except orjson.JSONDecodeError as err:
             raise ApiError(f"PATCH {path}: the answer is not JSON ({err})") from err
 
+
 # --- the heartbeat loop (a thread; the main thread owns the child) --------------------------------
 
 

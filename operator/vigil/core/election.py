@@ -340,4 +340,3 @@ def go_duration(seconds: float) -> str:
     """`seconds` as a Go duration (the API server's `timeout` parameter), rounded down to the
     millisecond so the server's bound is never later than ours, and at least 1 ms."""
     return f"{max(1, math.floor(seconds * 1000))}ms"
-

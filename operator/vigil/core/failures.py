@@ -22,6 +22,7 @@ from vigil.core.conditions import find_condition, remove_condition, set_conditio
 
 CONDITION = "ReconcileError"
 
+
 def _conditions(job: Mapping[str, Any]) -> list[Condition]:
     return [Condition.model_validate(c) for c in fields.status(job).get("conditions") or []]
 

@@ -98,4 +98,3 @@ def status(obj: Obj) -> Mapping[str, Any]:
 def phase(obj: Obj) -> str | None:
     """status.phase; None if it or the status is missing."""
     return (obj.get("status") or {}).get("phase")
-

@@ -149,9 +149,7 @@ def _parse(job: Mapping[str, Any]) -> VigilJob:
 def _release_all(job: VigilJob, observed: _ObservedPods) -> Decision:
     """A job being deleted releases every pod that still carries the finalizer, behind a fence
     that writes nothing."""
-    releases = [
-        ReleasePod(fields.name(pod), fields.uid(pod)) for pod in observed.ours if podstate.is_tracked(pod)
-    ]
+    releases = [ReleasePod(fields.name(pod), fields.uid(pod)) for pod in observed.ours if podstate.is_tracked(pod)]
     if not releases:
         return Decision()
     return Decision((ConfirmVersion(job.metadata.resource_version), *releases))

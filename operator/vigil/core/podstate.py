@@ -230,9 +230,7 @@ def _kept_terminated(terminated: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def is_controlled_by(pod: Pod, owner_uid: str) -> bool:
-    return any(
-        ref.get("uid") == owner_uid and ref.get("controller") for ref in fields.owner_references(pod)
-    )
+    return any(ref.get("uid") == owner_uid and ref.get("controller") for ref in fields.owner_references(pod))
 
 
 def owner_key(pod: Pod) -> tuple[str, str] | None:

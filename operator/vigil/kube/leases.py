@@ -76,4 +76,3 @@ class LeaseStore:
             "PUT", self._path, params={"fieldManager": FIELD_MANAGER}, body=lease, timeout=self.request_timeout
         )
         return self._keep(obj)
-

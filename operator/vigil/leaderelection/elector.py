@@ -404,5 +404,3 @@ class LeaderElector:
 
 def _describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
-
-

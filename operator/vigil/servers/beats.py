@@ -54,9 +54,7 @@ ANSWERS = {
 }
 # A beat past the budget of checks, made once too (a flood's answers cost no encoding): 503 with
 # a Retry-After, which the agent honours by beating by annotation meanwhile (agent.channel).
-OVER_BUDGET = Reply.error(
-    503, str(beats.OverBudget()), headers={"Retry-After": str(beats.OVER_BUDGET_RETRY_SECONDS)}
-)
+OVER_BUDGET = Reply.error(503, str(beats.OverBudget()), headers={"Retry-After": str(beats.OVER_BUDGET_RETRY_SECONDS)})
 
 Keys = Callable[[str | None], Awaitable[beats.IssuerKeys | None]]
 

@@ -261,9 +261,7 @@ class _Listener:
 
     async def listen(self, address: str) -> None:
         host, port = split_address(address)
-        self._server = await self.loop.create_server(
-            lambda: _Gate(self), host, port, backlog=128, reuse_address=True
-        )
+        self._server = await self.loop.create_server(lambda: _Gate(self), host, port, backlog=128, reuse_address=True)
         self._sweeper = self.loop.create_task(self._sweep())
 
     @property

@@ -248,6 +248,7 @@ class WebhookServer:
             self.on_refused(submission.namespace, submission.queue)
         return web.json_response(admission.response(submission.review_uid, verdict))
 
+
 async def _refuse(request: web.Request, status: int, why: str, *, unread: bool = False) -> web.StreamResponse:
     """A request the webhook answers without a verdict: the API server applies failurePolicy
     (Ignore: the create is admitted unchecked), and a person posting by hand reads why.

@@ -237,7 +237,7 @@ def test_a_kept_connection_the_server_closed_while_idle_is_made_again_before_the
         pod = pod_heartbeat(s.host)
         try:
             assert pod.patch({ANNOTATION_HEARTBEAT: "1:ab"})[0] is Observed.RENEWED
-            (client, _), = pod._made
+            ((client, _),) = pod._made
             deadline = time.monotonic() + 5
             while not transport._readable(client._local.sock) and time.monotonic() < deadline:
                 time.sleep(0.01)  # until the server's close has reached the agent's socket
@@ -284,7 +284,7 @@ def test_each_thread_patches_on_its_own_connection_and_close_ends_them_all():
             t.join()
         outcomes.append(pod.patch({"a": "b"})[0])
         pod.close()
-        (client, _), = pod._made
+        ((client, _),) = pod._made
         assert client._open == set()
     assert outcomes == [Observed.RENEWED] * 3 and s.connections == 3
 

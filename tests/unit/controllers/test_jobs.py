@@ -526,7 +526,7 @@ def test_a_job_whose_look_meets_its_404_has_its_pods_released_and_its_late_delet
         c.handlers.pod_changed(finished_deleting_pod(10))
         await c.start()
         if vanished_first:
-            after = await c.reconciler.failed(("ns", "j"), NotFound("vigiljobs \"j\" not found"), 1)
+            after = await c.reconciler.failed(("ns", "j"), NotFound('vigiljobs "j" not found'), 1)
             assert after is AfterFailure.FORGET and ("ns", "j") not in c.view.jobs
         c.handlers.job_gone(job())  # its DELETED, after the look forgot it (or on its own)
         await settle()
@@ -548,7 +548,7 @@ def test_a_404_that_is_not_the_jobs_releases_nothing():
         c.handlers.job_seen(job())
         c.handlers.pod_changed(finished_deleting_pod(10))
         await c.start()
-        await c.reconciler.failed(("ns", "j"), NotFound("namespaces \"ns\" not found"), 1)
+        await c.reconciler.failed(("ns", "j"), NotFound('namespaces "ns" not found'), 1)
         await settle()
         await c.stop()
         return kube.released

@@ -79,6 +79,7 @@ def test_no_token_can_choose_a_weaker_algorithm() -> None:
     public_pem = RSA_KEY.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
+
     # The classic confusion: the public key as an HMAC secret, or no signature at all.
     # (by hand: PyJWT itself refuses to sign with a public key as the secret)
     def b64(raw: bytes) -> str:
@@ -116,8 +117,13 @@ def test_a_pod_beats_for_itself_only() -> None:
 
 @pytest.mark.parametrize(
     ("body", "status"),
-    [(b"{", 400), (b"[]", 400), (b'{"namespace": "a"}', 400), (b'{"namespace": "a", "name": "b", "uid": 3}', 400),
-     (b" " * (beats.MAX_BODY_BYTES + 1), 413)],
+    [
+        (b"{", 400),
+        (b"[]", 400),
+        (b'{"namespace": "a"}', 400),
+        (b'{"namespace": "a", "name": "b", "uid": 3}', 400),
+        (b" " * (beats.MAX_BODY_BYTES + 1), 413),
+    ],
 )
 def test_a_malformed_body_says_what_a_beat_is(body: bytes, status: int) -> None:
     assert refusal(lambda: beats.read_body(body)).status == status

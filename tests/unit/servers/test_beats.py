@@ -70,7 +70,7 @@ async def serving(certs: Path, endpoint: BeatEndpoint) -> Server:
     """The endpoint's route on a beat server of its own, on loopback, over TLS."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(str(certs / "tls.crt"), str(certs / "tls.key"))
-    route, = endpoint.routes()
+    (route,) = endpoint.routes()
     bounds = Bounds(max_connections=100, per_source=100)
     return await serve_fast(route, "127.0.0.1:0", bounds=bounds, ssl_context=context)
 
@@ -100,7 +100,7 @@ def beat_all(certs: Path, leader: Leader, requests: list[tuple[str | None, Any]]
 def test_a_pods_beat_is_counted_and_answered_with_its_state(certs: Path) -> None:
     leader = Leader()
     superseded = {"metadata": {**leader.pods["pod-uid-1"]["metadata"], "annotations": {api.ANNOTATION_SUPERSEDED: "2"}}}
-    first, = beat_all(certs, leader, [(leader.good_token(), BODY)])
+    (first,) = beat_all(certs, leader, [(leader.good_token(), BODY)])
     assert first == (200, {"state": "Renewed"}) and leader.heard == ["pod-uid-1"]
     leader.pods["pod-uid-1"] = superseded
     assert beat_all(certs, leader, [(leader.good_token(), BODY)]) == [(200, {"state": "Superseded"})]
@@ -134,14 +134,14 @@ def test_forged_beats_are_refused_and_count_nothing(certs: Path) -> None:
 def test_a_standby_counts_no_beat_and_says_so(certs: Path) -> None:
     leader = Leader()
     leader.leading = False
-    (status, answer), = beat_all(certs, leader, [(leader.good_token(), BODY)])
+    ((status, answer),) = beat_all(certs, leader, [(leader.good_token(), BODY)])
     assert status == 503 and "does not lead" in answer["error"] and leader.heard == []
 
 
 def test_a_pod_the_leader_does_not_hold_is_not_counted(certs: Path) -> None:
     leader = Leader()
     leader.pods.clear()  # deleted, or its watch event not seen yet: the agent falls back to its annotation
-    (status, answer), = beat_all(certs, leader, [(leader.good_token(), BODY)])
+    ((status, answer),) = beat_all(certs, leader, [(leader.good_token(), BODY)])
     assert status == 404 and leader.heard == []
 
 
@@ -157,7 +157,7 @@ def test_a_rotated_key_is_fetched_once_then_the_beat_counts(certs: Path) -> None
 def test_without_keys_a_beat_is_turned_away_to_retry(certs: Path) -> None:
     leader = Leader()
     leader.keys = leader.held = None
-    (status, answer), = beat_all(certs, leader, [(leader.good_token(), BODY)])
+    ((status, answer),) = beat_all(certs, leader, [(leader.good_token(), BODY)])
     assert status == 503 and "keys" in answer["error"] and leader.heard == []
 
 

@@ -379,8 +379,14 @@ def test_pipelined_requests_are_answered_in_order_even_when_one_is_awaited(certs
         (post(b"x") + b"POST \x00 nonsense\r\n\r\n", 400, "not an HTTP/1.1 request"),
         (post(b"fail"), 500, "failed to answer"),
     ],
-    ids=["body-too-large", "head-too-large", "another-path-after-a-fast-one", "another-path", "malformed",
-         "handler-raises"],  # fmt: skip
+    ids=[
+        "body-too-large",
+        "head-too-large",
+        "another-path-after-a-fast-one",
+        "another-path",
+        "malformed",
+        "handler-raises",
+    ],  # fmt: skip
 )
 def test_a_bad_request_on_a_fast_connection_is_refused_with_why_and_the_connection_closed(
     certs: Path, request_bytes: bytes, status: int, why: str

@@ -58,7 +58,6 @@ CONFLICTS_WORTH_A_WARNING = 3
 HELD_BACK_RECHECK_SECONDS = 2.0
 
 
-
 class Decided(NamedTuple):
     """A decision and what it was taken on."""
 
