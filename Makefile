@@ -43,6 +43,7 @@ status:
 
 lint: venv
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 unit: venv
@@ -56,11 +57,11 @@ unit: venv
 PURE_LOG := .pure-tests.log
 E2E_WORKERS ?= $(if $(KUBECONFIG),0,2)
 test: venv testbed image
-	@(nice -n 19 $(BIN)/ruff check . && nice -n 19 $(BIN)/mypy && \
+	@(nice -n 19 $(BIN)/ruff check . && nice -n 19 $(BIN)/ruff format --check . && nice -n 19 $(BIN)/mypy && \
 	  nice -n 19 $(BIN)/pytest -m unit -p no:cacheprovider) > $(PURE_LOG) 2>&1 & pure=$$!; \
 	$(BIN)/pytest -m 'not unit' -n $(E2E_WORKERS) --dist loadfile; cluster=$$?; \
 	wait $$pure; pure=$$?; \
-	echo "::: the lint and the pure tests (ruff, mypy, pytest -m unit), run beside the cluster's: exit $$pure"; \
+	echo "::: the lint and the pure tests (ruff check, ruff format --check, mypy, pytest -m unit), run beside the cluster's: exit $$pure"; \
 	cat $(PURE_LOG); \
 	[ $$cluster -eq 0 ] && [ $$pure -eq 0 ]
 
