@@ -27,11 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from kubernetes import client
 
 from tests.support.agents import grant_heartbeat_rbac, heartbeat_job, pod_token
 from tests.support.cluster import Kube, free_port, fresh_namespace, install_crds, read_pod, show_log
 from tests.support.jobs import create, wait_phase
-from tests.support.operators import LEASE, OperatorProcess, beat_args, holder, metric_sample
+from tests.support.operators import LEASE, LEASE_NAME, OperatorProcess, beat_args, holder, metric_sample, metrics_text
 from tests.support.waits import deadline, wait_until
 from vigil.core.beats import CONNECTIONS_PER_SOURCE
 from vigil.servers.http import HANDSHAKE_SECONDS, HEAD_SECONDS
@@ -39,6 +40,7 @@ from vigil.servers.webhook import PATH, make_self_signed
 
 pytestmark = pytest.mark.e2e
 
+RENEW_DEADLINE = float(LEASE[LEASE.index("--renew-deadline") + 1])
 SILENT = 3_000  # the review's figure: 3,000 connects that send nothing took 195 MiB and kept it
 # The tenant beats every 0.2 s while an attack runs, and not between attacks: a timeout that
 # outlasts the module, so its attempt stays the one its token is bound to.
@@ -158,15 +160,44 @@ def closed_by_server(sock: socket.socket, seconds: float) -> bool:
         return True
 
 
+def lag_buckets(bed: Bed) -> dict[float, float]:
+    """vigil_event_loop_lag_seconds's buckets now: upper bound -> looks at most that late."""
+    text = metrics_text(bed.metrics_port)
+    assert text is not None, "the operator's /metrics does not answer"
+    prefix = 'vigil_event_loop_lag_seconds_bucket{le="'
+    return {
+        float(line[len(prefix) :].split('"', 1)[0]): float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(prefix)
+    }
+
+
+def lag_p99(before: dict[float, float], after: dict[float, float]) -> float:
+    """The bucket bound under which 99% of the loop's looks fell between two readings."""
+    counts = {le: after[le] - before.get(le, 0.0) for le in after}
+    total = counts[float("inf")]
+    return next((le for le in sorted(counts) if total and counts[le] >= 0.99 * total), float("inf"))
+
+
 def meanwhile(bed: Bed, stop: threading.Event) -> Callable[[], dict]:
-    """The legitimate tenant's view while an attack runs: its beats and /healthz, every 0.2 s."""
+    """The legitimate tenant's view while an attack runs: its beats and /healthz every 0.2 s,
+    the Lease's renewals (the largest gap between two), and the event loop's lag (p99, to the
+    bucket)."""
     beats: list[tuple[int, float]] = []
     probes: list[float] = []
+    renewals: list[float] = []
+    lag_before = lag_buckets(bed)
+    coordination = client.CoordinationV1Api(bed.kube.api)
 
     def run() -> None:
         while not stop.is_set():
             beats.append(bed.beat())
             probes.append(bed.health())
+            spec = coordination.read_namespaced_lease(LEASE_NAME, bed.namespace).spec
+            assert spec is not None and spec.renew_time is not None
+            renewed = spec.renew_time.timestamp()
+            if not renewals or renewed != renewals[-1]:
+                renewals.append(renewed)
             stop.wait(0.2)
 
     thread = threading.Thread(target=run, daemon=True)
@@ -176,12 +207,15 @@ def meanwhile(bed: Bed, stop: threading.Event) -> Callable[[], dict]:
         thread.join(deadline(30))
         statuses = {status for status, _ in beats}
         seconds = sorted(s for _, s in beats)
+        gaps = [b - a for a, b in zip(renewals, renewals[1:], strict=False)]
         return {
             "beats": len(beats),
             "statuses": statuses,
             "beat_p50_ms": 1000 * statistics.median(seconds),
             "beat_max_ms": 1000 * seconds[-1],
             "healthz_max_ms": 1000 * max(probes),
+            "lease_gap_max_s": max(gaps, default=0.0),
+            "loop_lag_p99_le_s": lag_p99(lag_before, lag_buckets(bed)),
         }
 
     return result
@@ -211,6 +245,7 @@ def test_connections_that_never_handshake_cost_no_memory_and_are_closed_unanswer
     assert peak - before < SILENT * 16 / 1024, (before, peak)  # under 16 KiB each (was ~65 KiB)
     assert seen["statuses"] == {200} and seen["beats"] > 0, seen
     assert holder(bed.kube, bed.namespace) == lease
+    assert seen["lease_gap_max_s"] < deadline(RENEW_DEADLINE), seen
 
 
 def test_one_address_holds_at_most_its_share_of_connections(bed: Bed) -> None:
@@ -298,16 +333,17 @@ def test_junk_tokens_from_several_clients_neither_hold_the_loop_nor_delay_a_real
     calm_stop.set()
     before = calm()
     tenant = meanwhile(bed, stop)
-    clients = [threading.Thread(target=flood, args=(k,), daemon=True) for k in range(1, 7)]
-    for client in clients:
-        client.start()
+    flooders = [threading.Thread(target=flood, args=(k,), daemon=True) for k in range(1, 7)]
+    for flooder in flooders:
+        flooder.start()
     time.sleep(10)  # the flood window itself
     stop.set()
-    for client in clients:
-        client.join(deadline(10))
+    for flooder in flooders:
+        flooder.join(deadline(10))
     during = tenant()
     print(f"\njunk tokens, 6 clients x 10 s: answers {answers}\n  calm {before}\n  flood {during}")
     assert during["statuses"] == {200}, during
+    assert during["lease_gap_max_s"] < deadline(RENEW_DEADLINE), during
     assert answers.get(200, 0) == 0 and answers.get(401, 0) > 0, answers
     assert during["healthz_max_ms"] < 1000 * deadline(0.5), during
     assert during["beat_p50_ms"] < 2 * before["beat_p50_ms"] + 1000 * deadline(0.05), (before, during)

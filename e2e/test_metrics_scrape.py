@@ -23,7 +23,6 @@ A scrape taken during the run is saved to /tmp/metrics-sample.txt.
 
 from __future__ import annotations
 
-import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -33,8 +32,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.cluster import Kube, free_port, install_crds
 from tests.support.jobs import FAST_BACKOFF, create, vigil_job, vigil_queue
-from tests.support.operators import electing, holder, identity
-from tests.support.waits import deadline, poll, wait_until
+from tests.support.operators import electing, holder, identity, metrics_text
+from tests.support.waits import poll, wait_until
 from vigil import api
 from vigil.api import GROUP, PLURAL, VERSION
 
@@ -45,8 +44,10 @@ SAMPLE = Path("/tmp/metrics-sample.txt")
 
 
 def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=deadline(5)) as response:
-        return response.read().decode()
+    text = metrics_text(port)  # on a kept-alive connection, as Prometheus scrapes
+    if text is None:
+        raise OSError(f"the operator's /metrics on port {port} does not answer")
+    return text
 
 
 def samples(text: str) -> list:

@@ -3,10 +3,11 @@ a test can SIGKILL, freeze or stop at any instant; and the same with leader elec
 
 from __future__ import annotations
 
+import http.client
 import os
 import subprocess
 import sys
-import urllib.request
+import threading
 from pathlib import Path
 
 from kubernetes import client
@@ -101,14 +102,31 @@ def counted_beats(metrics_port: int, outcome: str = "counted") -> float:
     return metric_sample(metrics_port, f'vigil_heartbeat_posts_total{{outcome="{outcome}"}}')
 
 
+_scrapers: dict[int, http.client.HTTPConnection] = {}
+_scraping = threading.Lock()
+
+
+def metrics_text(metrics_port: int) -> str | None:
+    """An operator's plain-HTTP /metrics, or None if it does not answer. Scraped on one kept-alive
+    connection per port, as Prometheus scrapes: the operator bounds new connections a second from
+    one address, and a test polling a sample would otherwise open one every poll."""
+    with _scraping:
+        for _ in (1, 2):  # a kept-alive connection the server closed meanwhile: once more
+            connection = _scrapers.get(metrics_port)
+            if connection is None:
+                connection = _scrapers[metrics_port] = http.client.HTTPConnection("127.0.0.1", metrics_port, timeout=2)
+            try:
+                connection.request("GET", "/metrics")
+                return connection.getresponse().read().decode()
+            except (OSError, http.client.HTTPException):
+                connection.close()
+                del _scrapers[metrics_port]
+        return None
+
+
 def metric_sample(metrics_port: int, sample: str) -> float:
     """One sample, as printed (`name{labels}`), of an operator's plain-HTTP /metrics (0 if absent)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2) as answer:
-            text = answer.read().decode()
-    except OSError:
-        return 0.0
-    for line in text.splitlines():
+    for line in (metrics_text(metrics_port) or "").splitlines():
         if line.startswith(sample + " "):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
