@@ -25,7 +25,7 @@ from tests.support.cluster import suite_cluster
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = testbed.Cluster(
     os.environ.get("VIGIL_TEST_MAKE_UP_CLUSTER", "pytest-make-up"),
     testbed.Ports.from_base(int(os.environ.get("VIGIL_TEST_MAKE_UP_PORT_BASE", 19443))),
