@@ -16,7 +16,7 @@ import pytest
 from tests.support.builders import make_job, merge_patch
 from tests.support.clock import FakeClock, settle
 from tests.support.controllers import job_controller
-from tests.unit.core.test_template_budget import TYPICAL_TEMPLATE, env_template
+from tests.support.templates import TYPICAL_TEMPLATE, env_template
 from vigil.controllers.jobs import JobController
 from vigil.core import failures
 from vigil.core.objects import strip_job, template_dropped

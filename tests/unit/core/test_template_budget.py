@@ -20,6 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.support.builders import T0, apply_to_job, at, make_job, make_pod
+from tests.support.templates import TYPICAL_TEMPLATE, env_template
 from vigil.core import actions
 from vigil.core.lifecycle import decide
 from vigil.core.objects import (
@@ -33,36 +34,9 @@ from vigil.core.objects import (
 
 pytestmark = pytest.mark.unit
 
+
 # A typical template, 1.5 KiB of JSON: one container with its command, a dozen settings and a
 # secret in its environment, resources, a config volume.
-TYPICAL_TEMPLATE: dict[str, Any] = {
-    "metadata": {"labels": {"app": "ledger", "team": "payments"}, "annotations": {"example.com/owner": "payments"}},
-    "spec": {
-        "serviceAccountName": "ledger",
-        "containers": [
-            {
-                "name": "main",
-                "image": "registry.example.com/payments/ledger:2026.12.01-4f3a2c1",
-                "command": ["python", "-m", "ledger.reconcile"],
-                "args": ["--date", "2026-12-01", "--region", "eu-west-1", "--batch-size", "500"],
-                "env": [{"name": f"LEDGER_SETTING_{i:02d}", "value": f"value-{i}-abcdefghijkl"} for i in range(14)]
-                + [{"name": "DB_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "ledger-db", "key": "password"}}}],
-                "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
-                "volumeMounts": [{"name": "config", "mountPath": "/etc/ledger", "readOnly": True}],
-            }
-        ],
-        "volumes": [{"name": "config", "configMap": {"name": "ledger-config"}}],
-        "nodeSelector": {"kubernetes.io/os": "linux"},
-    },
-}
-
-
-def env_template(entries: int) -> dict[str, Any]:
-    """A template of many small env entries (the issue's hostile one: 30,000 make 900 KiB)."""
-    env = [{"name": f"E{i:05d}", "value": "v" * 8} for i in range(entries)]
-    return {"spec": {"containers": [{"name": "main", "image": "registry.example/ledger:1", "env": env}]}}
-
-
 def compact(value: Any) -> int:
     return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
 
