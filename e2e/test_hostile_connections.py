@@ -89,11 +89,7 @@ class Bed:
             connection.close()
 
     def rss_mib(self) -> float:
-        assert self.operator.proc is not None
-        for line in Path(f"/proc/{self.operator.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-        raise AssertionError("no VmRSS")
+        return self.operator.memory()["VmRSS"] / 2**20
 
     def refused(self, server: str, reason: str) -> float:
         sample = f'vigil_connections_refused_total{{reason="{reason}",server="{server}"}}'  # labels sorted

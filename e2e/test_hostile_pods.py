@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
 from tests.support.cluster import Kube, fresh_namespace
 from tests.support.jobs import create, get, vigil_job, wait_phase
-from tests.support.operators import OperatorProcess
 from tests.support.waits import wait_until
 from vigil import api
 from vigil.kube.client import PAGE_BYTES
@@ -46,17 +44,6 @@ RESIDENT_BOUND = 24 * MIB
 # bench/kept_objects.py), with as much again for the allocator; before the fix the whole list
 # (about 54 MiB) and then every pod kept (as much again).
 PEAK_BOUND = 2 * 3 * PAGE_BYTES
-
-
-def memory(operator: OperatorProcess) -> dict[str, int]:
-    """VmRSS and VmHWM of the operator process, in bytes."""
-    assert operator.proc is not None
-    fields = {}
-    for line in Path(f"/proc/{operator.proc.pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            fields[key] = int(value.split()[0]) * 1024
-    return fields
 
 
 def hostile_pod(index: int) -> dict:
@@ -87,7 +74,7 @@ def test_foreign_pods_with_vigils_label_cost_the_operator_nothing_even_across_a_
 ):
     operator, _ = own_operator()
     finished_probe(kube, own_namespace, "probe-1")
-    before = memory(operator)
+    before = operator.memory()
 
     watched_each = []
     for batch in range(2):
@@ -95,13 +82,13 @@ def test_foreign_pods_with_vigils_label_cost_the_operator_nothing_even_across_a_
             numbers = range(batch * HOSTILE_PODS, (batch + 1) * HOSTILE_PODS)
             list(pool.map(lambda i: kube.core.create_namespaced_pod(own_namespace, hostile_pod(i)), numbers))
         finished_probe(kube, own_namespace, f"probe-2-{batch}")
-        watched_each.append(memory(operator))
+        watched_each.append(operator.memory())
     watched = max(watched_each, key=lambda figures: figures["VmRSS"])
 
     operator.stop()
     restarted, _ = own_operator()
     finished_probe(kube, own_namespace, "probe-3")
-    relisted = memory(restarted)
+    relisted = restarted.memory()
 
     figures = {
         "watched: RSS growth MiB, after each batch": [(w["VmRSS"] - before["VmRSS"]) / MIB for w in watched_each],

@@ -20,13 +20,11 @@ from __future__ import annotations
 import copy
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
 from tests.support.cluster import Kube
 from tests.support.jobs import GROUP, QUEUE_PLURAL, VERSION, create, get, vigil_job, vigil_queue, wait_phase
-from tests.support.operators import OperatorProcess
 from tests.support.waits import poll, wait_until
 from vigil.core.objects import TEMPLATE_KEPT_BYTES
 from vigil.kube.client import PAGE_BYTES
@@ -55,17 +53,6 @@ RESIDENT_BOUND = JOBS * KEPT_PER_JOB + ALLOCATOR
 # what the list adds to the peak is one page and its parse (as much again, and 12 times that as
 # Python objects for this JSON), not the 20 jobs.
 PEAK_BOUND = 2 * 13 * PAGE_BYTES
-
-
-def memory(operator: OperatorProcess) -> dict[str, int]:
-    """VmRSS and VmHWM of the operator process, in bytes."""
-    assert operator.proc is not None
-    fields = {}
-    for line in Path(f"/proc/{operator.proc.pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            fields[key] = int(value.split()[0]) * 1024
-    return fields
 
 
 def large_job(name: str) -> dict:
@@ -104,7 +91,7 @@ def test_waiting_jobs_with_large_templates_cost_a_constant_each_and_start_with_t
         GROUP, VERSION, own_namespace, QUEUE_PLURAL, vigil_queue(QUEUE, paused=True)
     )
     probe(kube, own_namespace, "probe-1")
-    before = memory(operator)
+    before = operator.memory()
 
     body = large_job("large-00")
     with ThreadPoolExecutor(4) as pool:
@@ -116,12 +103,12 @@ def test_waiting_jobs_with_large_templates_cost_a_constant_each_and_start_with_t
 
         list(pool.map(make, range(JOBS)))
     wait_until(lambda: all_in(kube, own_namespace, "Queued"), 60, f"the operator to look at all {JOBS} jobs (Queued)")
-    waiting = memory(operator)
+    waiting = operator.memory()
 
     operator.stop()
     restarted, _ = own_operator()
     probe(kube, own_namespace, "probe-2")
-    relisted = memory(restarted)
+    relisted = restarted.memory()
 
     figures = {
         "waiting: RSS growth MiB": round((waiting["VmRSS"] - before["VmRSS"]) / MIB, 1),
@@ -151,6 +138,6 @@ def test_waiting_jobs_with_large_templates_cost_a_constant_each_and_start_with_t
         assert "VIGIL_JOB" in env  # Vigil's own, added to the template's
     if not poll(lambda: all_in(kube, own_namespace, "Succeeded"), 30 + 10 * JOBS):
         pytest.fail(f"not all {JOBS} jobs succeeded: {phases(kube, own_namespace)}")
-    finished = memory(restarted)
+    finished = restarted.memory()
     grown = (finished["VmRSS"] - before["VmRSS"]) / MIB
     print(f"after they ran ({time.monotonic() - resumed:.0f}s): RSS over the first start's {grown:.1f} MiB")

@@ -66,6 +66,16 @@ class OperatorProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
 
+    def memory(self) -> dict[str, int]:
+        """VmRSS and VmHWM (the peak) of the operator process, in bytes."""
+        assert self.proc is not None
+        found = {}
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                found[key] = int(value.split()[0]) * 1024
+        return found
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
