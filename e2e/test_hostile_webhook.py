@@ -47,6 +47,8 @@ from vigil.servers.webhook import MAX_REQUEST_BYTES, PATH, make_self_signed, web
 pytestmark = pytest.mark.e2e
 
 RENEW_DEADLINE = float(LEASE[LEASE.index("--renew-deadline") + 1])
+# What aiohttp's client raises for a connection the server closes before or in its TLS handshake.
+CLOSED_BEFORE_HANDSHAKE = {"ClientConnectorError", "ClientOSError", "ServerDisconnectedError"}
 
 
 @dataclass
@@ -236,7 +238,9 @@ def test_eight_clients_posting_max_size_reviews_neither_stall_health_nor_lose_th
     )
     assert bed.operator.proc is not None and bed.operator.proc.poll() is None, "the operator exited"
     assert holders == {leader} and holder(bed.kube, bed.namespace) == leader
-    assert set(statuses[8]) == {"413"}, statuses  # over the cap: refused before a byte is read
+    # Over the cap: refused before a byte is read (413, which closes the connection), or, as the
+    # clients come back faster than one address may open connections, before the handshake.
+    assert set(statuses[8]) <= {"413", *CLOSED_BEFORE_HANDSHAKE} and int(statuses[8].get("413", 0)) >= 1, statuses
     assert int(statuses[3].get("200", 0)) >= 1, statuses  # at the cap: decoded, not only turned away
     assert judged_meanwhile, "a real review was not judged during the flood"
     assert max(gaps) < RENEW_DEADLINE, gaps
