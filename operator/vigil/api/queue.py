@@ -33,6 +33,14 @@ class VigilQueueSpec(WireModel):
         description="Retries may be at most this share of the queue's attempt starts over a sliding "
         "window (with a small floor so a quiet queue can still retry); retries over budget wait.",
     )
+    retry_window_seconds: int = Field(
+        60,
+        ge=10,
+        le=3600,
+        description="The retry budget's sliding window, in seconds: retries and starts are counted "
+        "over the last this many. Shorter lets a budget spent in an outage come back sooner; longer "
+        "weighs a storm's retries against more fresh starts. A change starts the window empty.",
+    )
     max_starts_per_second: float | None = Field(
         None,
         ge=0.001,

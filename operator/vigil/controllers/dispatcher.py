@@ -39,6 +39,7 @@ def queue_spec(body: Mapping[str, Any]) -> QueueSpec:
         paused=spec.paused,
         retry_budget=spec.retry_budget,
         max_starts_per_second=spec.max_starts_per_second,
+        retry_window_seconds=spec.retry_window_seconds,
     )
 
 

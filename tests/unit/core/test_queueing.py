@@ -566,6 +566,34 @@ def test_a_retry_over_budget_waits_while_first_attempts_go_past_it_and_goes_when
     assert names(book.dispatch(QK, T0 + RETRY_WINDOW_SECONDS).start) == ["r10", "r11"]
 
 
+def test_a_queue_with_a_shorter_window_gets_its_budget_back_after_that_window() -> None:
+    spec = QueueSpec(max_running=30, retry_budget=0.0, retry_window_seconds=15)  # floor 3
+    retries = [replace(waiting(f"r{i}", created=float(i)), is_retry=True) for i in range(5)]
+    book = book_of(spec, *retries)
+    first = book.dispatch(QK, T0)
+    assert names(first.start) == ["r0", "r1", "r2"] and first.wake_at == T0 + 15
+    status = queue_status(book, QK, T0 + 1)
+    assert status is not None and "3 of the 3 attempt starts in the last 15s were retries" in (
+        status.conditions[2].message
+    )
+    assert "floor 3 per 15s" in status.conditions[2].message
+    assert book.dispatch(QK, T0 + 14.9).start == ()
+    assert names(book.dispatch(QK, T0 + 15).start) == ["r3", "r4"]
+
+
+def test_a_changed_window_starts_empty_and_loosens_the_budget_by_one_floor_at_most() -> None:
+    spec = QueueSpec(max_running=30, retry_budget=0.0)  # floor 3, a 60 s window
+    retries = [replace(waiting(f"r{i}", created=float(i)), is_retry=True) for i in range(8)]
+    book = book_of(spec, *retries)
+    assert len(book.dispatch(QK, T0).start) == 3
+    book.set_queue(NS, QK[1], replace(spec, retry_window_seconds=20), T0 + 1)
+    assert book.window_counts(QK, T0 + 1) == (0, 0)
+    assert names(book.dispatch(QK, T0 + 1).start) == ["r3", "r4", "r5"]
+    assert book.dispatch(QK, T0 + 2).start == ()
+    book.set_queue(NS, QK[1], replace(spec, retry_window_seconds=20), T0 + 3)  # the same: kept
+    assert book.window_counts(QK, T0 + 3) == (3, 3)
+
+
 def test_a_retry_that_did_not_start_costs_no_budget() -> None:
     spec = QueueSpec(max_running=10, retry_budget=0.0)  # floor 3
     retries = [replace(waiting(f"r{i}", created=float(i)), is_retry=True) for i in range(4)]

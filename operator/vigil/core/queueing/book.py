@@ -14,7 +14,7 @@ from typing import Any
 from vigil.api import ANNOTATION_REDRIVE, BLOCKED_REASONS, DEFAULT_QUEUE
 from vigil.core import fields
 from vigil.core.queueing.heap import LazyHeap
-from vigil.core.queueing.limits import RetryWindow, TokenBucket, retry_floor
+from vigil.core.queueing.limits import RETRY_WINDOW_SECONDS, RetryWindow, TokenBucket, retry_floor
 
 # A start the shell gave back (the job's decision reserved no attempt: a NoOverlap pod still
 # there, say) is not offered to the same job again sooner than this, so the two cannot loop.
@@ -25,13 +25,15 @@ HEAD_OF_LINE = 5  # names of the next jobs to start shown in the queue's status
 
 @dataclass(frozen=True)
 class QueueSpec:
-    """A VigilQueue's spec: maxRunning, maxQueued, paused, retryBudget, maxStartsPerSecond."""
+    """A VigilQueue's spec: maxRunning, maxQueued, paused, retryBudget, retryWindowSeconds,
+    maxStartsPerSecond."""
 
     max_running: int = 100
     max_queued: int = 10_000
     paused: bool = False
     retry_budget: float = 0.2
     max_starts_per_second: float | None = None
+    retry_window_seconds: int = RETRY_WINDOW_SECONDS
 
     def __post_init__(self) -> None:
         if self.max_running < 0 or self.max_queued < 0:
@@ -40,6 +42,8 @@ class QueueSpec:
             raise ValueError(f"retryBudget must be in [0, 1], not {self.retry_budget}")
         if self.max_starts_per_second is not None and not self.max_starts_per_second > 0:
             raise ValueError(f"maxStartsPerSecond must be > 0 (or null), not {self.max_starts_per_second}")
+        if self.retry_window_seconds < 1:
+            raise ValueError(f"retryWindowSeconds must be >= 1, not {self.retry_window_seconds}")
 
     @property
     def retry_floor(self) -> int:
@@ -231,7 +235,7 @@ class QueueBook:
       They count as running, so concurrent reconciles cannot overshoot maxRunning in the time
       between a start and the watch echoing it; a hold ends when an observation shows the job's
       attempt number past it (a stale event cannot end it) or on `release`;
-    - the token bucket and the retry window (RetryWindow: 120 integers).
+    - the token bucket and the retry window (RetryWindow: 2 x retryWindowSeconds integers).
     Bounds: O(jobs tracked), one small record each (plus heap arrays of at most 2 x live + 64
     entries), and O(queues) fixed-size state; jobs that succeeded or are suspended are dropped.
 
@@ -267,6 +271,9 @@ class QueueBook:
             queue.bucket = TokenBucket.full(rate, now)
         elif queue.bucket.rate != rate:
             queue.bucket = queue.bucket.with_rate(rate, now)
+        window = spec.retry_window_seconds if spec is not None else RETRY_WINDOW_SECONDS
+        if queue.window.seconds != window:
+            queue.window = RetryWindow(window)  # empty, as after a restart: loosens by one floor at most
         queue.spec = spec
         self._changed.add(key)
         self._drop_if_empty(key)

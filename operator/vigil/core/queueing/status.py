@@ -12,7 +12,6 @@ from vigil.api import Condition
 from vigil.core import fields
 from vigil.core.conditions import set_condition
 from vigil.core.queueing.book import QueueBook, QueueKey, Standing
-from vigil.core.queueing.limits import RETRY_WINDOW_SECONDS
 
 
 @dataclass(frozen=True)
@@ -69,8 +68,9 @@ def queue_status(book: QueueBook, queue_key: QueueKey, now: float) -> QueueStatu
     else:
         paused = QueueCondition("Paused", "False", "NotPaused", "attempts start as room allows")
     starts, retries = book.window_counts(queue_key, now)
-    within = f"{retries} of the {starts} attempt starts in the last {RETRY_WINDOW_SECONDS}s were retries"
-    rule = f"retryBudget {spec.retry_budget}, floor {spec.retry_floor} per {RETRY_WINDOW_SECONDS}s"
+    window = spec.retry_window_seconds
+    within = f"{retries} of the {starts} attempt starts in the last {window}s were retries"
+    rule = f"retryBudget {spec.retry_budget}, floor {spec.retry_floor} per {window}s"
     if book.budget_exhausted(queue_key, now):
         budget = QueueCondition(
             "RetryBudgetExhausted", "True", "RetriesDelayed", f"{within} ({rule}): due retries wait, none is dropped"
