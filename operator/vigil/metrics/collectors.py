@@ -33,7 +33,7 @@ class StateCollector(Collector):
         for phase in ("New", *get_args(api.Phase)):  # every phase, zeros included: absent is not zero
             by_phase.add_metric([phase], phases.get(phase, 0))
         yield by_phase
-        uncertain = GaugeMetricFamily("vigil_attempts_uncertain", "Attempts Uncertain now.")
+        uncertain = GaugeMetricFamily("vigil_uncertain_attempts", "Attempts Uncertain now.")
         uncertain.add_metric([], phases.get("Uncertain", 0))
         yield uncertain
         families = {

@@ -97,7 +97,7 @@ def test_the_dashboard_has_the_panels_on_call_looks_at_first():
         "vigil_queue_oldest_wait_seconds",
         "vigil_queue_starts_total",
         "vigil_retries_total",
-        "vigil_attempts_uncertain",
+        "vigil_uncertain_attempts",
         "vigil_attempts_lost_total",
         "vigil_dead_letters_total",
         "vigil_heartbeat_gap_seconds_bucket",

@@ -83,7 +83,7 @@ def test_a_scrape_shows_jobs_by_phase_and_queues_without_any_job_name():
     )
     assert value(m, "vigil_jobs", phase="Running") == 2
     assert value(m, "vigil_jobs", phase="DeadLettered") == 0, "every phase is shown, zeros included"
-    assert value(m, "vigil_attempts_uncertain") == 1
+    assert value(m, "vigil_uncertain_attempts") == 1
     assert value(m, "vigil_queue_depth", namespace="ns", queue="batch") == 4
     assert value(m, "vigil_queue_max_running", namespace="ns", queue="batch") == 2
     assert b"secret-job" not in generate_latest(m.registry), "never labelled by job"
