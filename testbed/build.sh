@@ -7,7 +7,8 @@
 #         kubectl and kwok.
 #   real-node  what `make up REAL_NODE=1` needs: that, and the kubelet with containerd (below).
 #   all   (the default; `make testbed`, `make test`) that, and what only the tests use: helm,
-#         promtool, the prometheus-operator CRDs the chart's optional objects need, kstatus, and
+#         helm-docs (renders the chart's values table), promtool, the prometheus-operator CRDs
+#         the chart's optional objects need, kstatus, and
 #         the kubelet of the bed's one real node (testbed/node.py), with containerd (Debian's
 #         package, installed with apt-get when missing; it is no Go build).
 # Each step prints "[build step N/M]" lines: what it fetches or compiles and the time it has taken,
@@ -18,6 +19,9 @@ KUBE_VERSION=${VIGIL_KUBE_VERSION:-v1.36.3}
 ETCD_VERSION=${VIGIL_ETCD_VERSION:-v3.6.16}
 KWOK_VERSION=${VIGIL_KWOK_VERSION:-v0.8.0}
 HELM_VERSION=${VIGIL_HELM_VERSION:-v3.22.0}
+# helm-docs renders charts/vigil/README.md's values table from values.yaml's `# --` comments
+# (tests/unit/deploy/test_chart_readme.py checks the README is what it renders).
+HELM_DOCS_VERSION=${VIGIL_HELM_DOCS_VERSION:-v1.14.2}
 # Tools the tests need besides the cluster: promtool (tests the alert rules), and the
 # prometheus-operator CRDs (ServiceMonitor, PrometheusRule) so the chart's optional objects are
 # checked by a real API server. v0.316.0 is Prometheus 3.16's Go module version.
@@ -50,8 +54,9 @@ done
 # again on 2026-12-03, `make up` in a fresh clone: `demo` took 13m05s (etcd 74 s, kube-apiserver
 # 452, kube-controller-manager 121, kube-scheduler 16, kubectl 33, kwok 88): the same machine
 # runs from one to two times these figures, so they are the fast end.
+# (helm-docs: not measured cold; a small module, 10 s with warm module caches on 2026-12-07.)
 declare -A COLD=([etcd]=56 [kube-apiserver]=209 [kube-controller-manager]=61 [kube-scheduler]=10
-  [kubectl]=22 [kwok]=73 [helm]=71 [promtool]=294 [prometheus-operator-crds]=5 [kstatus]=17
+  [kubectl]=22 [kwok]=73 [helm]=71 [helm-docs]=60 [promtool]=294 [prometheus-operator-crds]=5 [kstatus]=17
   [kubelet]=180 [containerd]=60)
 # The disk a cold build leaves in Go's module and build caches ($GOMODCACHE, $GOCACHE), and in
 # $BIN, in GB, measured the same way (`demo`: 1.1 GB of modules, 3.7 GB of build cache).
@@ -260,6 +265,9 @@ build_plain() { # name module/cmd/path version ldflags
 build_helm() {
   build_plain helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
 }
+build_helm_docs() {
+  build_plain helm-docs github.com/norwoodj/helm-docs/cmd/helm-docs "$HELM_DOCS_VERSION" "-s -w"
+}
 build_promtool() {
   build_plain promtool github.com/prometheus/prometheus/cmd/promtool "$PROMETHEUS_VERSION" \
     "-s -w -X github.com/prometheus/common/version.Version=$PROMETHEUS_VERSION"
@@ -335,6 +343,7 @@ STEP_LIST=(
 if [[ $TARGET == all ]]; then
   STEP_LIST+=(
     "helm|$HELM_VERSION|have helm $HELM_VERSION|build_helm"
+    "helm-docs|$HELM_DOCS_VERSION|have helm-docs $HELM_DOCS_VERSION|build_helm_docs"
     "promtool|$PROMETHEUS_VERSION|have promtool $PROMETHEUS_VERSION|build_promtool"
     "prometheus-operator-crds|$PROMETHEUS_OPERATOR_VERSION|test -f $PROMETHEUS_OPERATOR_CRDS/monitoring.coreos.com_servicemonitors.yaml|fetch_prometheus_operator_crds"
     "kstatus|$KSTATUS_VERSION|kstatus_cached|build_kstatus"
@@ -378,7 +387,7 @@ done
 # Stable names for the chosen versions, so PATH=$BIN works.
 links=("etcd $ETCD_VERSION" "kube-apiserver $KUBE_VERSION" "kube-controller-manager $KUBE_VERSION"
        "kube-scheduler $KUBE_VERSION" "kubectl $KUBE_VERSION" "kwok $KWOK_BUILD")
-[[ $TARGET == all ]] && links+=("helm $HELM_VERSION" "promtool $PROMETHEUS_VERSION" "kstatus $KSTATUS_VERSION")
+[[ $TARGET == all ]] && links+=("helm $HELM_VERSION" "helm-docs $HELM_DOCS_VERSION" "promtool $PROMETHEUS_VERSION" "kstatus $KSTATUS_VERSION")
 [[ $TARGET == all || $TARGET == real-node ]] && links+=("kubelet $KUBE_VERSION")
 for pair in "${links[@]}"; do
   set -- $pair; ln -sfn "$1-$2" "$BIN/$1"
