@@ -10,17 +10,32 @@ do not collide. Counts that are states (jobs by phase, queue depth) are kept by 
 they change and read at scrape time by collectors (never a walk over every job), so they can
 never drift from what the operator holds. A queue's series go with the queue (`forget_queue`). Counts of
 events are incremented where they happen; `collectors.count_transition` derives them from a job's status
-before and after a write, purely.
+before and after a write, purely. Beside them, `vigil_build_info` (1, labelled with the version) and
+the process's own (`process_resident_memory_bytes`, `process_open_fds`, ...). Every name is unique
+as an OpenMetrics family too: no gauge is named as another family plus `_total`, `_info`,
+`_created`, `_bucket`, `_count` or `_sum`, so a scrape asking for OpenMetrics parses.
 """
 
 from __future__ import annotations
 
 import contextlib
+import platform
 import time
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+)
 from prometheus_client.registry import Collector
+
+import vigil
 
 disable_created_metrics()  # the *_created series double what is scraped and no dashboard reads them
 
@@ -40,6 +55,14 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        # The process's own (process_resident_memory_bytes against the memory limit the docs
+        # size, process_open_fds against process_max_fds, CPU) and python_info: read from
+        # /proc/self at scrape time, nothing on the hot path. Absent off Linux.
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        # vigil_build_info 1, labelled with what runs: what `vigil --version` and the user agent say.
+        self.build_info = Info("vigil_build", "The running Vigil's version and Python's; always 1.", registry=r)
+        self.build_info.info({"version": vigil.__version__, "python_version": platform.python_version()})
         # client-go workqueue (label `name`), controller-runtime reconcile (label `controller`)
         self.workqueue_depth = Gauge("workqueue_depth", "Current depth of the work queue.", ["name"], registry=r)
         self.workqueue_adds = Counter("workqueue_adds_total", "Adds handled by the work queue.", ["name"], registry=r)

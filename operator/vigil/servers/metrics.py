@@ -1,4 +1,6 @@
-"""/metrics in Prometheus' text format, from the operator's registry (`vigil.metrics`).
+"""/metrics in Prometheus' text format, or in OpenMetrics 1.0 when the scraper's `Accept` asks for
+`application/openmetrics-text` (prometheus-client's handler chooses), from the operator's registry
+(`vigil.metrics`).
 
 Served over HTTPS behind authentication and authorization by default, as controller-runtime
 serves its metrics: the scraper's bearer token is reviewed by the API server (TokenReview), and

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import platform
 from datetime import UTC, datetime
 
 import pytest
 from prometheus_client import generate_latest
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
+import vigil
 from vigil.controllers.jobs.view import ClusterView
 from vigil.metrics import Metrics
 from vigil.metrics.collectors import StateCollector, count_transition
@@ -129,3 +134,45 @@ def test_api_calls_are_timed_and_failures_counted_by_code():
         pass
     assert value(m, "vigil_api_request_errors_total", verb="create", resource="pods", code="403") == 1
     assert value(m, "vigil_api_request_duration_seconds_count", verb="get", resource="pods") == 1
+
+
+def every_series(m: Metrics) -> Metrics:
+    """`m` with a series in every family (a labelled family shows no sample until one is made)
+    and the state collector's, so a scrape shows every name the operator can export."""
+    for metric in vars(m).values():
+        if isinstance(metric, MetricWrapperBase) and metric._labelnames:
+            child = metric.labels(*["x"] * len(metric._labelnames))
+            (child.observe if hasattr(child, "observe") else child.inc)(1)
+    numbers = {"queued": 1, "running": 1, "backingOff": 0, "oldestQueuedSeconds": 3, "maxRunning": 2}
+    m.collect_from(StateCollector(lambda: {"Uncertain": 1}, lambda: [("ns", "q", numbers)]))
+    return m
+
+
+def test_the_exposition_is_valid_openmetrics_each_family_named_once():
+    # OpenMetrics names a counter's family without `_total`: a gauge vigil_attempts_uncertain
+    # beside the counter vigil_attempts_uncertain_total was one family twice, and the parser
+    # (Prometheus' too, scraping with the OpenMetrics Accept header) refused the whole scrape.
+    text = generate_openmetrics(every_series(Metrics()).registry).decode()
+    assert text.endswith("# EOF\n")
+    families = list(parse_openmetrics(text))  # strict: a clash, a bad suffix or a bad type raises
+    names = [family.name for family in families]
+    assert len(names) == len(set(names))
+    kinds = {family.name: family.type for family in families}
+    assert kinds["vigil_uncertain_attempts"] == "gauge" and kinds["vigil_attempts_uncertain"] == "counter"
+    assert kinds["vigil_build"] == "info" and kinds["process_resident_memory_bytes"] == "gauge"
+
+
+def test_build_info_names_the_running_version_once():
+    m = Metrics()
+    labels = {"version": vigil.__version__, "python_version": platform.python_version()}
+    assert value(m, "vigil_build_info", **labels) == 1
+    series = [s for f in m.registry.collect() for s in f.samples if s.name == "vigil_build_info"]
+    assert len(series) == 1, "one series, whatever else the scrape shows"
+
+
+def test_the_process_memory_the_docs_size_is_exported():
+    # docs/capacity-planning.md sizes the memory limit; this is how an installation watches it.
+    m = Metrics()
+    assert value(m, "process_resident_memory_bytes") > 10 * 2**20, "this Python's RSS, read from /proc"
+    assert value(m, "process_open_fds") > 0 and value(m, "process_max_fds") > 0
+    assert value(m, "process_cpu_seconds_total") > 0

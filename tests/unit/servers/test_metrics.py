@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from kubernetes import client
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
 from tests.support.clock import FakeClock
 from vigil.core.access import REVIEW_SOURCE_BURST
@@ -66,11 +67,13 @@ def scenario(steps) -> Any:
         server = await serve(routes, "127.0.0.1:0", bounds=bounds)
         sessions: dict[str, aiohttp.ClientSession] = {}
 
-        async def scrape(token: str | None, source: str = "127.0.0.1") -> tuple[int, str]:
+        async def scrape(token: str | None, source: str = "127.0.0.1", accept: str | None = None) -> tuple[int, str]:
             """A scrape from the loopback address `source` (127.0.0.0/8 is all loopback on Linux)."""
             if source not in sessions:
                 sessions[source] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=(source, 0)))
             headers = {"Authorization": f"Bearer {token}"} if token else {}
+            if accept:
+                headers["Accept"] = accept
             async with sessions[source].get(f"http://127.0.0.1:{server.port}/metrics", headers=headers) as response:
                 return response.status, await response.text()
 
@@ -162,3 +165,42 @@ def test_a_refused_scrape_closes_its_connection():
 
     head, rest = asyncio.run(main())
     assert head.startswith(b"HTTP/1.1 401") and b"Connection: close" in head and b"bearer token" in rest
+
+
+# What Prometheus sends when it prefers OpenMetrics (its scrape_protocols' default order).
+OPENMETRICS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,"
+    "text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
+)
+
+
+def test_a_scraper_that_asks_for_openmetrics_gets_it_through_the_secure_endpoint():
+    async def steps(scrape, api: FakeApi) -> None:
+        status, text = await scrape("prom-token", accept=OPENMETRICS_ACCEPT)
+        assert status == 200 and text.endswith("# EOF\n"), text[-200:]
+        names = {family.name for family in parse_openmetrics(text)}  # strict: raises on any clash
+        assert {"vigil_attempts_uncertain", "vigil_build", "process_resident_memory_bytes"} <= names
+        status, text = await scrape("prom-token")
+        assert status == 200 and "# EOF" not in text, "without the header, Prometheus' text format"
+
+    scenario(steps)
+
+
+def test_the_plain_endpoint_answers_openmetrics_with_its_content_type():
+    async def main() -> tuple[str, str, str]:
+        metrics = Metrics()
+        server = await serve(metrics_server.routes(metrics.registry), "127.0.0.1:0", bounds=Bounds(4, 4))
+        try:
+            async with aiohttp.ClientSession() as session:
+                url = f"http://127.0.0.1:{server.port}/metrics"
+                async with session.get(url, headers={"Accept": OPENMETRICS_ACCEPT}) as response:
+                    kind, text = response.headers["Content-Type"], await response.text()
+                async with session.get(url) as response:
+                    plain = response.headers["Content-Type"]
+            return kind, text, plain
+        finally:
+            await server.stop()
+
+    kind, text, plain = asyncio.run(main())
+    assert kind.startswith("application/openmetrics-text") and "version=1.0.0" in kind
+    assert list(parse_openmetrics(text)) and plain.startswith("text/plain")
