@@ -14,13 +14,17 @@ The knobs (CI runs the defaults; the issue's full sizes in brackets):
         .venv/bin/pytest -s e2e/test_queues.py
 
 - VIGIL_QUEUE_STORM_JOBS (default 40 [100]): the jobs of the retry storm.
+- VIGIL_QUEUE_STORM_WINDOW_SECONDS (default 15 [60, the queue's default]): the storm queue's
+  retryWindowSeconds. The rule checked is the same whatever the window; a short one lets the
+  budget come back within CI's time.
 - VIGIL_QUEUE_STORM_WATCH_SECONDS (default 90): the storm runs on retryBudget 0.2 until the
-  budget has come back once (about 63 s: the first retries leave the 60 s window and the floor's
-  worth of retries starts), at most this long; then the test raises the budget to 1 (what the
-  docs say to do once the downstream has recovered), so CI need not wait for the budget to let
-  every retry through. 0: never raised; the retries then drain at the budget's pace, the floor
-  per minute once the first attempts have left the window: with 100 jobs (maxRunning 100,
-  floor 10) 25 retries in the first minute, then 10 a minute: 18 minutes on this machine.
+  budget has come back once (the window and about 3 s: the first retries leave the window and
+  the floor's worth of retries starts), at most this long; then the test raises the budget to 1
+  (what the docs say to do once the downstream has recovered), so CI need not wait for the
+  budget to let every retry through. 0: never raised; the retries then drain at the budget's
+  pace, the floor per window once the first attempts have left it: with 100 jobs (maxRunning
+  100, floor 10) and a 60 s window, 25 retries in the first minute, then 10 a minute: 18
+  minutes on this machine.
 - VIGIL_QUEUE_RATE_JOBS (default 40 [100]): the burst observed under maxStartsPerSecond 5.
 """
 
@@ -60,6 +64,7 @@ pytestmark = pytest.mark.e2e  # the operator end to end, as a process, on a real
 NAMESPACE_LABEL = "queues.vigil.dev/test-run"  # the webhook reviews only the namespace carrying it
 
 STORM_JOBS = int(os.environ.get("VIGIL_QUEUE_STORM_JOBS", "40"))
+STORM_WINDOW_SECONDS = int(os.environ.get("VIGIL_QUEUE_STORM_WINDOW_SECONDS", "15"))
 STORM_WATCH_SECONDS = float(os.environ.get("VIGIL_QUEUE_STORM_WATCH_SECONDS", "90"))
 RATE_JOBS = int(os.environ.get("VIGIL_QUEUE_RATE_JOBS", "40"))
 
@@ -471,17 +476,18 @@ def test_admission_refuses_the_job_over_max_queued_until_the_queue_drains_and_re
 
 def test_a_retry_storm_is_spread_out_by_the_retry_budget_and_no_retry_is_dropped(bed: QueueBed):
     """A downstream outage: every job's first two attempts fail ("1,1,0"; backoff 1 s, factor 1,
-    no jitter, 5 attempts), on a queue with retryBudget 0.2 and maxRunning = the jobs (so the
-    limit is the budget, not the slots; floor max(3, ceil(0.1 x maxRunning))).
+    no jitter, 5 attempts), on a queue with retryBudget 0.2, a window of W = retryWindowSeconds
+    (STORM_WINDOW_SECONDS) and maxRunning = the jobs (so the limit is the budget, not the
+    slots; floor max(3, ceil(0.1 x maxRunning))).
 
     Checked from the pod watch, for every retry the watch saw start at time s: the retries seen
-    in (s - 59 + L, s] are at most max(floor, 0.2 x the starts in the operator's window). That
-    is the operator's rule over its window (whole seconds: it reaches between 59 and 60 s back),
-    with no tolerance on the counts; L is allowed at each edge for the time between a start being
-    given and its pod appearing. The starts counted: the retries seen in (s - 60 - L, s + L], and
-    the first attempts, all or none: with maxRunning = the jobs, resuming the queue gave every
-    one of them its start at one instant, before the first pod appeared, so they are in the
-    window if that pod is less than 60 + L s before s. L is measured: from resuming the queue to
+    in (s - W + 1 + L, s] are at most max(floor, 0.2 x the starts in the operator's window). That
+    is the operator's rule over its window (whole seconds: it reaches between W - 1 and W s
+    back), with no tolerance on the counts; L is allowed at each edge for the time between a
+    start being given and its pod appearing. The starts counted: the retries seen in
+    (s - W - L, s + L], and the first attempts, all or none: with maxRunning = the jobs, resuming
+    the queue gave every one of them its start at one instant, before the first pod appeared, so
+    they are in the window if that pod is less than W + L s before s. L is measured: from resuming the queue to
     the last first attempt's pod, at least 1 s (2.3 s with 40 jobs on this machine, 4.8 s with
     100: the operator's four workers take that long to write the burst's starts and failures).
     The queue shows RetryBudgetExhausted and the jobs say why they wait; no job is dead-lettered;
@@ -489,7 +495,8 @@ def test_a_retry_storm_is_spread_out_by_the_retry_budget_and_no_retry_is_dropped
     for VIGIL_QUEUE_STORM_JOBS and VIGIL_QUEUE_STORM_WATCH_SECONDS."""
     n, budget = STORM_JOBS, 0.2
     floor = max(3, math.ceil(0.1 * n))
-    bed.create_queue("storm", maxRunning=n, retryBudget=budget, paused=True)
+    window = STORM_WINDOW_SECONDS
+    bed.create_queue("storm", maxRunning=n, retryBudget=budget, retryWindowSeconds=window, paused=True)
     bed.start_operator()
     pods = bed.watch_pods()
     retry = {"maxAttempts": 5, "backoff": {"initialSeconds": 1, "factor": 1.0, "maxSeconds": 1, "jitter": 0.0}}
@@ -507,11 +514,11 @@ def test_a_retry_storm_is_spread_out_by_the_retry_budget_and_no_retry_is_dropped
     first = pods.in_order()[0].added
     queue_exhausted = job_reason_seen = dead_lettered = False
     until = first + STORM_WATCH_SECONDS if STORM_WATCH_SECONDS > 0 else math.inf
-    give_up = first + deadline(60 * (2 * n / floor + 4))  # the budget's pace: the floor per minute, and some
+    give_up = first + deadline(window * (2 * n / floor + 4))  # the budget's pace: the floor per window, and some
 
     def budget_came_back() -> bool:
         retried = [r.added for r in pods.in_order() if r.attempt > 1]
-        later = [t for t in retried if t > retried[0] + 55] if retried else []
+        later = [t for t in retried if t > retried[0] + window - 5] if retried else []
         return STORM_WATCH_SECONDS > 0 and bool(later) and time.monotonic() > later[0] + 2
 
     while time.monotonic() < min(until, give_up) and not budget_came_back():
@@ -539,20 +546,21 @@ def test_a_retry_storm_is_spread_out_by_the_retry_budget_and_no_retry_is_dropped
     lag = max(1.0, max(firsts) - resumed)
     over = []
     for s in retries:
-        seen_retries = sum(s - 59 + lag < t <= s for t in retries)
-        firsts_in_window = len(firsts) if first > s - 60 - lag else 0
-        seen_starts = firsts_in_window + sum(s - 60 - lag < t <= s + lag for t in retries)
+        seen_retries = sum(s - window + 1 + lag < t <= s for t in retries)
+        firsts_in_window = len(firsts) if first > s - window - lag else 0
+        seen_starts = firsts_in_window + sum(s - window - lag < t <= s + lag for t in retries)
         if seen_retries > max(floor, budget * seen_starts):
             over.append(f"at +{s - first:.1f}s: {seen_retries} retries among {seen_starts} starts")
     windows = []
-    for k in range(math.ceil((raised - first) / 60)):
-        lo, hi = first + 60 * k, min(first + 60 * (k + 1), raised)
+    for k in range(math.ceil((raised - first) / window)):
+        lo, hi = first + window * k, min(first + window * (k + 1), raised)
         windows.append(
-            f"[{60 * k}s, {hi - first:.0f}s): {sum(lo <= t < hi for t in starts)} starts, "
+            f"[{window * k}s, {hi - first:.0f}s): {sum(lo <= t < hi for t in starts)} starts, "
             f"{sum(lo <= t < hi for t in retries)} retries"
         )
     print(
-        f"\nretry storm, {n} jobs x '1,1,0', retryBudget {budget}, floor {floor}, L {lag:.1f}s: on the budget for "
+        f"\nretry storm, {n} jobs x '1,1,0', retryBudget {budget}, window {window}s, floor {floor}, L {lag:.1f}s: "
+        f"on the budget for "
         f"{raised - first:.0f}s: {'; '.join(windows)}; retries at +s "
         f"{[round(t - first, 1) for t in retries]}; then all {len(pods.pods)} attempts done in "
         f"{time.monotonic() - raised:.0f}s"
