@@ -102,11 +102,11 @@ def main() -> int:
         for i in range(args.jobs):
             custom.create_namespaced_custom_object(
                 "vigil.dev",
-                "v1alpha1",
+                "v1beta1",
                 namespace,
                 "vigiljobs",
                 {
-                    "apiVersion": "vigil.dev/v1alpha1",
+                    "apiVersion": "vigil.dev/v1beta1",
                     "kind": "VigilJob",
                     "metadata": {"name": f"beat-{i}"},
                     "spec": {

@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             lateness = list(agents.lateness)
         patches = histogram(api, "apiserver_request_duration_seconds", patch_match).get(math.inf, 0.0) - patches_before
         lost = standby.metric("vigil_attempts_lost_total")
-        jobs = api.custom.list_namespaced_custom_object("vigil.dev", "v1alpha1", namespace, "vigiljobs")["items"]
+        jobs = api.custom.list_namespaced_custom_object("vigil.dev", "v1beta1", namespace, "vigiljobs")["items"]
         not_running = sum(
             ((j.get("status") or {}).get("phase"), (j.get("status") or {}).get("attempts")) != ("Running", 1)
             for j in jobs

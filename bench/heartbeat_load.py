@@ -458,7 +458,7 @@ def vigil_job(i: int, interval: float, timeout: float, grace: float, account: st
     if account:
         spec["serviceAccountName"] = account
     return {
-        "apiVersion": "vigil.dev/v1alpha1",
+        "apiVersion": "vigil.dev/v1beta1",
         "kind": "VigilJob",
         "metadata": {"name": f"beat-{i}", "labels": {JOB_LABEL: "true"}},
         "spec": {
@@ -569,7 +569,7 @@ def cleanup(api: Api, namespace: str, m: int) -> None:
     a pod the namespace's deletion took), then the namespace; a slow cleanup is reported, not fatal."""
     try:
         with contextlib.suppress(client.ApiException):  # a 504 on many jobs: the server deletes on
-            api.custom.delete_collection_namespaced_custom_object("vigil.dev", "v1alpha1", namespace, "vigiljobs")
+            api.custom.delete_collection_namespaced_custom_object("vigil.dev", "v1beta1", namespace, "vigiljobs")
         delete_namespace(api, namespace, timeout=max(300, m / 2))
     except (SystemExit, Exception) as err:  # a saturated API server drops connections too
         log(f"warning: cleanup of {namespace} unfinished: {err}")
@@ -691,7 +691,7 @@ def start_attempts(api: Api, namespace: str, agents: Agents, args: argparse.Name
             pool.map(
                 lambda i: api.custom.create_namespaced_custom_object(
                     "vigil.dev",
-                    "v1alpha1",
+                    "v1beta1",
                     namespace,
                     "vigiljobs",
                     vigil_job(i, args.interval, args.timeout, grace, account),
@@ -815,7 +815,7 @@ def run_channel(args: argparse.Namespace, api: Api, cluster, kubeconfig: Path, c
         seen = operator.metric("vigil_heartbeats_total") - seen_before
         reconciles = operator.metric("controller_runtime_reconcile_total") - reconciles_before
         uncertain_total = operator.metric("vigil_attempts_uncertain_total")
-        jobs = api.custom.list_namespaced_custom_object("vigil.dev", "v1alpha1", namespace, "vigiljobs")["items"]
+        jobs = api.custom.list_namespaced_custom_object("vigil.dev", "v1beta1", namespace, "vigiljobs")["items"]
         phases: dict[str, int] = {}
         unhealthy = 0
         for job in jobs:

@@ -298,11 +298,11 @@ def run_side(
             if workload == "queued":
                 api.custom.create_namespaced_custom_object(
                     "vigil.dev",
-                    "v1alpha1",
+                    "v1beta1",
                     namespace,
                     "vigilqueues",
                     {
-                        "apiVersion": "vigil.dev/v1alpha1",
+                        "apiVersion": "vigil.dev/v1beta1",
                         "kind": "VigilQueue",
                         "metadata": {"name": "bench"},
                         "spec": {"maxRunning": jobs, "maxQueued": max(10000, 2 * jobs)},
@@ -313,7 +313,7 @@ def run_side(
         jobs_path = (
             f"/apis/batch/v1/namespaces/{namespace}/jobs"
             if kind == "native"
-            else f"/apis/vigil.dev/v1alpha1/namespaces/{namespace}/vigiljobs"
+            else f"/apis/vigil.dev/v1beta1/namespaces/{namespace}/vigiljobs"
         )
         on_job = timeline.on_native_job if kind == "native" else timeline.on_vigil_job
         watches = [
@@ -362,7 +362,7 @@ def run_side(
                 api.batch.create_namespaced_job(namespace, body, _preload_content=False)
             else:
                 api.custom.create_namespaced_custom_object(
-                    "vigil.dev", "v1alpha1", namespace, "vigiljobs", body, _preload_content=False
+                    "vigil.dev", "v1beta1", namespace, "vigiljobs", body, _preload_content=False
                 )
 
         began = time.monotonic()

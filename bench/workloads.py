@@ -55,4 +55,4 @@ def vigil_job(workload: str, i: int) -> dict:
         spec["retry"] = {"maxAttempts": 3, "backoff": BACKOFF}
     if workload == "queued":
         spec["queue"] = "bench"
-    return {"apiVersion": "vigil.dev/v1alpha1", "kind": "VigilJob", "metadata": {"name": f"job-{i}"}, "spec": spec}
+    return {"apiVersion": "vigil.dev/v1beta1", "kind": "VigilJob", "metadata": {"name": f"job-{i}"}, "spec": spec}

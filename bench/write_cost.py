@@ -61,7 +61,7 @@ from testbed import cluster as testbed
 
 THREADS = 4
 OBJECTS_PER_THREAD = 10
-GROUP_PATH = "/apis/vigil.dev/v1alpha1"
+GROUP_PATH = "/apis/vigil.dev/v1beta1"
 MERGE_PATCH = "application/merge-patch+json"
 LEASES_PATH = "/apis/coordination.k8s.io/v1"
 HEARTBEAT = "vigil.dev/heartbeat"
@@ -127,7 +127,7 @@ class Writer:
     def setup(self) -> None:
         for i in range(THREADS * OBJECTS_PER_THREAD):
             job = {
-                "apiVersion": "vigil.dev/v1alpha1",
+                "apiVersion": "vigil.dev/v1beta1",
                 "kind": "VigilJob",
                 "metadata": {"name": f"job-{i}"},
                 "spec": {

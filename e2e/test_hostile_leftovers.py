@@ -212,9 +212,9 @@ def refused_blocking_owner(kube: Kube, namespace: str, tmp_path: Path) -> None:
             "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
         },
     )
-    job = kube.custom.get_namespaced_custom_object("vigil.dev", "v1alpha1", namespace, "vigiljobs", "running-a")
+    job = kube.custom.get_namespaced_custom_object("vigil.dev", "v1beta1", namespace, "vigiljobs", "running-a")
     owner = {
-        "apiVersion": "vigil.dev/v1alpha1", "kind": "VigilJob", "name": "running-a", "uid": job["metadata"]["uid"],
+        "apiVersion": "vigil.dev/v1beta1", "kind": "VigilJob", "name": "running-a", "uid": job["metadata"]["uid"],
         "controller": True, "blockOwnerDeletion": True,
     }  # fmt: skip
     core = client.CoreV1Api(

@@ -255,7 +255,7 @@ def show_backpressure(cluster: testbed.Cluster, served: Served) -> None:
     dry run: nothing is stored either way); then one scrape of the metrics, with a token allowed
     to read them."""
     job = {
-        "apiVersion": "vigil.dev/v1alpha1",
+        "apiVersion": "vigil.dev/v1beta1",
         "kind": "VigilJob",
         "metadata": {"name": "one-too-many"},
         "spec": {

@@ -14,7 +14,7 @@ from kubernetes.client.rest import ApiException
 from tests.support.cluster import Kube, simulated_pod_spec
 from tests.support.waits import deadline, wait_until
 
-GROUP, VERSION, PLURAL = "vigil.dev", "v1alpha1", "vigiljobs"
+GROUP, VERSION, PLURAL = "vigil.dev", "v1beta1", "vigiljobs"
 QUEUE_PLURAL = "vigilqueues"
 FAST_BACKOFF = {"initialSeconds": 1, "factor": 2.0, "maxSeconds": 30, "jitter": 0.0}
 

@@ -19,7 +19,7 @@ def sample_job(
     if queue:
         spec["queue"] = queue
     return {
-        "apiVersion": "vigil.dev/v1alpha1",
+        "apiVersion": "vigil.dev/v1beta1",
         "kind": "VigilJob",
         "metadata": {
             "name": name,
@@ -50,7 +50,7 @@ def dead_job(name: str, finished: str = "2026-03-01T11:30:00Z", **fields: Any) -
 
 def queue(name: str, namespace: str = "ns", spec: dict | None = None, status: dict | None = None) -> dict:
     return {
-        "apiVersion": "vigil.dev/v1alpha1",
+        "apiVersion": "vigil.dev/v1beta1",
         "kind": "VigilQueue",
         "metadata": {"name": name, "namespace": namespace, "resourceVersion": "3"},
         "spec": spec or {},

@@ -1,4 +1,4 @@
-"""The VigilJob API (group vigil.dev, version v1alpha1) as pydantic models.
+"""The VigilJob API (group vigil.dev, version v1beta1) as pydantic models.
 
 These models are the one source of truth for the wire format: `vigil.api.crd` generates the CRD's
 OpenAPI schema, defaults and CEL rules from them, and the decision core parses jobs with them.
@@ -36,6 +36,7 @@ from vigil.api.names import (
     BLOCKED_REASONS,
     CHECKPOINT_FILE,
     DEFAULT_QUEUE,
+    DEPRECATED_VERSION,
     ENV_CHECKPOINT_FILE,
     FINALIZER_ATTEMPT_TRACKING,
     GROUP,
@@ -63,6 +64,7 @@ from vigil.api.names import (
     REASON_AGENT_IMAGE_MISSING,
     REASON_PREVIOUS_POD,
     RESERVED_PREFIX,
+    SERVED_VERSIONS,
     TEMPLATE_CONTAINER_LISTS,
     TERMINAL_PHASES,
     VERSION,
@@ -104,6 +106,7 @@ __all__ = [
     "ConditionStatus",
     "CurrentAttempt",
     "DEFAULT_QUEUE",
+    "DEPRECATED_VERSION",
     "ENV_CHECKPOINT_FILE",
     "FINALIZER_ATTEMPT_TRACKING",
     "GROUP",
@@ -137,6 +140,7 @@ __all__ = [
     "REASON_AGENT_IMAGE_MISSING",
     "REASON_PREVIOUS_POD",
     "RESERVED_PREFIX",
+    "SERVED_VERSIONS",
     "Retry",
     "Rule",
     "TEMPLATE_CONTAINER_LISTS",

@@ -8,6 +8,7 @@ to the current directory); a unit test fails when those files drift from the mod
 
 from __future__ import annotations
 
+import copy
 import sys
 from functools import cache
 from pathlib import Path
@@ -157,11 +158,8 @@ def vigiljob_crd() -> dict[str, Any]:
                 "shortNames": ["vj", "vjob"],
             },
             "scope": "Namespaced",
-            "versions": [
+            "versions": _versions(
                 {
-                    "name": api.VERSION,
-                    "served": True,
-                    "storage": True,
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": _printer_columns(),
                     "schema": {
@@ -179,8 +177,12 @@ def vigiljob_crd() -> dict[str, Any]:
                             },
                         }
                     },
-                }
-            ],
+                },
+                kind=api.KIND,
+            ),
+            # The versions' schemas are the same: the API server converts by changing apiVersion
+            # alone, with no webhook on the path of every read (docs/design.md, "API versions").
+            "conversion": {"strategy": "None"},
         },
     }
 
@@ -216,11 +218,8 @@ def vigilqueue_crd() -> dict[str, Any]:
                 "shortNames": ["vq"],
             },
             "scope": "Namespaced",
-            "versions": [
+            "versions": _versions(
                 {
-                    "name": api.VERSION,
-                    "served": True,
-                    "storage": True,
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": [
                         {"name": "Queued", "type": "integer", "jsonPath": ".status.queued"},
@@ -259,10 +258,53 @@ def vigilqueue_crd() -> dict[str, Any]:
                             },
                         }
                     },
-                }
-            ],
+                },
+                kind=api.QUEUE_KIND,
+            ),
+            # The versions' schemas are the same: the API server converts by changing apiVersion
+            # alone, with no webhook on the path of every read (docs/design.md, "API versions").
+            "conversion": {"strategy": "None"},
         },
     }
+
+
+def _versions(version: dict[str, Any], *, kind: str) -> list[dict[str, Any]]:
+    """The CRD's versions: `api.VERSION`, served and stored, then `api.DEPRECATED_VERSION`, served
+    with the same printer columns and the same schema but for its descriptions (they validate
+    nothing; `kubectl explain` reads the preferred version, and one copy of the PodTemplateSpec's
+    descriptions is enough: two would take the CRD past half a MiB), deprecated with a warning
+    that says what to change."""
+    current = {"name": api.VERSION, "served": True, "storage": True, **version}
+    deprecated = {
+        "name": api.DEPRECATED_VERSION,
+        "served": True,
+        "storage": False,
+        "deprecated": True,
+        "deprecationWarning": f"{api.GROUP}/{api.DEPRECATED_VERSION} {kind} is deprecated and will be removed "
+        f"in a later release; use {api.GROUP}/{api.VERSION} (the same fields: change only apiVersion)",
+        # copies: yaml would write an object shared by the two versions as an anchor and alias
+        **{key: copy.deepcopy(value) for key, value in version.items() if key != "schema"},
+        "schema": {"openAPIV3Schema": _without_descriptions(version["schema"]["openAPIV3Schema"])},
+    }
+    return [current, deprecated]
+
+
+def _without_descriptions(schema: Any) -> Any:
+    """A copy of the structural schema `schema` without its `description` keywords (a property
+    named description keeps its schema, defaults and CEL rules stay as they are)."""
+    if not isinstance(schema, dict):
+        return copy.deepcopy(schema)
+    stripped: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "description":
+            continue
+        if key == "properties":
+            stripped[key] = {name: _without_descriptions(child) for name, child in value.items()}
+        elif key in ("items", "additionalProperties") and isinstance(value, dict):
+            stripped[key] = _without_descriptions(value)
+        else:
+            stripped[key] = copy.deepcopy(value)
+    return stripped
 
 
 _BUILDERS = {CRD_FILE_NAME: vigiljob_crd, QUEUE_CRD_FILE_NAME: vigilqueue_crd}

@@ -11,8 +11,13 @@ from __future__ import annotations
 from typing import Literal
 
 GROUP = "vigil.dev"
-VERSION = "v1alpha1"
+VERSION = "v1beta1"  # served, and the version the API server stores (docs/design.md, "API versions")
 API_VERSION = f"{GROUP}/{VERSION}"
+# Still served, with the same schema (the CRDs convert with `strategy: None`), but deprecated: the
+# API server warns every request made through it. Removed in a later release, once stored objects
+# were migrated (`vigil migrate-storage`, docs/upgrading.md).
+DEPRECATED_VERSION = "v1alpha1"
+SERVED_VERSIONS = (VERSION, DEPRECATED_VERSION)
 KIND = "VigilJob"
 PLURAL = "vigiljobs"
 QUEUE_KIND = "VigilQueue"

@@ -56,8 +56,45 @@ def test_names_scope_and_subresources() -> None:
         "singular": "vigiljob",
         "shortNames": ["vj", "vjob"],
     }
-    assert (VERSION["name"], VERSION["served"], VERSION["storage"]) == ("v1alpha1", True, True)
+    assert (VERSION["name"], VERSION["served"], VERSION["storage"]) == ("v1beta1", True, True)
     assert VERSION["subresources"] == {"status": {}}
+
+
+def _descriptions_dropped(schema: Any) -> Any:
+    if isinstance(schema, dict):
+        return {
+            key: (
+                {name: _descriptions_dropped(child) for name, child in value.items()}
+                if key == "properties"
+                else _descriptions_dropped(value)
+                if key in ("items", "additionalProperties")
+                else value
+            )
+            for key, value in schema.items()
+            if key != "description"
+        }
+    return schema
+
+
+@pytest.mark.parametrize("built", [crd.vigiljob_crd, crd.vigilqueue_crd], ids=["VigilJob", "VigilQueue"])
+def test_v1alpha1_is_still_served_deprecated_with_the_same_schema(built: Any) -> None:
+    """An upgrade from 0.1.0 keeps every object and manifest written as v1alpha1 working: the
+    version is served, its schema validates, defaults and prunes as v1beta1's (so `conversion:
+    None` loses nothing either way), only v1beta1 is stored, and a request through v1alpha1 is
+    answered with a warning that says what to change."""
+    made = built()
+    kind = made["spec"]["names"]["kind"]
+    current, old = made["spec"]["versions"]
+    assert made["spec"]["conversion"] == {"strategy": "None"}
+    assert (current["name"], current["served"], current["storage"]) == ("v1beta1", True, True)
+    assert current.get("deprecated") is None
+    assert (old["name"], old["served"], old["storage"], old["deprecated"]) == ("v1alpha1", True, False, True)
+    assert f"vigil.dev/v1alpha1 {kind} is deprecated" in old["deprecationWarning"]
+    assert "use vigil.dev/v1beta1" in old["deprecationWarning"]
+    assert len(old["deprecationWarning"]) <= 256 and old["deprecationWarning"].isascii()
+    assert old["schema"]["openAPIV3Schema"] == _descriptions_dropped(current["schema"]["openAPIV3Schema"])
+    assert old["additionalPrinterColumns"] == current["additionalPrinterColumns"]
+    assert old["subresources"] == current["subresources"] == {"status": {}}
 
 
 def test_printer_columns() -> None:

@@ -16,7 +16,7 @@ from vigil.controllers.jobs import JobController
 
 pytestmark = pytest.mark.unit
 
-OWNER = {"apiVersion": "vigil.dev/v1alpha1", "kind": "VigilJob", "name": "j", "uid": "job-uid", "controller": True}
+OWNER = {"apiVersion": "vigil.dev/v1beta1", "kind": "VigilJob", "name": "j", "uid": "job-uid", "controller": True}
 WALL = dt.datetime(2026, 11, 29, 10, 0, 5, tzinfo=dt.UTC)  # the job's last beat stamp is 10:00:00
 
 

@@ -26,7 +26,7 @@ FINALIZER = "vigil.dev/attempt-tracking"
 
 def held_pod(name: str, job_name: str = "gone", job_uid: str = "gone-uid") -> dict[str, Any]:
     """A pod of a job, still carrying Vigil's finalizer."""
-    owner: dict[str, Any] = {"apiVersion": "vigil.dev/v1alpha1", "kind": "VigilJob", "controller": True}
+    owner: dict[str, Any] = {"apiVersion": "vigil.dev/v1beta1", "kind": "VigilJob", "controller": True}
     owner.update(name=job_name, uid=job_uid)
     return {
         "metadata": {

@@ -54,14 +54,14 @@ def admission_review(
         "kind": "AdmissionReview",
         "request": {
             "uid": review_uid,
-            "kind": {"group": "vigil.dev", "version": "v1alpha1", "kind": "VigilJob"},
-            "resource": {"group": "vigil.dev", "version": "v1alpha1", "resource": resource},
+            "kind": {"group": "vigil.dev", "version": "v1beta1", "kind": "VigilJob"},
+            "resource": {"group": "vigil.dev", "version": "v1beta1", "resource": resource},
             "name": name,
             "namespace": namespace,
             "operation": operation,
             "dryRun": dry_run,
             "object": {
-                "apiVersion": "vigil.dev/v1alpha1",
+                "apiVersion": "vigil.dev/v1beta1",
                 "kind": "VigilJob",
                 "metadata": {"name": name, "namespace": namespace, "uid": uid or f"uid-{name}"},
                 "spec": spec,
@@ -236,7 +236,7 @@ def test_skimming_keeps_only_the_fields_admission_reads():
         "kind": "AdmissionReview",
         "request": {
             "uid": "r-1",
-            "resource": {"group": "vigil.dev", "version": "v1alpha1", "resource": "vigiljobs"},
+            "resource": {"group": "vigil.dev", "version": "v1beta1", "resource": "vigiljobs"},
             "name": "job",
             "namespace": "etl",
             "operation": "CREATE",

@@ -84,7 +84,7 @@ def test_the_pod_is_named_labelled_and_owned_by_its_job() -> None:
     assert meta["labels"] == {api.LABEL_JOB_UID: JOB_UID, api.LABEL_ATTEMPT: "4", api.LABEL_QUEUE: "batch"}
     assert meta["ownerReferences"] == [
         {
-            "apiVersion": "vigil.dev/v1alpha1",
+            "apiVersion": "vigil.dev/v1beta1",
             "kind": "VigilJob",
             "name": "ledger",
             "uid": JOB_UID,

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.unit
 
 
 def pod(job_uid: str | None = "job-a", tracked: bool = True, name: str = "p") -> dict[str, Any]:
-    refs = [{"apiVersion": "vigil.dev/v1alpha1", "kind": "VigilJob", "name": "a", "uid": job_uid, "controller": True}]
+    refs = [{"apiVersion": "vigil.dev/v1beta1", "kind": "VigilJob", "name": "a", "uid": job_uid, "controller": True}]
     return {
         "metadata": {
             "name": name,

@@ -42,7 +42,7 @@ def test_a_job_in_each_phase():
 
 def queue(paused: bool = False, status: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
-        "apiVersion": "vigil.dev/v1alpha1",
+        "apiVersion": "vigil.dev/v1beta1",
         "kind": "VigilQueue",
         "metadata": {"name": "batch", "namespace": "etl", "generation": 1},
         "spec": {"maxRunning": 10, "paused": paused},

@@ -183,7 +183,7 @@ def test_content_types_and_bodies_are_those_the_official_client_sent():
         await kube.post_event(JOB, EVENT)
         assert await kube.patch_event("work", REPEAT)
         wire = [(r["method"], r["path"], r["headers"].get("Content-Type"), r["body"]) for r in server.seen]
-        pods, jobs = "/api/v1/namespaces/work/pods", "/apis/vigil.dev/v1alpha1/namespaces/work/vigiljobs"
+        pods, jobs = "/api/v1/namespaces/work/pods", "/apis/vigil.dev/v1beta1/namespaces/work/vigiljobs"
         smp, mp = "application/strategic-merge-patch+json", "application/merge-patch+json"
         assert wire[:9] == [
             (
@@ -212,7 +212,7 @@ def test_content_types_and_bodies_are_those_the_official_client_sent():
             ),
             (
                 "PATCH",
-                "/apis/vigil.dev/v1alpha1/namespaces/work/vigilqueues/default/status",
+                "/apis/vigil.dev/v1beta1/namespaces/work/vigilqueues/default/status",
                 mp,
                 {"metadata": {"resourceVersion": "12"}, "status": {"queued": 1}},
             ),
@@ -239,7 +239,7 @@ def test_content_types_and_bodies_are_those_the_official_client_sent():
         method, path, kind, event = wire[9]
         assert (method, path, kind) == ("POST", "/api/v1/namespaces/work/events", "application/json")
         assert event["involvedObject"] == {
-            "apiVersion": "vigil.dev/v1alpha1",
+            "apiVersion": "vigil.dev/v1beta1",
             "kind": "VigilJob",
             "name": "ledger",
             "namespace": "work",

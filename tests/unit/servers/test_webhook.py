@@ -39,7 +39,7 @@ def review(name: str = "job", queue: str = "batch", padding: int = 0) -> dict:
         "kind": "AdmissionReview",
         "request": {
             "uid": f"r-{name}",
-            "resource": {"group": "vigil.dev", "version": "v1alpha1", "resource": "vigiljobs"},
+            "resource": {"group": "vigil.dev", "version": "v1beta1", "resource": "vigiljobs"},
             "name": name,
             "namespace": "etl",
             "operation": "CREATE",
