@@ -14,7 +14,10 @@ against the cluster:
   finished by outcome = the outcomes in the jobs' histories; one dead letter; one retry per flaky
   job; histograms (reconcile time, API request duration by verb, queue wait) have observations;
 - cardinality: no label value of any series is a job's or a pod's name, and the set of series
-  after 25 jobs is the set after 5 (the second batch repeats the first one's kinds of jobs).
+  after 25 jobs is the set after 5 (the second batch repeats the first one's kinds of jobs);
+- OpenMetrics: a scrape of each replica with the OpenMetrics `Accept` header Prometheus sends
+  parses with prometheus-client's strict OpenMetrics parser (each family once, `# EOF` last),
+  and shows `vigil_build_info` (this version) and `process_resident_memory_bytes`.
 
 The heartbeat-gap histogram stays empty here: kwok's simulated pods run no vigil-agent (heartbeat
 required: false), so there are no beats to measure; e2e/test_heartbeats.py has them.
@@ -28,8 +31,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
+import vigil
 from tests.support.cluster import Kube, free_port, install_crds
 from tests.support.jobs import FAST_BACKOFF, create, vigil_job, vigil_queue
 from tests.support.operators import electing, holder, identity, metrics_text
@@ -93,6 +98,13 @@ BOUNDED_LABELS = {"name", "controller", "result", "outcome", "reason", "verb", "
 BOUNDED_LABELS |= {"namespace", "queue", "phase", "le"}
 BOUNDED_LABELS |= {"generation"}  # the garbage collector's: 0, 1 or 2
 BOUNDED_LABELS |= {"server"}  # which of the operator's servers: health, metrics, webhook or beats
+# vigil_build_info's and python_info's: one value per process
+BOUNDED_LABELS |= {"version", "python_version", "implementation", "major", "minor", "patchlevel"}
+# What Prometheus sends when it prefers OpenMetrics (its scrape_protocols' default order).
+OPENMETRICS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,"
+    "text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
+)
 
 
 def settled(port: int, check: Callable[[str], None], within: float = 15) -> str:
@@ -167,6 +179,27 @@ def check_counters(text: str, cluster: Cluster, flaky: int, dead: int) -> None:
         assert value(text, "vigil_api_request_duration_seconds_count", verb=verb) > 0, verb
     assert value(text, "vigil_attempt_duration_seconds_count") == sum(outcomes.values())
     assert value(text, "vigil_heartbeat_gap_seconds_count") == 0  # no agent in kwok's pods: no beats
+
+
+def check_openmetrics(port: int, cluster: Cluster | None = None) -> None:
+    """A scrape as Prometheus makes it when it prefers OpenMetrics: strictly parsed (a family
+    named twice, as the gauge vigil_attempts_uncertain once was beside its counter, refuses the
+    whole scrape), with the build and the process's memory, and, given the `cluster` (settled),
+    its jobs by phase as the text format and the API server say."""
+    text = metrics_text(port, accept=OPENMETRICS_ACCEPT)
+    assert text is not None and text.endswith("# EOF\n"), f"not OpenMetrics: {(text or '')[-200:]!r}"
+    families = {}
+    for family in parse_openmetrics(text):
+        assert family.name not in families, f"{family.name} twice"
+        families[family.name] = family
+    build = [s for s in families["vigil_build"].samples if s.name == "vigil_build_info"]
+    assert [(s.labels["version"], s.value) for s in build] == [(vigil.__version__, 1)]
+    rss = families["process_resident_memory_bytes"].samples[0].value
+    assert 10 * 2**20 < rss < 2**30, f"RSS {rss / 2**20:.0f} MiB"  # a live Python, not a placeholder
+    assert families["vigil_uncertain_attempts"].samples[0].value == 0  # kwok's pods never go silent
+    if cluster is not None:
+        phases = {s.labels["phase"]: s.value for s in families["vigil_jobs"].samples if s.value}
+        assert phases == cluster.phases()
 
 
 def check_names_are_no_labels(texts: list[str], cluster: Cluster) -> None:
@@ -256,6 +289,8 @@ def test_metrics_during_a_run_agree_with_the_cluster_and_do_not_grow_with_jobs(
 
         at25 = settled(port, after_25)
         texts += [at5, at25, standby, scrape(standby_port)]
+        check_openmetrics(port, cluster)  # settled at 25 (after_25): nothing moves any more
+        check_openmetrics(standby_port)
         check_names_are_no_labels(texts, cluster)
         keys = {k for text in texts for sample in samples(text) for k in sample.labels}
         assert keys <= BOUNDED_LABELS, f"labels of unknown cardinality: {keys - BOUNDED_LABELS}"

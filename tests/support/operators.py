@@ -116,17 +116,18 @@ _scrapers: dict[int, http.client.HTTPConnection] = {}
 _scraping = threading.Lock()
 
 
-def metrics_text(metrics_port: int) -> str | None:
+def metrics_text(metrics_port: int, accept: str | None = None) -> str | None:
     """An operator's plain-HTTP /metrics, or None if it does not answer. Scraped on one kept-alive
     connection per port, as Prometheus scrapes: the operator bounds new connections a second from
-    one address, and a test polling a sample would otherwise open one every poll."""
+    one address, and a test polling a sample would otherwise open one every poll. `accept`: the
+    Accept header (OpenMetrics, say); none, Prometheus' text format."""
     with _scraping:
         for _ in (1, 2):  # a kept-alive connection the server closed meanwhile: once more
             connection = _scrapers.get(metrics_port)
             if connection is None:
                 connection = _scrapers[metrics_port] = http.client.HTTPConnection("127.0.0.1", metrics_port, timeout=2)
             try:
-                connection.request("GET", "/metrics")
+                connection.request("GET", "/metrics", headers={"Accept": accept} if accept else {})
                 return connection.getresponse().read().decode()
             except (OSError, http.client.HTTPException):
                 connection.close()

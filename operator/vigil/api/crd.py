@@ -2,7 +2,7 @@
 `vigil.api`, with Kubernetes' own PodTemplateSpec schema (stored by `vigil.api.template_schema`) for a
 job's spec.template.
 
-`python -m vigil.api.crd [ROOT]` writes them to ROOT/crds/ and ROOT/charts/vigil/crds/ (ROOT defaults
+`python -m vigil.api.crd [ROOT]` writes them to ROOT/crds/ and ROOT/charts/vigil/files/crds/ (ROOT defaults
 to the current directory); a unit test fails when those files drift from the models.
 """
 
@@ -24,7 +24,7 @@ CRD_NAME = f"{api.PLURAL}.{api.GROUP}"
 CRD_FILE_NAME = f"{CRD_NAME}.yaml"
 QUEUE_CRD_NAME = f"{api.QUEUE_PLURAL}.{api.GROUP}"
 QUEUE_CRD_FILE_NAME = f"{QUEUE_CRD_NAME}.yaml"
-CRD_DIRS = (Path("crds"), Path("charts/vigil/crds"))
+CRD_DIRS = (Path("crds"), Path("charts/vigil/files/crds"))  # the chart renders its copy (templates/crds.yaml)
 CRD_PATHS = tuple(folder / name for folder in CRD_DIRS for name in (CRD_FILE_NAME, QUEUE_CRD_FILE_NAME))
 
 _HEADER = (
