@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from vigil.core.liveness import STAMP_WRITES_PER_SECOND
 from vigil.core.manifest import BeatChannel
 from vigil.core.queueing.book import QueueSpec
 from vigil.kube.informer import MAX_POD_WATCH_PACE_SECONDS, POD_WATCH_PACE_SECONDS
+from vigil.runtime import logs
 
 DEFAULT_LEASE_NAME = "vigil-operator"
 DEFAULT_QUEUE_RETRY_BUDGET = QueueSpec().retry_budget  # a VigilQueue's own default
@@ -388,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     operator.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default: info"
     )
+    _add_log_format(operator)
     add_election_flags(operator)
     operator.set_defaults(run=_operator)
 
@@ -423,12 +424,22 @@ def main(argv: list[str] | None = None) -> int:
     release.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default: info"
     )
+    _add_log_format(release)
     release.set_defaults(run=_release_finalizers)
 
     args = parser.parse_args(argv)
-    level = getattr(logging, args.log_level.upper())
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(args.log_level, args.log_format)
     return args.run(args)
+
+
+def _add_log_format(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--log-format",
+        default="text",
+        choices=logs.FORMATS,
+        help="text (default), for a terminal; or json: one object a line with time, level, logger, message and "
+        "the namespace, name, controller and attempt a line is about (the chart's default)",
+    )
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from typing import Generic, Protocol, TypeVar
 from vigil.core.backoff import reconcile_retry_delay
 from vigil.core.supervision import Crashes
 from vigil.metrics import Metrics
+from vigil.runtime import logs
 from vigil.runtime.clock import Clock
 from vigil.runtime.timers import Timers
 from vigil.runtime.workqueue import WorkQueue
@@ -135,6 +136,7 @@ class Worker(Generic[K]):
         m, name = self.metrics, self.name
         m.workqueue_depth.labels(name).set(len(self.queue))
         began, result = self.clock.monotonic(), "success"
+        context = logs.reconciling(name, key)  # every line logged until done() names the object
         try:
             await self.reconciler.reconcile(key)
             if self._failures.pop(key, None):
@@ -157,6 +159,7 @@ class Worker(Generic[K]):
             m.reconcile_total.labels(name, result).inc()
             m.reconcile_time.labels(name).observe(elapsed)
             m.workqueue_work_duration.labels(name).observe(elapsed)
+            logs.done(context)
 
     async def _work(self) -> None:
         while True:

@@ -43,6 +43,7 @@ from vigil.core.queueing.book import StartPermit
 from vigil.kube.errors import Conflict, NotFound, Refused
 from vigil.kube.events import EventRecorder
 from vigil.kube.operations import Kube
+from vigil.runtime import logs
 from vigil.runtime.clock import Clock
 from vigil.runtime.memory import give_back
 from vigil.runtime.workqueue import WorkQueue
@@ -125,6 +126,7 @@ class JobReconciler:
         job = self.view.job(key)
         if job is None:
             return False
+        logs.bind(attempt=(job.get("status") or {}).get("attempts") or None)  # the latest attempt, if any
         namespace, job_uid = key[0], fields.uid(job)
         await self._settle_unseen(namespace, job_uid)
         job = await self._recheck_starting(key, job)
