@@ -307,36 +307,56 @@ class CurrentAttempt(WireModel):
     """The attempt in flight: recorded from its pod once seen, or reserved before its pod is created."""
 
     number: int = Field(ge=1, description="Attempt number; also its fencing token.")
-    pod_name: str
+    pod_name: str = Field(
+        description="Name of the attempt's pod: <job>-<number>, shortened with a hash where too long."
+    )
     pod_uid: str | None = Field(
         None,
         alias="podUID",
         description="UID of the attempt's pod once seen: a seen pod that vanishes is Lost, "
         "never created again under the same attempt number.",
     )
-    phase: AttemptPhase
-    started_at: datetime
-    last_heartbeat_at: datetime | None = None
-    node_name: str | None = None
+    phase: AttemptPhase = Field(
+        description="Starting (pod not running yet), Running (its pod runs and, with heartbeat.required, beats "
+        "arrive), or Uncertain (beats stopped for a while: doubt, not a verdict; nothing is stopped or started)."
+    )
+    started_at: datetime = Field(description="When the attempt started: its pod's vigil.dev/started-at.")
+    last_heartbeat_at: datetime | None = Field(
+        None,
+        description="The last beat Vigil heard, as stamped: refreshed at most every max(5m, timeoutSeconds/2) "
+        "(longer above 3,000 attempts beating), so it may lag; the phase and HeartbeatHealthy say within "
+        "timeoutSeconds whether beats arrive.",
+    )
+    node_name: str | None = Field(None, description="The node the attempt's pod runs on, once scheduled.")
 
 
 class AttemptRecord(WireModel):
     """A finished attempt, as kept in status.history."""
 
-    number: int
-    pod_name: str
-    outcome: Outcome
-    reason: str | None = None
-    exit_code: int | None = None
-    node_name: str | None = None
-    started_at: datetime
-    finished_at: datetime
+    number: int = Field(description="Attempt number; also its fencing token.")
+    pod_name: str = Field(description="Name of the attempt's pod.")
+    outcome: Outcome = Field(
+        description="How it ended: Succeeded, Failed (a non-zero exit), Lost (no beats for timeoutSeconds, or its "
+        "pod vanished), DeadlineExceeded (attemptDeadlineSeconds), Disrupted (eviction, preemption, node drain), "
+        "Superseded (replaced by a newer attempt), Cancelled (suspend, or the job's deadline)."
+    )
+    reason: str | None = Field(None, description="Why it ended that way (CamelCase), e.g. PodDeleted, Evicted.")
+    exit_code: int | None = Field(None, description="The exit code of the job's container, when it exited.")
+    node_name: str | None = Field(None, description="The node its pod ran on.")
+    started_at: datetime = Field(description="When the attempt started.")
+    finished_at: datetime = Field(description="When Vigil recorded its end.")
 
 
 class VigilJobStatus(WireModel):
     """All of Vigil's memory of a job; written only through the status subresource."""
 
-    phase: Phase | None = None
+    phase: Phase | None = Field(
+        None,
+        description="Queued (waiting for its queue), Starting, Running, Uncertain (beats stopped: doubt, nothing is "
+        "stopped or started yet), BackingOff (waiting out a retry's backoff, until nextAttemptAt), Succeeded, "
+        "DeadLettered (no more attempts: poison exit code, attempts exhausted, deadline, invalid template), "
+        "Suspended. Unset until the operator has seen the job.",
+    )
     reason: str | None = Field(None, description="Why the job is in its phase (CamelCase).")
     message: str | None = Field(None, description="The same, for a person.")
     attempts: int = Field(0, description="Attempts started in all rounds: the newest attempt's number.")
@@ -345,26 +365,37 @@ class VigilJobStatus(WireModel):
         description="Attempts of the current round that count against retry.maxAttempts "
         "(disruptions and cancellations do not, unless retry.countDisruptions).",
     )
-    current_attempt: CurrentAttempt | None = None
-    next_attempt_at: datetime | None = None
+    current_attempt: CurrentAttempt | None = Field(None, description="The attempt in flight, if any.")
+    next_attempt_at: datetime | None = Field(
+        None, description="While BackingOff: when the next attempt may start (its queue may still hold it)."
+    )
     started_at: datetime | None = Field(
         None,
         description="When the round's first attempt started (reset by redrive and resume); "
         "activeDeadlineSeconds counts from here.",
     )
-    finished_at: datetime | None = None
-    redrives: int = 0
+    finished_at: datetime | None = Field(None, description="When the job reached Succeeded or DeadLettered.")
+    redrives: int = Field(0, description="Redrives honoured (vigil.dev/redrive): each starts a new round of attempts.")
     last_redrive: str | None = Field(None, description="The vigil.dev/redrive annotation value last honoured.")
     last_checkpoint: str | None = Field(None, description="The newest checkpoint an attempt left.")
-    history: list[AttemptRecord] = Field(default_factory=list, max_length=HISTORY_LIMIT)
+    history: list[AttemptRecord] = Field(
+        default_factory=list,
+        max_length=HISTORY_LIMIT,
+        description=f"The last {HISTORY_LIMIT} finished attempts, oldest first.",
+    )
     conditions: list[Condition] = Field(
         default_factory=list,
+        description="Succeeded, DeadLettered, Running, Reconciling and Stalled (kstatus) follow the phase; "
+        "HeartbeatHealthy says whether the current attempt's beats arrive; CheckpointAccepted appears once a "
+        "checkpoint was refused; ReconcileError while the operator fails to reconcile the job.",
         json_schema_extra={
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["type"],
         },
     )
-    observed_generation: int | None = None
+    observed_generation: int | None = Field(
+        None, description="The metadata.generation of the spec this status was written for."
+    )
 
     @property
     def is_terminal(self) -> bool:

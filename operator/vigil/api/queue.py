@@ -63,9 +63,13 @@ class VigilQueueStatus(WireModel):
     )
     conditions: list[Condition] = Field(
         default_factory=list,
+        description="Saturated (maxRunning attempts run: jobs wait), Paused (spec.paused), "
+        "RetryBudgetExhausted (due retries wait for the budget; none is dropped).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
-    observed_generation: int | None = None
+    observed_generation: int | None = Field(
+        None, description="The metadata.generation of the spec this status was written for."
+    )
 
 
 class QueueMeta(WireModel):

@@ -86,9 +86,15 @@ def nested_field(model: type[WireModel], description: str) -> Any:
 class Condition(WireModel):
     """metav1.Condition."""
 
-    type: str = Field(max_length=316)
-    status: ConditionStatus
-    reason: str = Field(max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
-    message: str = Field(max_length=MAX_CONDITION_MESSAGE)
-    last_transition_time: datetime
-    observed_generation: int | None = Field(None, ge=0)
+    type: str = Field(max_length=316, description="The condition's type, in CamelCase, e.g. Succeeded.")
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    reason: str = Field(
+        max_length=1024,
+        pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+        description="Why, in CamelCase, for machines.",
+    )
+    message: str = Field(max_length=MAX_CONDITION_MESSAGE, description="Why, for a person.")
+    last_transition_time: datetime = Field(description="When status last changed.")
+    observed_generation: int | None = Field(
+        None, ge=0, description="The metadata.generation the condition was set for."
+    )
