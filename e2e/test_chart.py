@@ -51,7 +51,12 @@ MONITORING_CRDS = [
 
 
 def render(release_namespace: str, *args: str, release: str = "vigil") -> list[dict]:
-    out = helm("template", release, str(CHART), "--namespace", release_namespace, "--kube-version", KUBE_VERSION, *args)
+    # Without the CRDs: the suite applies them itself (install_crds), for every test of the cluster;
+    # tests/unit/deploy/test_release.py and e2e/test_install_from_artifacts.py test the chart's.
+    out = helm(
+        "template", release, str(CHART), "--namespace", release_namespace, "--kube-version", KUBE_VERSION,
+        "--set", "crds.enabled=false", *args,
+    )  # fmt: skip
     return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
@@ -70,6 +75,7 @@ def on_kwok(namespace: str) -> dict:
     cannot slow or refuse what other tests do meanwhile."""
     only_here = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
     return {
+        "crds": {"enabled": False},  # the suite's own (install_crds): a release may not take them over
         "nodeSelector": {"type": "kwok"},
         "tolerations": [{**testbed.FAKE_NODE_TAINT, "operator": "Equal"}],
         "webhook": {"namespaceSelector": only_here},
@@ -441,10 +447,10 @@ def test_bad_values_are_refused_naming_the_value(kube: Kube, args: list[str], ex
 
 
 def test_the_documented_crd_upgrade_works_and_client_side_apply_would_not(kube: Kube):
-    """docs/upgrading.md: `kubectl apply --server-side -f charts/vigil/crds/`, because client-side
-    apply's last-applied annotation cannot hold the VigilJob CRD."""
+    """docs/upgrading.md: with crds.enabled=false, `kubectl apply --server-side -f crds/`, because
+    client-side apply's last-applied annotation cannot hold the VigilJob CRD."""
     install_crds(kube)
-    out = kube.kubectl("apply", "--server-side", "-f", str(CHART / "crds")).stdout
+    out = kube.kubectl("apply", "--server-side", "-f", str(CHART / "files" / "crds")).stdout
     assert "vigiljobs.vigil.dev serverside-applied" in out, out
-    client_side = kube.kubectl("apply", "--dry-run=server", "-f", str(CHART / "crds"), check=False)
+    client_side = kube.kubectl("apply", "--dry-run=server", "-f", str(CHART / "files" / "crds"), check=False)
     assert client_side.returncode != 0 and "Too long" in client_side.stderr, client_side.stderr

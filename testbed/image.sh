@@ -10,8 +10,9 @@
 # Tags: localhost/vigil:src-<hash>, a hash of what goes into the image (the Dockerfile,
 # .dockerignore, pyproject.toml, operator/ and this script; README.md is copied in only as the
 # package's description, and does not count), so an unchanged source builds nothing; and
-# localhost/vigil:<version> (pyproject's version, the chart's appVersion: the chart's default
-# image), moved to each new build. The five newest src- tags are kept.
+# localhost/vigil:<version> (vigil.__version__, the chart's appVersion: the chart's default
+# image, and the name release/dist.sh saves in the released archive), moved to each new build.
+# The five newest src- tags are kept.
 #
 # The base: $VIGIL_IMAGE_BASE when set; else the official python image the Dockerfile names, when
 # podman has it or can pull it; else localhost/vigil-base:bookworm-python3, made once from Debian's
@@ -43,8 +44,9 @@ for arg in "$@"; do
   esac
 done
 
-VERSION=$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml | head -n 1)
-[[ -n $VERSION ]] || die "no version = \"...\" line in pyproject.toml"
+# The release's one version, vigil.__version__ (pyproject and the chart read the same; tests/unit/deploy/test_version.py).
+VERSION=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' operator/vigil/__init__.py | head -n 1)
+[[ -n $VERSION ]] || die "no __version__ = \"...\" line in operator/vigil/__init__.py"
 
 # What the image is made of, as .dockerignore sends it (no caches, no egg-info), by path and content.
 source_hash() {

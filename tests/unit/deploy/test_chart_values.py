@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -138,22 +136,4 @@ def test_the_values_of_the_other_templates_are_as_agreed():
     assert VALUES["grafanaDashboard"] == {"enabled": False, "labels": {"grafana_dashboard": "1"}, "annotations": {}}
 
 
-@pytest.mark.parametrize("name", ["vigiljobs.vigil.dev.yaml", "vigilqueues.vigil.dev.yaml"])
-def test_the_charts_crds_are_the_repositorys(name: str):
-    assert (CHART / "crds" / name).read_bytes() == (ROOT / "crds" / name).read_bytes(), (
-        f"charts/vigil/crds/{name} differs from crds/{name}: run `python -m vigil.api.crd`"
-    )
-    assert sorted(p.name for p in (CHART / "crds").iterdir()) == sorted(p.name for p in (ROOT / "crds").iterdir())
-
-
-def test_the_default_image_is_the_one_make_image_builds():
-    # `helm install` with the defaults must name the image testbed/image.sh tags (its second
-    # name: localhost/vigil:<the package's version>), so appVersion follows pyproject.toml.
-    tags = subprocess.run(
-        [str(ROOT / "testbed" / "image.sh"), "--print-tags"], capture_output=True, text=True, check=True, timeout=60
-    ).stdout.split()
-    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    assert chart["appVersion"] == version
-    assert VALUES["image"]["tag"] == ""  # the appVersion
-    assert tags[1] == f"{VALUES['image']['repository']}:{chart['appVersion']}"
+# The chart's CRDs and its version: tests/unit/deploy/test_release.py.
