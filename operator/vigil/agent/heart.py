@@ -11,7 +11,9 @@ loop and needs no aiohttp.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import queue
 import random
 import secrets
@@ -19,7 +21,8 @@ import signal
 import ssl
 import sys
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -45,6 +48,7 @@ from vigil.core.fencing import (
 from vigil.kube.errors import ApiError, NotFound, Unauthorized, Unreachable, from_status
 from vigil.kube.useragent import user_agent
 from vigil.runtime.clock import SYSTEM
+from vigil.runtime.logs import rfc3339
 
 if TYPE_CHECKING:
     from vigil.kube.config import Credentials
@@ -59,7 +63,24 @@ API_IDLE_SECONDS = 15.0
 
 
 def log(message: str) -> None:
-    print(f"vigil-agent: {message}", file=sys.stderr, flush=True)
+    print(log_line(message, os.environ), file=sys.stderr, flush=True)
+
+
+def log_line(message: str, env: Mapping[str, str]) -> str:
+    """`vigil-agent: message`; or, with VIGIL_LOG_FORMAT=json, the operator's JSON line
+    (vigil.runtime.logs) about the job: its namespace, name and attempt from the pod's env."""
+    if env.get("VIGIL_LOG_FORMAT", "").strip().lower() != "json":
+        return f"vigil-agent: {message}"
+    level = next((lvl for lvl in ("error", "warning") if message.startswith(lvl + ":")), "info")
+    attempt = env.get("VIGIL_ATTEMPT", "")
+    about = {
+        "namespace": env.get("POD_NAMESPACE") or None,
+        "name": env.get("VIGIL_JOB") or None,
+        "attempt": int(attempt) if attempt.isdigit() else None,
+        "pod": env.get("POD_NAME") or None,
+    }
+    line = {"time": rfc3339(time.time()), "level": level, "logger": "vigil-agent", "message": message}
+    return json.dumps({**line, **{k: v for k, v in about.items() if v is not None}}, ensure_ascii=False)
 
 
 class ConfigError(Exception):

@@ -36,6 +36,8 @@ Environment:
   VIGIL_HEARTBEAT_TOKEN_FILE       the projected service-account token (required with the URL)
   VIGIL_GUARANTEE                  AtLeastOnce (default) or NoOverlap
   VIGIL_STOP_GRACE_SECONDS         SIGTERM -> SIGKILL grace when the agent stops its child (default 10)
+  VIGIL_LOG_FORMAT                 json: the agent's lines as the operator's --log-format json (with
+                                   the job's namespace, name and attempt); else text (default)
   KUBECONFIG                       used when not in a cluster (else the pod's service account)
 A leader channel set up wrongly (an URL that is not https, no or an unreadable token file, a
 CA that is not PEM) is a warning, not an error: the agent then beats by annotation alone.

@@ -65,7 +65,8 @@ def about(namespace: str | None = None, name: str | None = None, **more: Any) ->
     return {FIELDS: {k: v for k, v in fields.items() if v is not None}}
 
 
-def _rfc3339(created: float) -> str:
+def rfc3339(created: float) -> str:
+    """A Unix time as RFC 3339 in UTC, to the millisecond: 2026-12-07T04:20:00.123Z."""
     return datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
@@ -74,7 +75,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
-            "time": _rfc3339(record.created),
+            "time": rfc3339(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),

@@ -15,6 +15,7 @@ import pytest
 
 from tests.support.clock import FakeClock
 from tests.support.controllers import job_controller
+from vigil.agent import heart
 from vigil.cli import main as cli_main
 from vigil.runtime import logs
 
@@ -142,3 +143,19 @@ def test_the_cli_takes_the_format_and_keeps_text_for_a_terminal(capsys: pytest.C
         for handler in [h for h in root.handlers if h not in handlers]:
             root.removeHandler(handler)
         root.setLevel(level)
+
+
+def test_the_agent_logs_json_lines_about_its_job_when_asked():
+    env = {"POD_NAMESPACE": "team-a", "POD_NAME": "nightly-2", "VIGIL_JOB": "nightly", "VIGIL_ATTEMPT": "2"}
+    assert heart.log_line("beating again", env) == "vigil-agent: beating again", "text unless asked"
+    line = json.loads(heart.log_line("warning: not beating:\nleader gone", {**env, "VIGIL_LOG_FORMAT": "json"}))
+    assert RFC3339_UTC.match(line.pop("time"))
+    assert line == {
+        "level": "warning",
+        "logger": "vigil-agent",
+        "message": "warning: not beating:\nleader gone",
+        "namespace": "team-a",
+        "name": "nightly",
+        "attempt": 2,
+        "pod": "nightly-2",
+    }
