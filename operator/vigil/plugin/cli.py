@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import sys
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from vigil.api import GROUP, LABEL_ATTEMPT, LABEL_DEAD_LETTER, LABEL_JOB_UID, PLURAL, QUEUE_PLURAL, VERSION
@@ -22,8 +24,8 @@ from vigil.core import fields
 from vigil.core.manifest import DEFAULT_CONTAINER  # the annotation kubectl logs reads
 from vigil.core.ratelimit import TokenBucket
 from vigil.kube.client import MERGE_PATCH, ApiClient, resource_path, user_agent
-from vigil.kube.errors import ApiError, Conflict, NotFound, Refused, Unauthorized, Unreachable
-from vigil.plugin import render, report
+from vigil.kube.errors import ApiError, Conflict, NotFound, Refused, Unauthorized, Unreachable, from_status
+from vigil.plugin import completion, render, report
 from vigil.runtime.clock import SYSTEM, Clock
 
 EXIT_OK, EXIT_FAILED, EXIT_CANNOT_ASK = 0, 1, 2
@@ -84,11 +86,41 @@ class Api:
         return await self._get(f"{resource_path('', 'v1', 'pods', namespace)}/{name}")
 
     async def log(self, namespace: str, pod: str, container: str | None, tail: int | None) -> bytes:
-        params = {"container": container} if container else {}
-        if tail is not None:
-            params["tailLines"] = str(tail)
+        params = _log_params(container, tail)
         path = f"{resource_path('', 'v1', 'pods', namespace)}/{pod}/log"
         return await self.http.request("GET", path, params=params, as_bytes=True)
+
+    async def follow_log(
+        self, namespace: str, pod: str, container: str | None, tail: int | None
+    ) -> AsyncIterator[bytes]:
+        """The log as `kubectl logs -f` streams it (`follow=true`): its bytes as they come, until
+        the container ends (the kubelet then ends the answer). Opening it is bounded as any
+        request; its reads are not: a quiet job may write nothing for hours."""
+        url = f"{self.http.base}{resource_path('', 'v1', 'pods', namespace)}/{pod}/log"
+        headers = {"Accept": "*/*", "User-Agent": self.http.user_agent, **self.http.credentials.auth_headers()}
+        params = {**_log_params(container, tail), "follow": "true"}
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                async with asyncio.timeout(self.http.connect_timeout + self.http.read_timeout):
+                    # timeout=None: no per-read timeout on this one request (the client's is 20 s)
+                    response = await stack.enter_async_context(
+                        self.http.session.get(url, params=params, headers=headers, timeout=None)
+                    )
+                if response.status >= 400:
+                    raise from_status(response.status, await response.read())
+                while chunk := await response.content.readany():
+                    yield chunk
+            except ApiError:
+                raise
+            except Exception as err:  # the client's transport errors, whichever library raises them
+                raise Unreachable(f"the log of pod {pod}: {type(err).__name__}: {err}") from err
+
+
+def _log_params(container: str | None, tail: int | None) -> dict[str, str]:
+    params = {"container": container} if container else {}
+    if tail is not None:
+        params["tailLines"] = str(tail)
+    return params
 
 
 def _not_found(kind: str, name: str, namespace: str) -> Failed:
@@ -120,7 +152,9 @@ async def status(api: Api, namespace: str, args: argparse.Namespace, clock: Cloc
 async def dlq(api: Api, namespace: str | None, args: argparse.Namespace, clock: Clock) -> tuple[int, str]:
     selector = ",".join(filter(None, [f"{LABEL_DEAD_LETTER}=true", args.selector]))
     rows = report.dead_letters(await api.jobs(namespace, selector), clock.wall())
-    return EXIT_OK, render.listing(rows, render.DLQ_COLUMNS, args.output, namespaces=namespace is None)
+    return EXIT_OK, render.listing(
+        rows, render.DLQ_COLUMNS, args.output, namespaces=namespace is None, wide=render.DLQ_WIDE
+    )
 
 
 async def top(api: Api, namespace: str | None, args: argparse.Namespace, clock: Clock) -> tuple[int, str]:
@@ -181,31 +215,169 @@ async def pause(api: Api, namespace: str, args: argparse.Namespace, clock: Clock
     if changed:
         await api.patch_queue(namespace, args.queue, {"spec": {"paused": paused}})
     row = {"name": args.queue, "namespace": namespace, "paused": paused, "changed": changed}
-    if args.output != "table":
-        return EXIT_OK, render.dump(row, args.output)
+    out = render.as_output(args.output)
+    if out.kind == "name":
+        return EXIT_OK, render.names([row], render.QUEUE_RESOURCE)
+    if not out.tabular:
+        return EXIT_OK, render.dump(render.with_metadata(row), out)
     what = "paused: no new attempt starts, running ones finish" if paused else "resumed: attempts start again"
     return EXIT_OK, f"vigilqueue {namespace}/{args.queue} {what}" + ("" if changed else " (it already was)")
 
 
-async def logs(api: Api, namespace: str, args: argparse.Namespace, clock: Clock) -> tuple[int, str]:
-    job = await _read_job(api, namespace, args.job)
+class Out:
+    """Where `logs` writes as it goes: the log's bytes (stdout, flushed at once, so that `-f`
+    shows each line as it comes) and notes about the wait (stderr)."""
+
+    def data(self, chunk: bytes) -> None:
+        sys.stdout.buffer.write(chunk)
+        sys.stdout.buffer.flush()
+
+    def note(self, text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+
+TERMINAL = ("Succeeded", "DeadLettered")  # phases after which no attempt starts (until a redrive)
+FOLLOW_POLL_SECONDS = 1.0  # how often `logs -f` looks for the next attempt or its pod's start
+
+
+def latest_attempt(job: Mapping[str, Any]) -> int:
+    """The number of the job's latest attempt, 0 before the first."""
     status_ = fields.status(job)
-    number = args.attempt or (status_.get("currentAttempt") or {}).get("number") or status_.get("attempts")
-    if not number:
+    return int((status_.get("currentAttempt") or {}).get("number") or status_.get("attempts") or 0)
+
+
+def attempt_of(pod: Mapping[str, Any]) -> int:
+    value = ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_ATTEMPT, "")
+    return int(value) if str(value).isdigit() else 0
+
+
+def separator(number: int, pod: Mapping[str, Any]) -> bytes:
+    """The line between two attempts' logs, naming the attempt, its pod and node."""
+    node = fields.spec(pod).get("nodeName") or "no node"
+    return f"--- attempt {number}: pod {fields.name(pod)} on {node} ---\n".encode()
+
+
+def started(pod: Mapping[str, Any], container: str | None) -> bool:
+    """Whether the pod's container has a log to give: started, running or ended (a pod still
+    Pending answers a log request with 400 "waiting to start")."""
+    status_ = fields.status(pod)
+    if status_.get("phase") in ("Running", "Succeeded", "Failed"):
+        return True
+    for item in status_.get("containerStatuses") or []:
+        if item.get("name") == container and set(item.get("state") or {}) & {"running", "terminated"}:
+            return True
+    return False
+
+
+async def logs(
+    api: Api, namespace: str, args: argparse.Namespace, clock: Clock, out: Out | None = None
+) -> tuple[int, str]:
+    """The log of an attempt's pod; --all-attempts every attempt's whose pod is there, each after
+    a separator line; -f follows it and then each next attempt's, until the job ends."""
+    out = out or Out()
+    job = await _read_job(api, namespace, args.job)
+    latest = latest_attempt(job)
+    number = args.attempt or latest
+    if not number and not args.follow:
         raise Failed(EXIT_FAILED, f"vigiljob {args.job} has started no attempt yet: no log to show")
-    selector = f"{LABEL_JOB_UID}={fields.uid(job)},{LABEL_ATTEMPT}={number}"
-    pods = await api.pods(namespace, selector)
-    if not pods:
-        raise Failed(
-            EXIT_FAILED,
-            f"the pod of attempt {number} of vigiljob {args.job} is gone (deleted with its attempt, or never "
-            f"created): its log went with it; `kubectl vigil status {args.job}` lists the attempts",
-        )
-    pod = pods[0]
+    if args.all_attempts:
+        pods = sorted(await api.pods(namespace, f"{LABEL_JOB_UID}={fields.uid(job)}"), key=attempt_of)
+        # Followed, the latest (or the one asked) is streamed below; the ones before it in full here.
+        earlier = [pod for pod in pods if not args.follow or attempt_of(pod) < (number or 1)]
+        if not earlier and not args.follow:
+            raise Failed(EXIT_FAILED, _gone(args.job, None))
+        for pod in earlier:
+            out.data(separator(attempt_of(pod), pod))
+            out.data(await _log(api, namespace, pod, attempt_of(pod), args.container, args.tail))
+        if not args.follow:
+            return EXIT_OK, ""
+    if not args.follow:
+        pods = await api.pods(namespace, f"{LABEL_JOB_UID}={fields.uid(job)},{LABEL_ATTEMPT}={number}")
+        if not pods:
+            raise Failed(EXIT_FAILED, _gone(args.job, number))
+        out.data(await _log(api, namespace, pods[0], number, args.container, args.tail))
+        return EXIT_OK, ""
+    return await follow(api, namespace, args, clock, out, job, number or 1)
+
+
+async def follow(
+    api: Api, namespace: str, args: argparse.Namespace, clock: Clock, out: Out, job: Mapping[str, Any], number: int
+) -> tuple[int, str]:
+    """`logs -f`: attempt `number`'s log as it is written, then, once it ends and a retry starts,
+    the next attempt's after a separator line, until the job is Succeeded or DeadLettered (with
+    --attempt N: that attempt's alone, as `kubectl logs -f` follows one pod)."""
+    uid, tail, announce = fields.uid(job), args.tail, bool(args.all_attempts)
+    while True:
+        pod = await _wait_for_attempt(api, namespace, args.job, uid, number, args.container, clock, out)
+        if pod is None:  # the attempt's pod is gone and the job has moved on, or the job is over
+            job = await _read_job(api, namespace, args.job)
+            if latest_attempt(job) <= number and fields.status(job).get("phase") in TERMINAL:
+                return EXIT_OK, ""
+            out.note(f"attempt {number} of vigiljob {args.job}: its pod is gone, and its log with it")
+        else:
+            if announce:
+                out.data(separator(number, pod))
+            container = args.container or _default_container(pod)
+            try:
+                async for chunk in api.follow_log(namespace, fields.name(pod), container, tail):
+                    out.data(chunk)
+            except (Unreachable, Unauthorized):
+                raise
+            except ApiError as err:
+                out.note(f"no log for pod {fields.name(pod)} (attempt {number}): the API server answered {err}")
+        if args.attempt and not args.all_attempts:
+            return EXIT_OK, ""
+        if not await _wait_for_next(api, namespace, args.job, number, clock):
+            return EXIT_OK, ""
+        number, tail, announce = number + 1, None, True  # --tail is for the first attempt shown
+
+
+async def _wait_for_attempt(
+    api: Api, namespace: str, name: str, uid: str, number: int, container: str | None, clock: Clock, out: Out
+) -> dict | None:
+    """Attempt `number`'s pod once its container has started; None when it is not there and the
+    job has gone past that attempt or ended."""
+    told = False
+    while True:
+        pods = await api.pods(namespace, f"{LABEL_JOB_UID}={uid},{LABEL_ATTEMPT}={number}")
+        if pods:
+            if started(pods[0], container or _default_container(pods[0])):
+                return pods[0]
+            if not told:
+                out.note(f"waiting for pod {fields.name(pods[0])} (attempt {number}) to start")
+                told = True
+        else:
+            job = await _read_job(api, namespace, name)
+            if latest_attempt(job) > number or fields.status(job).get("phase") in TERMINAL:
+                return None
+        await clock.sleep(FOLLOW_POLL_SECONDS)
+
+
+async def _wait_for_next(api: Api, namespace: str, name: str, number: int, clock: Clock) -> bool:
+    """Whether an attempt after `number` starts (True) before the job ends (False)."""
+    while True:
+        job = await _read_job(api, namespace, name)
+        if latest_attempt(job) > number:
+            return True
+        if fields.status(job).get("phase") in TERMINAL:
+            return False
+        await clock.sleep(FOLLOW_POLL_SECONDS)
+
+
+def _gone(job: str, number: int | None) -> str:
+    which = f"the pod of attempt {number}" if number else "no pod of any attempt"
+    return (
+        f"{which} of vigiljob {job} is gone (deleted with its attempt, or never created): its log went with it; "
+        f"`kubectl vigil status {job}` lists the attempts"
+    )
+
+
+async def _log(
+    api: Api, namespace: str, pod: Mapping[str, Any], number: int, container: str | None, tail: int | None
+) -> bytes:
     name, node = fields.name(pod), fields.spec(pod).get("nodeName") or "no node"
-    container = args.container or _default_container(pod)
     try:
-        text = await api.log(namespace, name, container, args.tail)
+        return await api.log(namespace, name, container or _default_container(pod), tail)
     except (Unreachable, Unauthorized):
         raise
     except ApiError as err:
@@ -214,7 +386,6 @@ async def logs(api: Api, namespace: str, args: argparse.Namespace, clock: Clock)
             f"no log for pod {name} (attempt {number}) on {node}: the API server answered {err} "
             "(the node's kubelet keeps the log: a node gone, or one that runs no containers, has none)",
         ) from None
-    return EXIT_OK, text.decode(errors="replace").rstrip("\n")
 
 
 def _default_container(pod: Mapping[str, Any]) -> str | None:
@@ -268,12 +439,20 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("-n", "--namespace", help="default: the kubeconfig context's namespace, else default")
     common.add_argument("--kubeconfig", help="default: $KUBECONFIG, else ~/.kube/config")
     common.add_argument("--context", help="the kubeconfig context to use (default: its current one)")
-    common.add_argument("-o", "--output", choices=render.FORMATS, help="default: table")
+    common.add_argument(
+        "-o",
+        "--output",
+        metavar="FORMAT",
+        help="the output format: table, wide, name, json, yaml, jsonpath=TEMPLATE or custom-columns=HEADER:PATH[,HEADER:PATH] "
+        "(default table; kubectl's JSONPath, over what -o json prints, each item with its metadata.name: "
+        "-o jsonpath='{.items[*].metadata.name}')",
+    )
     top_level = argparse.ArgumentParser(
         prog="kubectl vigil",
         parents=[common],
-        description="Day two with Vigil: why a job waits, the dead-letter queue, redrives, queues. "
-        "Exit codes: 0 done; 1 not found or refused; 2 bad usage, no kubeconfig, or the API server unreachable.",
+        description="Day two with Vigil: why a job waits, the dead-letter queue, redrives, queues, an attempt's log. "
+        "Exit codes: 0 done; 1 not found or refused, or an -o it cannot print; 2 bad usage, no kubeconfig, or the "
+        "API server unreachable. Shell completion: kubectl vigil completion --help.",
     )
     commands = top_level.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -289,6 +468,7 @@ def parser() -> argparse.ArgumentParser:
     ):
         sub = command(name, help)
         sub.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
+        sub.add_argument("--no-headers", action="store_true", help="tables without their header line")
         if name == "dlq":
             sub.add_argument("-l", "--selector", help="only the jobs this label selector picks too")
     sub = command(
@@ -306,22 +486,51 @@ def parser() -> argparse.ArgumentParser:
     )
     sub.add_argument("--max", type=int, default=DEFAULT_MAX, help=f"redrive at most N jobs (default {DEFAULT_MAX})")
     sub.add_argument("--dry-run", action="store_true", help="say what would be redriven, write nothing")
+    sub.add_argument("--no-headers", action="store_true", help="the table without its header line")
     for name, help in (
         ("pause", "stop a queue starting attempts (spec.paused: true); running ones finish"),
         ("resume", "let a paused queue start attempts again (spec.paused: false)"),
     ):
         command(name, help).add_argument("queue")
-    sub = command("logs", "the log of an attempt's pod (default: the latest attempt)")
+    sub = command(
+        "logs",
+        "the log of an attempt's pod (default: the latest attempt); -f follows it, and each next attempt's "
+        "after a line '--- attempt N: pod P on NODE ---', until the job is Succeeded or DeadLettered",
+    )
     sub.add_argument("job")
     sub.add_argument("--attempt", type=int, metavar="N", help="the attempt (default: the latest)")
+    sub.add_argument(
+        "--all-attempts",
+        action="store_true",
+        help="every attempt whose pod is still there, oldest first, each after its '--- attempt N' line",
+    )
+    sub.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="stream the log as it is written; when the attempt ends and a retry starts, go on with the "
+        "retry's pod (with --attempt N: that attempt's alone); ends when the job is Succeeded or DeadLettered",
+    )
     sub.add_argument("-c", "--container", help="default: the pod's default container, else its first")
-    sub.add_argument("--tail", type=int, metavar="LINES", help="only the last LINES lines")
+    sub.add_argument("--tail", type=int, metavar="LINES", help="only the last LINES lines (of the first attempt shown)")
+    sub = command(
+        "completion",
+        "print a shell completion script for kubectl-vigil (source <(kubectl vigil completion bash), "
+        "source <(kubectl vigil completion zsh), kubectl vigil completion fish | source); "
+        "`kubectl vigil <TAB>` needs none: kubectl (1.26+) runs kubectl_complete-vigil, installed beside "
+        "kubectl-vigil",
+    )
+    sub.add_argument("shell", choices=completion.SHELLS)
     return top_level
 
 
-async def run(api: Api, args: argparse.Namespace, namespace: str, clock: Clock) -> tuple[int, str]:
+async def run(
+    api: Api, args: argparse.Namespace, namespace: str, clock: Clock, out: Out | None = None
+) -> tuple[int, str]:
     """The command `args` names, in `namespace`, or in all of them with -A (dlq and top)."""
     scope: Any = None if getattr(args, "all_namespaces", False) else namespace
+    if args.command == "logs":
+        return await logs(api, scope, args, clock, out)
     return await COMMANDS[args.command](api, scope, args, clock)
 
 
@@ -329,8 +538,20 @@ def main(argv: list[str] | None = None, clock: Clock = SYSTEM) -> int:
     # Imported here: --help and a usage error need none of the client's libraries.
     from vigil.kube import config
 
+    argv = sys.argv[1:] if argv is None else argv
+    # Completion: `kubectl-vigil __complete WORDS...` (the scripts), or this same file run under
+    # the name kubectl looks for (`kubectl_complete-vigil`, a link to a single-file plugin).
+    if argv[:1] == ["__complete"] or Path(sys.argv[0]).name.startswith("kubectl_complete-"):
+        return completion.main(argv[1:] if argv[:1] == ["__complete"] else argv)
     args = parser().parse_args(argv)
-    args.output = getattr(args, "output", "table")
+    if args.command == "completion":
+        sys.stdout.write(completion.SCRIPTS[args.shell])
+        return EXIT_OK
+    try:
+        args.output = render.parse_output(getattr(args, "output", "table"), getattr(args, "no_headers", False))
+    except render.BadOutput as err:
+        print(f"error: {err}", file=sys.stderr)  # exit 1, as kubectl exits for an -o it cannot print
+        return EXIT_FAILED
     if problem := usage_error(args):
         print(f"error: {problem}", file=sys.stderr)
         return EXIT_CANNOT_ASK
@@ -358,8 +579,14 @@ def main(argv: list[str] | None = None, clock: Clock = SYSTEM) -> int:
         code, message = explain(err, credentials.host)
         print(f"error: {message}", file=sys.stderr)
         return code
+    except KeyboardInterrupt:  # Ctrl-C on `logs -f`: the user's way to stop following
+        return 130
+    except BrokenPipeError:  # `logs ... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return EXIT_OK
     if out:
-        print(out)
+        # A JSONPath template's text is printed as kubectl prints it: as written, no newline added.
+        sys.stdout.write(out if args.output.kind == "jsonpath" else out + "\n")
     return code
 
 

@@ -1,19 +1,92 @@
-"""`kubectl vigil`'s output: `-o table` (columns as kubectl prints them, and a described job),
-`-o json` and `-o yaml` (the same rows, whole, for scripts). Pure: strings from `report`'s rows."""
+"""`kubectl vigil`'s output, as `kubectl get -o` prints: `table` (the default; columns as kubectl
+prints them, and a described job), `wide` (more columns), `name` (`vigiljob.vigil.dev/NAME`),
+`json` and `yaml` (the same rows, whole, for scripts), `jsonpath=TEMPLATE` and
+`custom-columns=HEADER:PATH,...` (kubectl's JSONPath, over the document `-o json` prints).
+Pure: strings from `report`'s rows.
+
+Each item of a document carries `metadata: {name, namespace}` beside its flat `name` and
+`namespace`, so that what kubectl users type (`{.items[*].metadata.name}`,
+`NAME:.metadata.name`) reads the rows as it reads objects.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import yaml
 
-from vigil.plugin import report
+from vigil.api.names import GROUP
+from vigil.plugin import jsonpath, report
 
-FORMATS = ("table", "json", "yaml")
+# What -o takes, as kubectl's error lists them.
+FORMATS = ("table", "wide", "name", "json", "yaml", "jsonpath=TEMPLATE", "custom-columns=SPEC")
+JOB_RESOURCE = f"vigiljob.{GROUP}"  # as `kubectl get -o name` prints a VigilJob
+QUEUE_RESOURCE = f"vigilqueue.{GROUP}"
 Column = tuple[str, str]  # (header, key of the row)
+
+
+class BadOutput(ValueError):
+    """An -o value kubectl vigil cannot print; the message says what it can."""
+
+
+@dataclass(frozen=True)
+class Output:
+    """How to print: `kind` one of table, wide, name, json, yaml, jsonpath, custom-columns;
+    `template` the parsed JSONPath template, or the custom columns as (header, parsed path)."""
+
+    kind: str = "table"
+    template: Any = None
+    no_headers: bool = False
+
+    @property
+    def tabular(self) -> bool:
+        return self.kind in ("table", "wide")
+
+
+def parse_output(value: str, no_headers: bool = False) -> Output:
+    """`-o VALUE` checked before anything is asked, with kubectl's words when it is not one."""
+    kind, sep, template = value.partition("=")
+    if kind in ("table", "wide", "name", "json", "yaml") and not sep:
+        return Output(kind, None, no_headers)
+    if kind == "jsonpath":
+        if not template:
+            raise BadOutput("template format specified but no template given: -o jsonpath='{.items[*].name}'")
+        try:
+            return Output(kind, jsonpath.parse(template), no_headers)
+        except jsonpath.JsonPathError as err:
+            raise BadOutput(str(err)) from None
+    if kind == "custom-columns":
+        return Output(kind, custom_columns(template), no_headers)
+    raise BadOutput(
+        f'unable to match a printer suitable for the output format "{value}", allowed formats are: '
+        + ", ".join(FORMATS)
+    )
+
+
+def custom_columns(spec: str) -> list[tuple[str, tuple[jsonpath.Node, ...]]]:
+    """kubectl's `HEADER:PATH,...`, each path as `.a.b`, `a.b` or `{.a.b}`."""
+    if not spec:
+        raise BadOutput("custom-columns format specified but no custom columns given: -o custom-columns=NAME:.name")
+    columns = []
+    for part in spec.split(","):
+        header, sep, path = part.partition(":")
+        if not sep or not header or not path:
+            raise BadOutput(f"unexpected custom-columns spec: {part}, expected <header>:<json-path-expr>")
+        relaxed = path if path.startswith("{") else "{" + (path if path[0] in ".[$@" else "." + path) + "}"
+        try:
+            columns.append((header, jsonpath.parse(relaxed)))
+        except jsonpath.JsonPathError as err:
+            raise BadOutput(str(err)) from None
+    return columns
+
+
+def as_output(fmt: Output | str) -> Output:
+    return fmt if isinstance(fmt, Output) else parse_output(fmt)
+
 
 DLQ_COLUMNS: list[Column] = [
     ("NAME", "name"),
@@ -23,6 +96,7 @@ DLQ_COLUMNS: list[Column] = [
     ("REASON", "reason"),
     ("DEAD-LETTERED", "since"),
 ]
+DLQ_WIDE: list[Column] = [*DLQ_COLUMNS, ("DEAD-LETTERED-AT", "deadLetteredAt"), ("MESSAGE", "message")]
 TOP_COLUMNS: list[Column] = [
     ("QUEUE", "name"),
     ("PAUSED", "paused"),
@@ -35,50 +109,90 @@ TOP_COLUMNS: list[Column] = [
     ("RETRY-BUDGET", "retryBudget"),
     ("SATURATED", "saturated"),
 ]
+TOP_WIDE: list[Column] = [*TOP_COLUMNS, ("HEAD-OF-LINE", "headOfLine")]
 REDRIVE_COLUMNS: list[Column] = [("NAME", "name"), ("RESULT", "result"), ("DETAIL", "detail")]
 NAMESPACE_COLUMN: Column = ("NAMESPACE", "namespace")
 
 
 def cell(value: Any) -> str:
-    if value is None or value == "":
+    if value is None or value == "" or value == []:
         return "-"
     if isinstance(value, bool):
         return str(value).lower()
+    if isinstance(value, list):
+        return ",".join(cell(item) for item in value)
     return str(value)
 
 
-def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[Column]) -> str:
+def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[Column], headers: bool = True) -> str:
     """Left-aligned columns three spaces apart, as `kubectl get` prints them; the headers alone
-    when there are no rows."""
+    when there are no rows (nothing at all without headers)."""
     cells = [[header for header, _ in columns]] + [[cell(row.get(key)) for _, key in columns] for row in rows]
     widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
-    return "\n".join("   ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip() for line in cells)
+    lines = ["   ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip() for line in cells]
+    return "\n".join(lines if headers else lines[1:])
 
 
-def dump(data: Any, fmt: str) -> str:
-    """JSON or YAML of the rows, keys in the order `report` gives them."""
-    if fmt == "json":
+def dump(data: Any, fmt: Output | str) -> str:
+    """JSON or YAML of the rows, keys in the order `report` gives them; or what the JSONPath
+    template or custom columns make of that same document."""
+    out = as_output(fmt)
+    if out.kind == "json":
         return json.dumps(data, indent=2)
+    if out.kind == "jsonpath":
+        return jsonpath.execute(out.template, data)
+    if out.kind == "custom-columns":
+        items = data["items"] if isinstance(data, dict) and isinstance(data.get("items"), list) else [data]
+        rows = [{header: jsonpath.execute(path, item) or "<none>" for header, path in out.template} for item in items]
+        return table(rows, [(header, header) for header, _ in out.template], headers=not out.no_headers)
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=False).rstrip("\n")
 
 
-def listing(rows: Sequence[Mapping[str, Any]], columns: Sequence[Column], fmt: str, namespaces: bool = False) -> str:
-    """A command's rows in `fmt`; in a table, with a NAMESPACE column for -A."""
-    if fmt != "table":
-        return dump({"items": list(rows)}, fmt)
-    return table(rows, [NAMESPACE_COLUMN, *columns] if namespaces else columns)
+def with_metadata(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The row as a document's item: its name and namespace also as metadata, as an object's."""
+    return {**row, "metadata": {"name": row.get("name"), "namespace": row.get("namespace")}}
 
 
-def top(rows: Sequence[Mapping[str, Any]], fmt: str, namespaces: bool = False) -> str:
-    if fmt == "table":
+def names(rows: Sequence[Mapping[str, Any]], resource: str) -> str:
+    """`-o name`: one `RESOURCE/NAME` a line, as `kubectl get -o name` prints (no namespace)."""
+    return "\n".join(f"{resource}/{row['name']}" for row in rows)
+
+
+def listing(
+    rows: Sequence[Mapping[str, Any]],
+    columns: Sequence[Column],
+    fmt: Output | str,
+    namespaces: bool = False,
+    *,
+    wide: Sequence[Column] | None = None,
+    resource: str = JOB_RESOURCE,
+) -> str:
+    """A command's rows in `fmt`; in a table, with a NAMESPACE column for -A; `wide`: the
+    columns of -o wide (default: the table's)."""
+    out = as_output(fmt)
+    if out.kind == "name":
+        return names(rows, resource)
+    if not out.tabular:
+        return dump({"items": [with_metadata(row) for row in rows]}, out)
+    shown = list(wide if out.kind == "wide" and wide is not None else columns)
+    return table(rows, [NAMESPACE_COLUMN, *shown] if namespaces else shown, headers=not out.no_headers)
+
+
+def top(rows: Sequence[Mapping[str, Any]], fmt: Output | str, namespaces: bool = False) -> str:
+    out = as_output(fmt)
+    if out.tabular:
         rows = [{**row, "oldestWait": report.duration(row["oldestWaitSeconds"])} for row in rows]
-    return listing(rows, TOP_COLUMNS, fmt, namespaces)
+    return listing(rows, TOP_COLUMNS, out, namespaces, wide=TOP_WIDE, resource=QUEUE_RESOURCE)
 
 
-def job_status(summary: Mapping[str, Any], now: datetime, fmt: str) -> str:
-    """`kubectl vigil status JOB`: in a table, described as `kubectl describe` would."""
-    if fmt != "table":
-        return dump(summary, fmt)
+def job_status(summary: Mapping[str, Any], now: datetime, fmt: Output | str) -> str:
+    """`kubectl vigil status JOB`: in a table, described as `kubectl describe` would; -o wide
+    adds when each recent attempt started and how long it ran."""
+    out = as_output(fmt)
+    if out.kind == "name":
+        return names([summary], JOB_RESOURCE)
+    if not out.tabular:
+        return dump(with_metadata(summary), out)
     lines = [
         f"VigilJob {summary['namespace']}/{summary['name']} (queue {summary['queue']}, age {summary['age']})",
         f"Phase:        {summary['phase']}" + (f" ({summary['reason']})" if summary["reason"] else ""),
@@ -113,16 +227,29 @@ def job_status(summary: Mapping[str, Any], now: datetime, fmt: str) -> str:
     if summary["recentAttempts"]:
         lines.append("Recent attempts:")
         rows = [
-            {**item, "exit": item["exitCode"], "ended": report.ago(item["finishedAt"], now)}
+            {
+                **item,
+                "exit": item["exitCode"],
+                "ended": report.ago(item["finishedAt"], now),
+                "started": item["startedAt"],
+                "ran": _ran(item["startedAt"], item["finishedAt"]),
+            }
             for item in summary["recentAttempts"]
         ]
         columns = [("#", "number"), ("POD", "pod"), ("OUTCOME", "outcome"), ("REASON", "reason")]
         columns += [("EXIT", "exit"), ("NODE", "node"), ("ENDED", "ended")]
+        if out.kind == "wide":
+            columns += [("STARTED", "started"), ("RAN", "ran")]
         lines += ["  " + line for line in table(rows, columns).splitlines()]
     return "\n".join(lines)
 
 
-def redrive(steps: Sequence[report.RedriveStep], done: Mapping[str, str], fmt: str, dry_run: bool) -> str:
+def _ran(started: str | None, finished: str | None) -> str | None:
+    begin, end = report.parse_time(started), report.parse_time(finished)
+    return None if begin is None or end is None else report.duration((end - begin).total_seconds())
+
+
+def redrive(steps: Sequence[report.RedriveStep], done: Mapping[str, str], fmt: Output | str, dry_run: bool) -> str:
     """What was redriven and what was refused. `done`: per job name, "" once its annotation was
     written, else why the write failed (a job not in it was not reached)."""
     rows = []
@@ -137,4 +264,5 @@ def redrive(steps: Sequence[report.RedriveStep], done: Mapping[str, str], fmt: s
             rows.append({"name": step.name, "result": "refused", "detail": done.get(step.name, "not reached")})
     for row, step in zip(rows, steps, strict=True):
         row["namespace"] = step.namespace
-    return listing(rows, REDRIVE_COLUMNS, fmt)
+    # -o wide: the namespace too (the jobs' own, which a script may want beside the name)
+    return listing(rows, REDRIVE_COLUMNS, fmt, wide=[NAMESPACE_COLUMN, *REDRIVE_COLUMNS])

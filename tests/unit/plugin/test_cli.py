@@ -13,7 +13,7 @@ import pytest
 from tests.support.clock import WALL_START, FakeClock
 from tests.support.plugin import dead_job, queue, sample_job
 from vigil.kube.errors import Conflict, NotFound, Refused, Unauthorized, Unreachable, from_status
-from vigil.plugin import cli
+from vigil.plugin import cli, render
 
 pytestmark = pytest.mark.unit
 
@@ -72,13 +72,27 @@ class Api:
 
 def args(*argv: str):
     parsed = cli.parser().parse_args(list(argv))
-    parsed.output = getattr(parsed, "output", "table")
+    parsed.output = render.parse_output(getattr(parsed, "output", "table"), getattr(parsed, "no_headers", False))
     assert cli.usage_error(parsed) is None
     return parsed
 
 
-def run(api: Api, clock: FakeClock, *argv: str) -> tuple[int, str]:
-    return asyncio.run(cli.run(api, args(*argv), "ns", clock))  # type: ignore[arg-type]
+class Out(cli.Out):
+    """What `logs` writes: the log's bytes and the notes, kept."""
+
+    def __init__(self) -> None:
+        self.written = b""
+        self.notes: list[str] = []
+
+    def data(self, chunk: bytes) -> None:
+        self.written += chunk
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+
+def run(api: Api, clock: FakeClock, *argv: str, out: Out | None = None) -> tuple[int, str]:
+    return asyncio.run(cli.run(api, args(*argv), "ns", clock, out or Out()))  # type: ignore[arg-type]
 
 
 def many_dead(count: int) -> list[dict]:
@@ -253,7 +267,9 @@ def test_logs_of_an_attempt_by_the_jobs_uid_and_the_attempt_number():
     job = dead_job("poison", attempts=3)
     api = Api(clock, jobs=[job], pods=[attempt_pod("poison-2", ("side", "main"), {cli.DEFAULT_CONTAINER: "main"})])
     api.log_ = b"line 1\nline 2\n"
-    assert run(api, clock, "logs", "poison", "--attempt", "2") == (0, "line 1\nline 2")
+    out = Out()
+    assert run(api, clock, "logs", "poison", "--attempt", "2", out=out) == (0, "")
+    assert out.written == b"line 1\nline 2\n"  # as the kubelet sent it
     assert api.selectors == ["vigil.dev/job-uid=uid-poison,vigil.dev/attempt=2"]
     run(api, clock, "logs", "poison")
     assert api.selectors[-1].endswith("vigil.dev/attempt=3")  # the latest
