@@ -296,3 +296,15 @@ def test_without_the_peers_address_the_global_budget_alone_holds() -> None:
     endpoint = leader.endpoint(small_budget(burst=10))
     assert Counter(post(endpoint, junk(n), "").status for n in range(30)) == Counter({401: 10, 503: 20})
     assert len(endpoint.budget) == 0
+
+
+def test_no_token_is_logged_whatever_the_beat(certs: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # The operator's logs go to a pipeline many may read: a bearer token there is a credential.
+    leader = Leader()
+    tokens = [leader.good_token(), token(claims(leader.now, namespace="team-b")), junk(1)]
+    with caplog.at_level("DEBUG"):
+        answers = beat_all(certs, leader, [(t, BODY) for t in tokens] + [(tokens[0], b"{")])
+    assert [status for status, _ in answers] == [200, 403, 401, 400]
+    logged = caplog.text
+    for t in tokens:
+        assert t not in logged and t.split(".")[2] not in logged, "a token, or its signature, in the log"
