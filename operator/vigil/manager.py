@@ -53,14 +53,23 @@ from vigil.kube.operations import Kube
 from vigil.leaderelection.elector import LeaderElector, default_identity
 from vigil.leaderelection.mark import LeaderMark, OwnPod
 from vigil.metrics import Metrics
-from vigil.metrics.collectors import StateCollector
+from vigil.metrics.collectors import MemoryLimitCollector, StateCollector
 from vigil.runtime.clock import SYSTEM, Clock
 from vigil.runtime.heap import LongLivedHeap
 from vigil.runtime.stalls import CollectorPauses, CollectorWatch, LagProbe
 from vigil.servers import health
 from vigil.servers import metrics as metrics_server
 from vigil.servers.beats import BeatEndpoint, outcome_counter
-from vigil.servers.http import REFUSALS, SPARE_CONNECTIONS, Bounds, Server, process_connection_limit, serve, serve_fast
+from vigil.servers.http import (
+    REFUSALS,
+    SPARE_CONNECTIONS,
+    Bounds,
+    Server,
+    memory_limit,
+    process_connection_limit,
+    serve,
+    serve_fast,
+)
 from vigil.servers.tls import ServingCertificate
 from vigil.servers.webhook import WebhookServer
 
@@ -301,6 +310,7 @@ class Operator:
         self.queues_watch.add_handler(self.queues.queue_delta)
         self.pods_watch.add_handler(self.jobs.handlers.pod_delta)
         metrics.collect_from(StateCollector(lambda: self.jobs.view.phases, self.dispatcher.queue_numbers))
+        metrics.collect_from(MemoryLimitCollector(memory_limit))  # beside process_resident_memory_bytes
 
         # The loop's lag and the collector's pauses, whether or not this process leads; the
         # long-lived heap kept out of full collections (vigil.runtime.heap: they held the loop). A

@@ -56,6 +56,27 @@ class StateCollector(Collector):
         yield from families.values()
 
 
+class MemoryLimitCollector(Collector):
+    """`vigil_memory_limit_bytes`: the container's memory limit, read from its cgroup at each
+    scrape (a pod resized in place shows its new one), beside process_resident_memory_bytes;
+    nothing where the process has no limit."""
+
+    def __init__(self, read: Callable[[], int | None]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        limit = self.read()
+        if limit is not None:
+            yield GaugeMetricFamily(
+                "vigil_memory_limit_bytes",
+                "The memory limit of the operator's container (its cgroup's memory.max); absent without one.",
+                value=limit,
+            )
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())  # registered without a first read: the family may be absent
+
+
 def _started_at(status: Mapping[str, Any], number: int) -> Any:
     current = status.get("currentAttempt") or {}
     if current.get("number") == number:

@@ -108,6 +108,8 @@ def test_the_dashboard_has_the_panels_on_call_looks_at_first():
         "vigil_api_request_errors_total",
         "leader_election_master_status",
         "vigil_watch_relists_total",
+        "process_resident_memory_bytes",  # against vigil_memory_limit_bytes: the sizing of capacity-planning.md
+        "vigil_memory_limit_bytes",
     }
     assert first_looks <= used, f"no panel shows {sorted(first_looks - used)}"
 

@@ -14,7 +14,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 import vigil
 from vigil.controllers.jobs.view import ClusterView
 from vigil.metrics import Metrics
-from vigil.metrics.collectors import StateCollector, count_transition
+from vigil.metrics.collectors import MemoryLimitCollector, StateCollector, count_transition
 
 pytestmark = pytest.mark.unit
 
@@ -145,6 +145,7 @@ def every_series(m: Metrics) -> Metrics:
             (child.observe if hasattr(child, "observe") else child.inc)(1)
     numbers = {"queued": 1, "running": 1, "backingOff": 0, "oldestQueuedSeconds": 3, "maxRunning": 2}
     m.collect_from(StateCollector(lambda: {"Uncertain": 1}, lambda: [("ns", "q", numbers)]))
+    m.collect_from(MemoryLimitCollector(lambda: 512 * 2**20))
     return m
 
 
@@ -176,3 +177,14 @@ def test_the_process_memory_the_docs_size_is_exported():
     assert value(m, "process_resident_memory_bytes") > 10 * 2**20, "this Python's RSS, read from /proc"
     assert value(m, "process_open_fds") > 0 and value(m, "process_max_fds") > 0
     assert value(m, "process_cpu_seconds_total") > 0
+
+
+def test_the_containers_memory_limit_is_read_at_each_scrape_and_absent_without_one():
+    limit: list[int | None] = [512 * 2**20]
+    m = Metrics()
+    m.collect_from(MemoryLimitCollector(lambda: limit[0]))
+    assert value(m, "vigil_memory_limit_bytes") == 512 * 2**20
+    limit[0] = 1024 * 2**20  # the pod resized in place
+    assert value(m, "vigil_memory_limit_bytes") == 1024 * 2**20
+    limit[0] = None  # no limit: no series, rather than a number a ratio would divide by
+    assert b"vigil_memory_limit_bytes " not in generate_latest(m.registry)
