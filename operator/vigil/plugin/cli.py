@@ -365,9 +365,9 @@ async def _wait_for_next(api: Api, namespace: str, name: str, number: int, clock
 
 
 def _gone(job: str, number: int | None) -> str:
-    which = f"the pod of attempt {number}" if number else "no pod of any attempt"
+    which = f"the pod of attempt {number} of vigiljob {job} is gone" if number else f"vigiljob {job} has no pod left"
     return (
-        f"{which} of vigiljob {job} is gone (deleted with its attempt, or never created): its log went with it; "
+        f"{which} (deleted with its attempt, or never created): its log went with it; "
         f"`kubectl vigil status {job}` lists the attempts"
     )
 
@@ -443,9 +443,9 @@ def parser() -> argparse.ArgumentParser:
         "-o",
         "--output",
         metavar="FORMAT",
-        help="the output format: table, wide, name, json, yaml, jsonpath=TEMPLATE or custom-columns=HEADER:PATH[,HEADER:PATH] "
-        "(default table; kubectl's JSONPath, over what -o json prints, each item with its metadata.name: "
-        "-o jsonpath='{.items[*].metadata.name}')",
+        help="the output format: table, wide, name, json, yaml, jsonpath=TEMPLATE or "
+        "custom-columns=HEADER:PATH[,HEADER:PATH] (default table; kubectl's JSONPath, over what -o json "
+        "prints, each item with its metadata.name: -o jsonpath='{.items[*].metadata.name}')",
     )
     top_level = argparse.ArgumentParser(
         prog="kubectl vigil",

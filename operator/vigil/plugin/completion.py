@@ -122,6 +122,8 @@ def candidates(parser: argparse.ArgumentParser, words: Sequence[str], lookup: Lo
             offered = sorted(option for option in flags if option.startswith(typed))
         return [_described(option, flags[option].help) for option in offered], DIRECTIVE_NO_FILES
     if command is None:
+        if positionals:  # a word that is no command: nothing follows it
+            return [], DIRECTIVE_NO_FILES
         helps = _helps(parser)
         names = [name for name in commands if name.startswith(typed) and not name.startswith("_")]
         return [_described(name, helps.get(name)) for name in names], DIRECTIVE_NO_FILES

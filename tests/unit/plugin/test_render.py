@@ -131,3 +131,73 @@ def test_a_redrive_reports_what_was_redriven_and_what_was_refused():
     dry = json.loads(render.redrive(steps, {}, "json", dry_run=True))["items"]
     assert [row["result"] for row in dry] == ["would redrive", "would redrive", "refused"]
     assert dry[0]["namespace"] == "ns"
+
+
+def dlq_rows() -> list[dict]:
+    return report.dead_letters(
+        [dead_job("poison", finished="2026-03-01T11:59:00Z"), dead_job("gone", finished="2026-03-01T11:00:00Z")], NOW
+    )
+
+
+def test_wide_adds_columns_name_prints_kubectls_resource_names_and_no_headers_drops_the_header():
+    rows = dlq_rows()
+    wide = render.listing(rows, render.DLQ_COLUMNS, "wide", wide=render.DLQ_WIDE).splitlines()
+    assert wide[0].split()[-2:] == ["DEAD-LETTERED-AT", "MESSAGE"]
+    assert wide[1].split()[:2] == ["gone", "default"] and wide[1].endswith("dead-lettered: attempt 1 exited 7")
+    assert render.listing(rows, render.DLQ_COLUMNS, "name") == "vigiljob.vigil.dev/gone\nvigiljob.vigil.dev/poison"
+    quiet = render.listing(rows, render.DLQ_COLUMNS, render.parse_output("table", no_headers=True))
+    assert [line.split()[0] for line in quiet.splitlines()] == ["gone", "poison"]
+    queues = report.queue_rows([queue("nightly", status={"headOfLine": ["a", "b"]})])
+    assert render.top(queues, "name") == "vigilqueue.vigil.dev/nightly"
+    assert render.top(queues, "wide").splitlines()[1].split()[-1] == "a,b"
+
+
+def test_jsonpath_and_custom_columns_read_what_json_prints_with_kubectls_metadata_name():
+    rows = dlq_rows()
+    assert json.loads(render.listing(rows, render.DLQ_COLUMNS, "json"))["items"][0]["metadata"] == {
+        "name": "gone",
+        "namespace": "ns",
+    }
+    template = render.parse_output('jsonpath={range .items[*]}{.metadata.name}{"\\t"}{.reason}{"\\n"}{end}')
+    assert (
+        render.listing(rows, render.DLQ_COLUMNS, template)
+        == "gone\tNonRetryableExitCode\npoison\tNonRetryableExitCode\n"
+    )
+    assert render.listing(rows, render.DLQ_COLUMNS, "jsonpath={.items[*].name}") == "gone poison"
+    columns = render.parse_output("custom-columns=NAME:.metadata.name,SINCE:{.deadLetteredAt},NOPE:nothing.here")
+    assert render.listing(rows, render.DLQ_COLUMNS, columns).splitlines() == [
+        "NAME     SINCE                  NOPE",
+        "gone     2026-03-01T11:00:00Z   <none>",
+        "poison   2026-03-01T11:59:00Z   <none>",
+    ]
+    summary = report.job_status(dead_job("poison"), NOW)
+    assert render.job_status(summary, NOW, "jsonpath={.metadata.name} {.phase}") == "poison DeadLettered"
+    assert render.job_status(summary, NOW, "name") == "vigiljob.vigil.dev/poison"
+
+
+def test_status_wide_adds_when_each_attempt_started_and_how_long_it_ran():
+    history = [{"number": 1, "podName": "j-1", "outcome": "Failed", "startedAt": "2026-03-01T11:58:00Z"}]
+    history[0]["finishedAt"] = "2026-03-01T11:59:30Z"
+    summary = report.job_status(sample_job("j", phase="BackingOff", history=history), NOW)
+    assert "STARTED" not in render.job_status(summary, NOW, "table")
+    wide = render.job_status(summary, NOW, "wide").splitlines()
+    assert wide[-2].split()[-2:] == ["STARTED", "RAN"]
+    assert wide[-1].split()[-2:] == ["2026-03-01T11:58:00Z", "90s"]
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("xml", 'unable to match a printer suitable for the output format "xml", allowed formats are: table, wide'),
+        ("jsonpath", "template format specified but no template given"),
+        ("jsonpath=", "template format specified but no template given"),
+        ("jsonpath={.items[", "error parsing jsonpath {.items[: unclosed action"),
+        ("custom-columns=NAME", "expected <header>:<json-path-expr>"),
+        ("custom-columns=", "no custom columns given"),
+        ("wide=x", "unable to match a printer"),
+    ],
+)
+def test_an_output_it_cannot_print_is_refused_saying_what_it_can(value, says):
+    with pytest.raises(render.BadOutput) as refused:
+        render.parse_output(value)
+    assert says in str(refused.value)
