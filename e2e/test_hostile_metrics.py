@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
 from tests.support.agents import pod_token
 from tests.support.cluster import Kube, free_port, show_log
@@ -32,14 +33,20 @@ from vigil.servers.webhook import make_self_signed
 pytestmark = pytest.mark.e2e
 
 
-def scrape(port: int, ca: ssl.SSLContext, token: str | None, source: str = "127.0.0.1") -> tuple[int, str]:
-    """One scrape on a new connection from the loopback address `source`; status 0: the server
-    closed the connection before its TLS handshake (past the address's share or rate)."""
+def scrape(
+    port: int, ca: ssl.SSLContext, token: str | None, source: str = "127.0.0.1", accept: str | None = None
+) -> tuple[int, str]:
+    """One scrape on a new connection from the loopback address `source` (with an `accept` header
+    if given); status 0: the server closed the connection before its TLS handshake (past the
+    address's share or rate)."""
     connection = http.client.HTTPSConnection(
         "127.0.0.1", port, context=ca, timeout=deadline(10), source_address=(source, 0)
     )
     try:
-        connection.request("GET", "/metrics", headers={"Authorization": f"Bearer {token}"} if token else {})
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if accept:
+            headers["Accept"] = accept
+        connection.request("GET", "/metrics", headers=headers)
         response = connection.getresponse()
         return response.status, response.read().decode()
     except (ConnectionError, ssl.SSLError) as err:
@@ -120,6 +127,10 @@ def test_metrics_need_a_token_allowed_to_get_them(secure_operator, tokens):
     status, text = scrape(port, ca, tokens["reader"])
     print(f"the reader's token: {status}, {len(text.splitlines())} lines")
     assert status == 200 and "leader_election_master_status" in text
+    # As Prometheus scrapes when it prefers OpenMetrics: the same answer, strictly parsed.
+    status, text = scrape(port, ca, tokens["reader"], accept="application/openmetrics-text;version=1.0.0")
+    assert status == 200 and text.endswith("# EOF\n")
+    assert "leader_election_master_status" in {family.name for family in parse_openmetrics(text)}
 
 
 def test_a_flood_of_made_up_tokens_costs_at_most_the_review_budget(secure_operator, tokens):
