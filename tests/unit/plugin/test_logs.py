@@ -9,10 +9,14 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+from aiohttp import web
+from kubernetes import client
 
 from tests.support.clock import FakeClock
 from tests.support.plugin import sample_job
-from vigil.kube.errors import from_status
+from vigil.kube.client import ApiClient
+from vigil.kube.config import Credentials
+from vigil.kube.errors import Refused, Unreachable, from_status
 from vigil.plugin import cli, render
 
 pytestmark = pytest.mark.unit
@@ -194,3 +198,54 @@ def test_all_attempts_without_follow_prints_each_pod_still_there_in_order():
     api.pods_ = []
     with pytest.raises(cli.Failed, match="vigiljob j has no pod left"):
         follow(api, clock, "j", "--all-attempts")
+
+
+def test_the_followed_log_comes_as_it_is_written_over_the_plugins_client_with_no_read_timeout():
+    """The real Api.follow_log against a local server that streams a log with pauses longer than
+    the client's read timeout (as a quiet job does): every byte, in order, and the request kubectl
+    logs -f makes."""
+    seen: list[web.Request] = []
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        seen.append(request)
+        if request.match_info["pod"] == "pending":
+            body = {"kind": "Status", "code": 400, "message": 'container "main" is waiting to start'}
+            return web.json_response(body, status=400)
+        response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await response.prepare(request)
+        for line in (b"one\n", b"two\n"):
+            await response.write(line)
+            await asyncio.sleep(0.6)  # three times the client's read timeout
+        await response.write_eof()
+        return response
+
+    async def scenario() -> None:
+        app = web.Application()
+        app.router.add_get("/api/v1/namespaces/ns/pods/{pod}/log", handle)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        configuration = client.Configuration()
+        configuration.host = f"http://127.0.0.1:{port}"
+        configuration.api_key = {"BearerToken": "Bearer s3cret"}
+        http = ApiClient(Credentials(configuration), "kubectl-vigil", read_timeout=0.2)
+        api = cli.Api(http)
+        try:
+            chunks = [chunk async for chunk in api.follow_log("ns", "j-1", "main", 3)]
+            assert b"".join(chunks) == b"one\ntwo\n"
+            assert dict(seen[0].query) == {"container": "main", "tailLines": "3", "follow": "true"}
+            assert seen[0].headers["Authorization"] == "Bearer s3cret"
+            with pytest.raises(Refused, match="waiting to start"):
+                [chunk async for chunk in api.follow_log("ns", "pending", None, None)]
+        finally:
+            await http.close()
+            await runner.cleanup()
+        with pytest.raises(Unreachable, match="the log of pod j-1"):
+            [
+                chunk
+                async for chunk in cli.Api(ApiClient(Credentials(configuration))).follow_log("ns", "j-1", None, None)
+            ]
+
+    asyncio.run(asyncio.wait_for(scenario(), 20))  # bounds only a hang
