@@ -26,6 +26,7 @@ A scrape taken during the run is saved to /tmp/metrics-sample.txt.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -221,6 +222,8 @@ def test_metrics_during_a_run_agree_with_the_cluster_and_do_not_grow_with_jobs(
         # Plain HTTP on 127.0.0.1 (--metrics-insecure): this test reads what is served; who may
         # read it is e2e/test_hostile_metrics.py's.
         operator.extra_args = (*operator.extra_args, "--metrics-address", f"127.0.0.1:{port}", "--metrics-insecure")
+        if i == 0:  # as the chart runs it: its log read below
+            operator.extra_args = (*operator.extra_args, "--log-format", "json")
         operators.append(operator)
         operator.start()
     try:
@@ -306,6 +309,17 @@ def test_metrics_during_a_run_agree_with_the_cluster_and_do_not_grow_with_jobs(
     finally:
         for operator in operators:
             operator.stop()
+    check_json_log(operators[0].log_path)
+
+
+def check_json_log(path: Path) -> None:
+    """`--log-format json`: every line the operator wrote, from its start to its stop, is one JSON
+    object with the fields a log pipeline reads."""
+    lines = path.read_text().splitlines()
+    assert lines, "the operator logged nothing"
+    for line in lines:
+        entry = json.loads(line)  # a line that is not JSON (a bare traceback, a print) fails here
+        assert {"time", "level", "logger", "message"} <= set(entry), line
 
 
 def _answers(port: int) -> bool:
