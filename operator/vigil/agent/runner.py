@@ -62,7 +62,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from vigil.agent import ENV_CHECKPOINT_FILE
+from vigil.agent import ENV_CHECKPOINT_FILE, sidecar
 from vigil.agent.heart import (
     EXIT_USAGE,
     ConfigError,
@@ -179,8 +179,6 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         return 0
     if args and args[0] == "--sidecar":  # the injected agent: no command, it watches the pod's
-        from vigil.agent import sidecar
-
         return sidecar.main(args[1:])
     if args and args[0] == "--":
         args = args[1:]
