@@ -1,14 +1,16 @@
 """`kubectl vigil` end to end: the plugin as a process, as a user runs it, against the real
 operator (its own, for a namespace of its own) on the bed: a job's status and why it waits, the
-dead-letter queue, a redrive that gives the job a new attempt, pause and resume, top, and an
-attempt's log (kwok runs no containers: the plugin must say there is none, and why)."""
+dead-letter queue, a redrive that gives the job a new attempt, pause and resume, top, an
+attempt's log (kwok runs no containers: the plugin must say there is none, and why; a real pod's
+log, followed across a retry, is e2e/test_real_node.py's), the output formats kubectl users type
+(-o name, wide, jsonpath, custom-columns, --no-headers) and `kubectl vigil <TAB>` completed by
+kubectl itself through kubectl_complete-vigil, with names from the cluster."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,16 +27,10 @@ from tests.support.jobs import (
     wait_dead_letter_label,
     wait_phase,
 )
+from tests.support.plugin import kubectl_binary, plugin_command, plugin_environment
 from tests.support.waits import deadline, wait_until
 
 pytestmark = pytest.mark.e2e  # the operator end to end, as a process, on a real cluster
-
-
-def plugin_command() -> list[str]:
-    """The installed console script next to the interpreter, as kubectl finds it on PATH; in an
-    environment installed before the script existed, the same `main` through `python -m`."""
-    script = Path(sys.executable).with_name("kubectl-vigil")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "vigil.plugin"]
 
 
 def plugin(kube: Kube, namespace: str, *args: str, kubeconfig: Path | None = None) -> subprocess.CompletedProcess:
@@ -85,6 +81,35 @@ def test_kubectl_vigil_day_two(kube: Kube, own_namespace: str, own_operator, tmp
     assert [(r["name"], r["reason"], r["attempts"]) for r in rows] == [("poison", "NonRetryableExitCode", 1)]
     assert plugin(kube, ns, "dlq").stdout.splitlines()[1].split()[:2] == ["poison", "default"]
 
+    # the output formats kubectl users type
+    assert plugin(kube, ns, "dlq", "-o", "name").stdout == "vigiljob.vigil.dev/poison\n"
+    template = r'{range .items[*]}{.metadata.name}{"\t"}{.reason}{"\n"}{end}'  # as typed in a shell
+    assert plugin(kube, ns, "dlq", "-o", f"jsonpath={template}").stdout == "poison\tNonRetryableExitCode\n"
+    assert plugin(kube, ns, "status", "poison", "-o", "jsonpath={.phase}").stdout == "DeadLettered"  # no newline
+    columns = plugin(kube, ns, "dlq", "-o", "custom-columns=JOB:.metadata.name,ATTEMPTS:.attempts", "--no-headers")
+    assert columns.stdout.split() == ["poison", "1"]
+    wide = plugin(kube, ns, "dlq", "-o", "wide").stdout.splitlines()
+    assert wide[0].split()[-1] == "MESSAGE" and "nonRetryableExitCodes" in wide[1], wide
+    bad = plugin(kube, ns, "dlq", "-o", "xml")
+    assert bad.returncode == 1 and "allowed formats are: table, wide, name, json, yaml" in bad.stderr
+
+    # kubectl completes `kubectl vigil ...` itself (1.26+) by running kubectl_complete-vigil from PATH
+    def completed(*words: str) -> list[str]:
+        done = subprocess.run(
+            [kubectl_binary(), "__complete", "vigil", *words],
+            capture_output=True,
+            text=True,
+            timeout=deadline(30),
+            env=plugin_environment(kube.kubeconfig),
+        )
+        assert done.returncode == 0, done.stderr
+        return [line.split("\t")[0] for line in done.stdout.splitlines()]
+
+    assert completed("re")[:2] == ["redrive", "resume"]
+    assert completed("-n", ns, "status", "po")[0] == "poison"  # the namespace's jobs, from the cluster
+    assert completed("-n", ns, "pause", "")[0] == "nightly"
+    assert completed("-n", ns, "redrive", "")[0] == "poison"  # the dead-lettered ones
+
     # top: the queue's status as Vigil writes it (at most every 2 s)
     def nightly() -> dict:
         return as_json(plugin(kube, ns, "top", "-o", "json"))["items"][0]
@@ -112,6 +137,8 @@ def test_kubectl_vigil_day_two(kube: Kube, own_namespace: str, own_operator, tmp
     assert "error: no log for pod poison-1 (attempt 1) on kwok-node-" in done.stderr
     gone = plugin(kube, ns, "logs", "poison", "--attempt", "9")
     assert gone.returncode == 1 and "the pod of attempt 9 of vigiljob poison is gone" in gone.stderr
+    followed = plugin(kube, ns, "logs", "poison", "-f")  # the job has ended: no wait for another attempt
+    assert followed.returncode == 1 and "no log for pod poison-1 (attempt 1)" in followed.stderr, followed
 
     # redrive: a dry run writes nothing; the redrive gives the job a new round, attempt 2
     dry = plugin(kube, ns, "redrive", "--all-dead-letters", "--dry-run")

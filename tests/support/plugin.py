@@ -1,8 +1,36 @@
-"""VigilJobs and VigilQueues as the API server sends them to `kubectl vigil`, for its unit tests."""
+"""`kubectl vigil` for the tests: VigilJobs and VigilQueues as the API server sends them (unit
+tests), and the plugin as kubectl finds it on PATH (end-to-end tests)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
+from pathlib import Path
 from typing import Any
+
+from testbed import cluster as testbed
+
+
+def plugin_command() -> list[str]:
+    """The installed console script next to the interpreter, as kubectl finds it on PATH; in an
+    environment installed before the script existed, the same `main` through `python -m`."""
+    script = Path(sys.executable).with_name("kubectl-vigil")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "vigil.plugin"]
+
+
+def kubectl_binary() -> str:
+    """kubectl as the suites run it: the test bed's own build, else the one on PATH."""
+    built = testbed.BIN / "kubectl"
+    return str(built) if built.exists() else shutil.which("kubectl") or "kubectl"
+
+
+def plugin_environment(kubeconfig: Path) -> dict[str, str]:
+    """A user's environment for kubectl and its plugins: the console scripts (kubectl-vigil,
+    kubectl_complete-vigil) first on PATH, the kubeconfig in KUBECONFIG (kubectl hands a plugin
+    its environment, not its own flags)."""
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    return {**os.environ, "PATH": path, "KUBECONFIG": str(kubeconfig)}
 
 
 def sample_job(

@@ -305,14 +305,16 @@ async def follow(
 ) -> tuple[int, str]:
     """`logs -f`: attempt `number`'s log as it is written, then, once it ends and a retry starts,
     the next attempt's after a separator line, until the job is Succeeded or DeadLettered (with
-    --attempt N: that attempt's alone, as `kubectl logs -f` follows one pod)."""
+    --attempt N: that attempt's alone, as `kubectl logs -f` follows one pod). Exit 1 if a log the
+    API server was asked for could not be given (the others are shown all the same)."""
     uid, tail, announce = fields.uid(job), args.tail, bool(args.all_attempts)
+    code = EXIT_OK
     while True:
         pod = await _wait_for_attempt(api, namespace, args.job, uid, number, args.container, clock, out)
         if pod is None:  # the attempt's pod is gone and the job has moved on, or the job is over
             job = await _read_job(api, namespace, args.job)
             if latest_attempt(job) <= number and fields.status(job).get("phase") in TERMINAL:
-                return EXIT_OK, ""
+                return code, ""
             out.note(f"attempt {number} of vigiljob {args.job}: its pod is gone, and its log with it")
         else:
             if announce:
@@ -325,10 +327,11 @@ async def follow(
                 raise
             except ApiError as err:
                 out.note(f"no log for pod {fields.name(pod)} (attempt {number}): the API server answered {err}")
+                code = EXIT_FAILED
         if args.attempt and not args.all_attempts:
-            return EXIT_OK, ""
+            return code, ""
         if not await _wait_for_next(api, namespace, args.job, number, clock):
-            return EXIT_OK, ""
+            return code, ""
         number, tail, announce = number + 1, None, True  # --tail is for the first attempt shown
 
 

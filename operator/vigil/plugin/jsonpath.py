@@ -150,7 +150,7 @@ def _closing(template: str, start: int) -> int:
 def _unquote(literal: str, template: str) -> str:
     """A double-quoted literal with Go's escapes (\\n, \\t, \\", \\\\, \\uXXXX)."""
     try:
-        value = json.loads(literal)
+        value = json.loads(literal, strict=False)  # a tab typed as itself is kept, as Go keeps it
     except json.JSONDecodeError:
         value = None
     if not isinstance(value, str):

@@ -47,6 +47,7 @@ JOBS = {
         ("{.items[*].missing}", ""),  # kubectl's default --allow-missing-template-keys=true
         ("{.items[5].metadata.name}", ""),
         ("no braces at all", "no braces at all"),
+        ('{.items[0].attempts}{"\t"}', "3\t"),  # a tab typed as itself (ctrl-v tab), kept
         ("{range .items[*]}[{range .conditions[*]}{.type},{end}]{end}", "[Succeeded,DeadLettered,][]"),
     ],
 )

@@ -165,13 +165,15 @@ def test_a_pod_gone_or_a_log_refused_is_said_and_the_next_attempt_followed():
     api = a_retried_job(clock)
     api.refused.add("j-1")  # a node that cannot give the log: the retry's is still shown
     result, out, _ = follow(api, clock, "j", "-f")
-    assert result == (cli.EXIT_OK, "") and out.written == b"--- attempt 2: pod j-2 on node-b ---\nthree\n"
+    assert out.written == b"--- attempt 2: pod j-2 on node-b ---\nthree\n"
+    assert result == (cli.EXIT_FAILED, "")  # as kubectl logs exits when a log cannot be had
     assert out.notes[0].startswith("no log for pod j-1 (attempt 1): the API server answered")
     clock = FakeClock()
     api = a_retried_job(clock)
     api.pods_ = api.pods_[1:]  # attempt 1's pod deleted (its attempt Lost, say)
     api.states[0] = (0, {"phase": "BackingOff", "attempts": 1})
     result, out, _ = follow(api, clock, "j", "-f", "--attempt", "1", "--all-attempts")
+    assert result == (cli.EXIT_OK, "")  # a pod gone is said, not an error: its attempt was deleted with it
     assert out.notes[0] == "attempt 1 of vigiljob j: its pod is gone, and its log with it"
     assert out.written.endswith(b"--- attempt 2: pod j-2 on node-b ---\nthree\n")
 
