@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from tests.support.scripted_http import Server, server
 from vigil.agent import channel
 from vigil.agent import heart as agent_heart
 from vigil.agent.channel import ChannelError, LeaderAnswer, LeaderBeat, beat_body, leader_outcome, read_token
@@ -534,96 +535,33 @@ def test_the_final_flush_asks_no_leader_when_its_patch_fails(tmp_path: Path, clo
 OK = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 19\r\n\r\n{"state":"Renewed"}'
 
 
-class RawOperator:
-    """Accepts TLS connections on a thread; for each request read, `script(n)` (n counts the
-    requests over all connections) says what to send back: bytes, then whether to close after;
-    a list of bytes is sent a piece at a time, `pause` seconds apart."""
-
-    def __init__(self, certs: Path, script, pause: float = 0.0) -> None:
-        import socket
-
-        self.script, self.pause = script, pause
-        self.ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self.ctx.load_cert_chain(certs / "tls.crt", certs / "tls.key")
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.requests = 0
-        self.connections = 0
-        self.halt = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}/v1/heartbeat"
-
-    def _accept(self) -> None:
-        while not self.halt.is_set():
-            try:
-                raw, _ = self.listener.accept()
-            except OSError:
-                return
-            self.connections += 1
-            threading.Thread(target=self._serve, args=(raw,), daemon=True).start()
-
-    def _serve(self, raw) -> None:
-        with contextlib.suppress(OSError), self.ctx.wrap_socket(raw, server_side=True) as conn:
-            buffer = b""
-            while not self.halt.is_set():
-                while b"\r\n\r\n" not in buffer:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        return
-                    buffer += chunk
-                head, _, buffer = buffer.partition(b"\r\n\r\n")
-                length = int(
-                    next(
-                        line.split(b":")[1]
-                        for line in head.split(b"\r\n")
-                        if line.lower().startswith(b"content-length")
-                    )
-                )
-                while len(buffer) < length:
-                    buffer += conn.recv(65536)
-                buffer = buffer[length:]
-                self.requests += 1
-                answer, close = self.script(self.requests)
-                for piece in answer if isinstance(answer, list) else [answer]:
-                    conn.sendall(piece)
-                    if self.pause:
-                        self.halt.wait(self.pause)
-                if close:
-                    return
-
-    def stop(self) -> None:
-        self.halt.set()
-        self.listener.close()
-
-
 @contextlib.contextmanager
 def raw_operator(certs: Path, script, pause: float = 0.0):
-    server = RawOperator(certs, script, pause)
-    try:
-        yield server
-    finally:
-        server.stop()
+    """The operator's beat endpoint as a scripted TLS server (tests/support/scripted_http.py)."""
+    with server(script, certs, pause) as scripted:
+        yield scripted
+
+
+def beat_url(scripted: Server) -> str:
+    return f"{scripted.host}/v1/heartbeat"
 
 
 def test_a_connection_the_operator_closed_while_idle_is_made_again_and_the_beat_counts(certs: Path, token: Path):
     # aiohttp closes a keep-alive connection idle for 75 s: a beat interval longer than that must
     # not make every beat a fallback.
     with raw_operator(certs, lambda n: (OK, True)) as server:  # answers, then closes without a word
-        leader = leader_beat(server.url, (certs / "ca.crt").read_text(), token)
+        leader = leader_beat(beat_url(server), (certs / "ca.crt").read_text(), token)
         try:
             assert [leader.post(f"{i}:ab") for i in (1, 2, 3)] == [LeaderAnswer(Observed.RENEWED)] * 3
         finally:
             leader.close()
-        assert server.requests == 3 and server.connections == 3
+        assert len(server.requests) == 3 and server.connections == 3
 
 
 def test_an_answer_saying_connection_close_is_honoured_and_a_kept_one_is_reused(certs: Path, token: Path):
     closing = OK.replace(b"Content-Length", b"Connection: close\r\nContent-Length")
     with raw_operator(certs, lambda n: (closing if n == 2 else OK, False)) as server:
-        leader = leader_beat(server.url, (certs / "ca.crt").read_text(), token)
+        leader = leader_beat(beat_url(server), (certs / "ca.crt").read_text(), token)
         try:
             assert [leader.post(f"{i}:ab") for i in (1, 2, 3, 4)] == [LeaderAnswer(Observed.RENEWED)] * 4
         finally:
@@ -633,13 +571,13 @@ def test_an_answer_saying_connection_close_is_honoured_and_a_kept_one_is_reused(
 
 def test_an_operator_that_closes_a_new_connection_unanswered_is_a_fallback_not_a_retry_loop(certs: Path, token: Path):
     with raw_operator(certs, lambda n: (b"", True)) as server:
-        leader = leader_beat(server.url, (certs / "ca.crt").read_text(), token)
+        leader = leader_beat(beat_url(server), (certs / "ca.crt").read_text(), token)
         try:
             answer = leader.post("1:ab")
         finally:
             leader.close()
         assert answer.observed is None and "unanswered" in answer.why
-        assert server.requests == 1
+        assert len(server.requests) == 1
 
 
 @pytest.mark.parametrize(
@@ -660,7 +598,7 @@ def test_an_answer_too_large_malformed_or_cut_short_is_a_fallback(certs: Path, t
 def one_post(certs: Path, token: Path, answer: bytes) -> LeaderAnswer:
     """One beat posted to an operator that sends `answer` and closes."""
     with raw_operator(certs, lambda n: (answer, True)) as server:
-        leader = leader_beat(server.url, (certs / "ca.crt").read_text(), token)
+        leader = leader_beat(beat_url(server), (certs / "ca.crt").read_text(), token)
         try:
             return leader.post("1:ab")
         finally:
@@ -671,7 +609,7 @@ def test_the_timeout_bounds_the_whole_exchange_not_each_read(certs: Path, token:
     # An answer trickled a byte every 20 ms never leaves a read waiting 0.5 s, yet takes ~1.8 s in
     # all: the agent must give up at its deadline and fall back, as a silent operator is.
     with raw_operator(certs, lambda n: ([OK[i : i + 1] for i in range(len(OK))], True), pause=0.02) as server:
-        leader = leader_beat(server.url, (certs / "ca.crt").read_text(), token, timeout=0.5)
+        leader = leader_beat(beat_url(server), (certs / "ca.crt").read_text(), token, timeout=0.5)
         try:
             answer = leader.post("1:ab")
         finally:
