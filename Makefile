@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: up down status test unit lint testbed image venv clean
+.PHONY: up down status test unit lint testbed image venv clean dist
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -24,6 +24,12 @@ testbed:
 # image, and localhost/vigil:src-<hash>. Nothing is rebuilt while its sources are unchanged.
 image:
 	testbed/image.sh
+
+# The release's artifacts in dist/, versioned by vigil.__version__: the chart packaged, install.yaml,
+# a kustomize base, the image as an OCI archive and its tags, kubectl-vigil as one file with its krew
+# manifest, and SHA256SUMS (release/dist.sh says what each is). It builds the image and the tools it needs.
+dist: venv
+	release/dist.sh
 
 # The cluster, Vigil's CRDs and operator, and the example jobs run until each has finished. It
 # builds only what the demo needs (etcd, Kubernetes, kwok). VIGIL_CLUSTER and VIGIL_PORT_BASE

@@ -12,18 +12,9 @@ re-exported here, so `from vigil import api; api.X` reaches each one.
 
 from __future__ import annotations
 
-from vigil.api.job import (
-    AttemptRecord,
-    Backoff,
-    CurrentAttempt,
-    Heartbeat,
-    JobMeta,
-    Retry,
-    TemplateMeta,
-    VigilJob,
-    VigilJobSpec,
-    VigilJobStatus,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from vigil.api.names import (
     AGENT_CONTAINER,
     AGENT_CONTAINER_REFUSAL,
@@ -75,17 +66,79 @@ from vigil.api.names import (
     Outcome,
     Phase,
 )
-from vigil.api.queue import (
-    QueueMeta,
-    VigilQueue,
-    VigilQueueSpec,
-    VigilQueueStatus,
-)
-from vigil.api.wire import (
-    Condition,
-    Rule,
-    WireModel,
-)
+
+# The models (pydantic) are imported on first use, not with the package: the names above are all
+# that `kubectl vigil` reads, and its zipapp (release/dist.sh) can hold no compiled module, such as
+# pydantic-core. `from vigil.api import VigilJob` and `api.VigilJob` work as before.
+if TYPE_CHECKING:
+    from vigil.api.job import (
+        AttemptRecord,
+        Backoff,
+        CurrentAttempt,
+        Heartbeat,
+        JobMeta,
+        Retry,
+        TemplateMeta,
+        VigilJob,
+        VigilJobSpec,
+        VigilJobStatus,
+    )
+    from vigil.api.queue import (
+        QueueMeta,
+        VigilQueue,
+        VigilQueueSpec,
+        VigilQueueStatus,
+    )
+    from vigil.api.wire import (
+        Condition,
+        Rule,
+        WireModel,
+    )
+
+_LAZY = {
+    **dict.fromkeys(
+        (
+            "AttemptRecord",
+            "Backoff",
+            "CurrentAttempt",
+            "Heartbeat",
+            "JobMeta",
+            "Retry",
+            "TemplateMeta",
+            "VigilJob",
+            "VigilJobSpec",
+            "VigilJobStatus",
+        ),
+        "job",
+    ),
+    **dict.fromkeys(
+        (
+            "QueueMeta",
+            "VigilQueue",
+            "VigilQueueSpec",
+            "VigilQueueStatus",
+        ),
+        "queue",
+    ),
+    **dict.fromkeys(
+        (
+            "Condition",
+            "Rule",
+            "WireModel",
+        ),
+        "wire",
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"vigil.api.{module}"), name)
+    globals()[name] = value  # once: later reads find it without this call
+    return value
+
 
 __all__ = [
     "AGENT_CONTAINER",

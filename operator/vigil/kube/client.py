@@ -29,13 +29,17 @@ from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any
 
 import aiohttp
-import orjson
 from aiohttp.payload import BytesPayload
 
 from vigil.core.election import fenced_timeout, go_duration
 from vigil.kube.config import Credentials
 from vigil.kube.errors import ApiError, Stalled, TooLarge, Unreachable, from_status
 from vigil.kube.useragent import user_agent as user_agent  # callers import it from here
+
+try:
+    import orjson
+except ImportError:  # kubectl-vigil's zipapp holds no compiled module: the same names from json
+    from vigil.kube import stdjson as orjson  # type: ignore[no-redef]
 
 CONNECT_TIMEOUT_SECONDS = 5.0
 READ_TIMEOUT_SECONDS = 20.0

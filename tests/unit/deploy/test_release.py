@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
+import orjson
 import pytest
 import yaml
 
 import vigil
 from tests.support.charts import helm_template
 from vigil import cli
+from vigil.kube import stdjson
 
 pytestmark = pytest.mark.unit
 
@@ -108,3 +111,38 @@ def test_crds_keep_false_lets_an_uninstall_delete_them():
 
 def test_crds_enabled_false_renders_none():
     assert crds_of(helm_template("crds.enabled=false")) == {}
+
+
+# ------------------------------------------------------------------- what the plugin's zipapp needs
+
+NO_COMPILED = """
+import sys
+for name in ("pydantic", "pydantic_core", "orjson"):
+    sys.modules[name] = None  # as in the zipapp, which can import no compiled module
+import vigil.api
+print(vigil.api.GROUP, vigil.api.PLURAL)
+try:
+    vigil.api.VigilJob
+except ImportError:
+    print("models need pydantic")
+del sys.modules["pydantic"], sys.modules["pydantic_core"]  # kubernetes >= 37 needs it (the zipapp has 36)
+from vigil.kube import client
+print(client.orjson.__name__)
+"""
+
+
+def test_the_api_names_and_the_client_import_without_compiled_modules():
+    # release/plugin.py builds kubectl-vigil from these: vigil.api's models load on first use only,
+    # and the client falls back to the standard library's json (e2e/test_install_from_artifacts.py
+    # runs the zipapp itself).
+    result = subprocess.run([sys.executable, "-c", NO_COMPILED], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:3] == ["vigil.dev vigiljobs", "models need pydantic", "vigil.kube.stdjson"]
+
+
+def test_stdjson_writes_what_orjson_writes():
+    value = {"metadata": {"name": "nightly-ß", "labels": {"a": "1"}}, "spec": {"n": [1, 2.5, None, True]}}
+    assert stdjson.dumps(value) == orjson.dumps(value)
+    assert stdjson.loads(orjson.dumps(value)) == value
+    with pytest.raises(stdjson.JSONDecodeError):
+        stdjson.loads(b"{not json")
