@@ -3,10 +3,12 @@ or VigilQueue of the current API version that Vigil's own models accept (the rul
 applies, stated in Python: vigil.api), with a pod template whose every field is one of
 Kubernetes' PodTemplateSpec (strict field validation, as `kubectl apply` does it) and no
 placement on the test bed's kwok nodes (the demo adds that itself: testbed/demo.py). The README
-lists each example."""
+lists each example. The VigilJobs and VigilQueues in the docs' YAML blocks (the migration guide's
+worked example) are held to the same check."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,14 @@ OBJECTS = [
     for path in FILES
     for body in yaml.safe_load_all(path.read_text())
     if body
+]
+# The docs' YAML blocks that hold Vigil's objects, as more examples.
+OBJECTS += [
+    (f"{path.relative_to(ROOT)}:{body['metadata']['name']}", body)
+    for path in sorted((ROOT / "docs").glob("*.md"))
+    for block in re.findall(r"```yaml\n(.*?)```", path.read_text(), re.S)
+    for body in yaml.safe_load_all(block)
+    if isinstance(body, dict) and body.get("apiVersion", "").startswith(f"{api.GROUP}/") and "spec" in body
 ]
 JOBS = {key: body for key, body in OBJECTS if body["kind"] == api.KIND}
 
@@ -52,6 +62,7 @@ def test_the_examples_are_found():
     names = {path.name for path in FILES}
     assert {"hello.yaml", "nightly-report.yaml", "etl-step.yaml", "training.yaml", "count.yaml"} <= names
     assert len(JOBS) >= 10
+    assert "docs/migrating-from-jobs.md:resize-images" in JOBS
 
 
 @pytest.mark.parametrize("key", [key for key, _ in OBJECTS])
