@@ -18,7 +18,8 @@ from tests.support.clock import FakeClock, settle
 from tests.support.controllers import job_controller
 from tests.support.templates import TYPICAL_TEMPLATE, env_template
 from vigil.controllers.jobs import JobController
-from vigil.core import failures
+from vigil.controllers.jobs.reconciler import read_is_the_fence
+from vigil.core import actions, failures
 from vigil.core.objects import strip_job, template_dropped
 from vigil.core.podstate import strip_pod
 from vigil.kube.errors import ApiError, Conflict, NotFound
@@ -105,7 +106,8 @@ def look(controller: JobController) -> None:
 
 @pytest.mark.parametrize("guarantee", ["AtLeastOnce", "NoOverlap"])
 def test_the_pod_of_a_job_whose_template_was_not_kept_has_the_whole_template(guarantee: str) -> None:
-    """NoOverlap: the start is in doubt too (its pods are listed first): both reads, one pod."""
+    """NoOverlap: the start is in doubt too (its pods are listed after the read), so the fence
+    reads the job again after that list: two reads, one pod."""
     server, controller = world(env_template(LARGE_ENV), guarantee=guarantee)
     assert template_dropped(controller.view.jobs[KEY])
     recorded: list[dict[str, Any]] = []  # the jobs events are about (the recorder's backlog holds them)
@@ -114,9 +116,10 @@ def test_the_pod_of_a_job_whose_template_was_not_kept_has_the_whole_template(gua
     look(controller)
     assert list(server.pods) == ["ledger-1"]
     assert len(server.env_of_pod("ledger-1")) == LARGE_ENV
-    # The read (and, under the pod-first rule, the fence's read of the job) and nothing more;
-    # the view keeps the job trimmed still.
-    assert server.job_reads == 2, server.requests
+    # One read, and nothing more: under the pod-first rule the read is also the start's fence
+    # (ConfirmVersion of the version just read would read the 26 KiB again); in doubt, the pods
+    # are listed after it, and the fence reads once more. The view keeps the job trimmed still.
+    assert server.job_reads == (1 if guarantee == "AtLeastOnce" else 2), server.requests
     assert template_dropped(controller.view.jobs[KEY])
     # Nothing holds the template after the look: not the view, not an event waiting to be sent.
     assert recorded and all(template_dropped(job) for job in recorded)
@@ -196,4 +199,14 @@ def test_a_failed_read_fails_the_look_and_the_worker_retries_it_with_backoff() -
     server, reasons = asyncio.run(scenario())
     assert reasons == ["ReconcileFailed"], "the failure is shown on the job, as any failed look's"
     assert len(server.env_of_pod("ledger-1")) == LARGE_ENV
-    assert server.job_reads == 3, "the failed read, the read, the fence"
+    assert server.job_reads == 2, "the failed read, then the read that is also the fence"
+
+
+def test_only_a_first_confirmation_of_the_version_just_read_is_dropped() -> None:
+    create = actions.CreatePod(manifest={"metadata": {"name": "ledger-1"}})
+    fenced = actions.Decision((actions.ConfirmVersion("7"), create))
+    assert read_is_the_fence(fenced, "7").actions == (create,)
+    assert read_is_the_fence(fenced, "8") == fenced, "another version: the fence stays, and will fail"
+    later = actions.Decision((actions.EmitEvent("Normal", "Started", "m"), actions.ConfirmVersion("7"), create))
+    assert read_is_the_fence(later, "7") == later
+    assert read_is_the_fence(actions.Decision(), "7") == actions.Decision()

@@ -59,6 +59,16 @@ CONFLICTS_WORTH_A_WARNING = 3
 HELD_BACK_RECHECK_SECONDS = 2.0
 
 
+def read_is_the_fence(decision: actions.Decision, read_version: str | None) -> actions.Decision:
+    """`decision` without a first ConfirmVersion of `read_version`: a decision taken on a job
+    just read from the API server is fenced by that read, and confirming it would read the
+    whole job (its template too) again."""
+    first = decision.actions[0] if decision.actions else None
+    if isinstance(first, actions.ConfirmVersion) and first.resource_version == read_version:
+        return actions.Decision(decision.actions[1:])
+    return decision
+
+
 class Decided(NamedTuple):
     """A decision and what it was taken on."""
 
@@ -239,7 +249,8 @@ class JobReconciler:
                 self.handlers.job_seen(kept_copy(whole), read=True)
             return None, decided
         self.handlers.job_seen(kept_copy(whole), look=False, read=True)
-        return whole, self._decide(key, whole, pods)
+        again = self._decide(key, whole, pods)
+        return whole, again._replace(decision=read_is_the_fence(again.decision, fields.resource_version(whole)))
 
     def _schedule(self, key: Key, states: Mapping[str, str], held_back: bool) -> None:
         """Sets the job's silence alarm, or wakes it soon if a Lost verdict waits for the pod
