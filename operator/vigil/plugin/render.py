@@ -264,5 +264,8 @@ def redrive(steps: Sequence[report.RedriveStep], done: Mapping[str, str], fmt: O
             rows.append({"name": step.name, "result": "refused", "detail": done.get(step.name, "not reached")})
     for row, step in zip(rows, steps, strict=True):
         row["namespace"] = step.namespace
+    out = as_output(fmt)
+    if out.kind == "name":  # as `kubectl annotate -o name`: the objects written (or that would be)
+        return names([row for row in rows if row["result"] != "refused"], JOB_RESOURCE)
     # -o wide: the namespace too (the jobs' own, which a script may want beside the name)
-    return listing(rows, REDRIVE_COLUMNS, fmt, wide=[NAMESPACE_COLUMN, *REDRIVE_COLUMNS])
+    return listing(rows, REDRIVE_COLUMNS, out, wide=[NAMESPACE_COLUMN, *REDRIVE_COLUMNS])

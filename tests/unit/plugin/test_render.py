@@ -128,6 +128,7 @@ def test_a_redrive_reports_what_was_redriven_and_what_was_refused():
         "b      refused    the job was deleted since it was read",
         "c      refused    not dead-lettered (phase Running): only a dead-lettered job can be redriven",
     ]
+    assert render.redrive(steps, done, "name", dry_run=False) == "vigiljob.vigil.dev/a"  # the one written
     dry = json.loads(render.redrive(steps, {}, "json", dry_run=True))["items"]
     assert [row["result"] for row in dry] == ["would redrive", "would redrive", "refused"]
     assert dry[0]["namespace"] == "ns"
