@@ -1,0 +1,60 @@
+"""`make up`'s examples (testbed.demo): the files in examples/ name no node, so the demo places
+their pods on the bed's kwok nodes itself, changing nothing else; the examples it runs are the
+ones kwok can finish (their sim.vigil.dev annotations), whose table the README shows."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from testbed import demo
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def as_written() -> list[dict]:
+    return [
+        body
+        for name in demo.DEMO_EXAMPLES
+        for body in yaml.safe_load_all((ROOT / "examples" / f"{name}.yaml").read_text())
+        if body
+    ]
+
+
+def test_the_demo_places_the_jobs_pods_on_kwok_nodes_and_changes_nothing_else():
+    written, applied = as_written(), demo.demo_manifests()
+    assert [(b["kind"], b["metadata"]["name"]) for b in applied] == [
+        (b["kind"], b["metadata"]["name"]) for b in written
+    ]
+    for before, after in zip(written, applied, strict=True):
+        if before["kind"] != "VigilJob":
+            assert after == before
+            continue
+        pod = after["spec"]["template"]["spec"]
+        assert pod["nodeSelector"] == {"type": "kwok"}
+        assert {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+        unplaced = copy.deepcopy(after)
+        for key in ("nodeSelector", "tolerations"):
+            del unplaced["spec"]["template"]["spec"][key]
+        assert unplaced == before
+
+
+def test_the_demo_runs_only_examples_kwok_can_finish():
+    jobs = [body for body in as_written() if body["kind"] == "VigilJob"]
+    assert {job["metadata"]["name"] for job in jobs} == {
+        "hello",
+        "flaky",
+        "poison",
+        "report-a",
+        "report-b",
+        "urgent-fix",
+    }
+    for job in jobs:
+        annotations = job["spec"]["template"]["metadata"]["annotations"]
+        assert "sim.vigil.dev/exit-code" in annotations and "sim.vigil.dev/run-for" in annotations, job
+        assert job["spec"]["heartbeat"]["required"] is False  # kwok runs no agent
