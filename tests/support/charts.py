@@ -1,4 +1,4 @@
-"""The Helm chart and the tools of the test bed (helm, promtool), as the tests run them.
+"""The Helm chart and the tools of the test bed (helm, helm-docs, promtool), as the tests run them.
 
 The tools come from testbed/build.sh (~/.cache/vigil/bin, or $VIGIL_CACHE/bin); without them the
 tests that need them fail, they do not skip: the chart and the rules would go untested.
