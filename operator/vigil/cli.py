@@ -1,5 +1,6 @@
 """`vigil`: the command line. `vigil operator` runs the operator against the current kubeconfig;
-`vigil release-finalizers` removes its finalizers once no operator will."""
+`vigil release-finalizers` removes its finalizers once no operator will; `vigil migrate-storage`
+rewrites every object at the storage version after an upgrade."""
 
 from __future__ import annotations
 
@@ -234,6 +235,38 @@ def _release_finalizers(args: argparse.Namespace) -> int:
     return 0
 
 
+def _migrate_storage(args: argparse.Namespace) -> int:
+    from vigil import migration
+    from vigil.core.storage import NotReady
+    from vigil.kube import config
+    from vigil.kube.errors import ApiError
+
+    if not (args.rate > 0 and 1 <= args.page <= 500):
+        print("vigil migrate-storage: --rate must be above 0 and --page between 1 and 500", file=sys.stderr)
+        return 2
+    try:
+        credentials = config.load()
+    except config.NoCredentials as err:
+        print(f"vigil migrate-storage: {err}", file=sys.stderr)
+        return 2
+    try:
+        done = migration.run(credentials, rate=args.rate, page=args.page, dry_run=args.dry_run)
+    except (NotReady, migration.MigrationFailed) as err:
+        print(f"vigil migrate-storage: {err}", file=sys.stderr)
+        return 1
+    except ApiError as err:
+        print(
+            f"vigil migrate-storage: {err} (it needs get and patch on customresourcedefinitions and their status, "
+            "list and patch on vigiljobs and vigilqueues in every namespace)",
+            file=sys.stderr,
+        )
+        return 1
+    verb = "would rewrite" if args.dry_run else "rewrote"
+    counts = ", ".join(f"{done.rewritten.get(plural, 0)} {plural}" for plural, _ in migration.RESOURCES)
+    print(f"{verb} {counts}" + ("" if args.dry_run else f"; storedVersions: [{migration.api.VERSION}]"))
+    return 0
+
+
 def default_queue_policy(max_running: int, retry_budget: float | None) -> QueueSpec:
     """The cluster-wide limits of a namespace's `default` queue where no VigilQueue `default`
     exists; a ValueError says which flag is wrong."""
@@ -426,6 +459,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     _add_log_format(release)
     release.set_defaults(run=_release_finalizers)
+
+    migrate = commands.add_parser(
+        "migrate-storage",
+        help="after applying this release's CRDs: rewrite every VigilJob and VigilQueue so that etcd stores them as "
+        "the current version, then set the CRDs' status.storedVersions to it (docs/upgrading.md)",
+        description="Writes every VigilJob and VigilQueue of the cluster once, changing nothing (a patch fenced by "
+        "its resourceVersion, paced, conflicts read again), so that the API server stores it as the CRD's storage "
+        "version; then sets each CRD's status.storedVersions to that version alone, which a later release needs "
+        "before it may stop serving the old one. Safe to run again, and while the operator runs.",
+    )
+    migrate.add_argument(
+        "--rate", type=float, default=20.0, metavar="WRITES", help="writes a second at most (default: 20)"
+    )
+    migrate.add_argument("--page", type=int, default=100, metavar="N", help="objects a list page (default: 100)")
+    migrate.add_argument("--dry-run", action="store_true", help="check the CRDs and list the objects, change nothing")
+    migrate.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default: info"
+    )
+    _add_log_format(migrate)
+    migrate.set_defaults(run=_migrate_storage)
 
     args = parser.parse_args(argv)
     logs.configure(args.log_level, args.log_format)
