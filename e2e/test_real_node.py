@@ -12,13 +12,16 @@ and beats by the pod's vigil.dev/heartbeat annotation (no --heartbeat-url).
 - `make up REAL_NODE=1`'s last step (testbed.doubt), beats to the leader over the node's bridge:
   Uncertain and back, Lost and fenced under NoOverlap, a checkpoint carried;
 - `heartbeat.agent: Image`: `vigil-agent -- python3 ...` in the job's own container (Vigil's
-  image), beating, passing the child's exit code through, carrying vigil.agent.checkpoint().
+  image), beating, passing the child's exit code through, carrying vigil.agent.checkpoint();
+  `kubectl vigil logs -f --all-attempts` follows attempt 1's log as it is written, then the
+  retry's after a line naming it, and ends with the job.
 
 e2e/test_sidecar_agent.py runs the same processes under podman; this is the kubelet's way."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +35,8 @@ from tests.support.cluster import SUITE_CLUSTER, Kube, free_port, install_crds, 
 from tests.support.fixtures import RealNode
 from tests.support.jobs import GROUP, VERSION, create, pods_of, status
 from tests.support.operators import OperatorProcess, beat_args, counted_beats
-from tests.support.waits import wait_until
+from tests.support.plugin import plugin_command, plugin_environment
+from tests.support.waits import deadline, wait_until
 from vigil import api
 from vigil.servers.webhook import make_self_signed
 
@@ -256,6 +260,14 @@ def test_vigil_agent_in_the_jobs_own_image_beats_passes_exit_codes_and_carries_a
     (container,) = spec["template"]["spec"]["containers"]
     container.update(image=real_node.vigil_image, command=["vigil-agent", "--", "python3", "-c", OWN_AGENT_JOB])
     created = create(kube, ns, job)
+    # Followed from before its first attempt, as a user would: across the retry, to the job's end.
+    follow = subprocess.Popen(
+        [*plugin_command(), "-n", ns, "logs", "own-agent", "-f", "--all-attempts"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=plugin_environment(kube.kubeconfig),
+    )
     first = the_pod(kube, ns, created).metadata.name
     assert not [c for c in read_pod(kube, ns, first).spec.init_containers or [] if c.name == api.AGENT_CONTAINER]
     new_beats(kube, ns, first, 2)  # by vigil-agent in the job's own container, as the pod's account
@@ -268,3 +280,11 @@ def test_vigil_agent_in_the_jobs_own_image_beats_passes_exit_codes_and_carries_a
     second = next(p.metadata.name for p in pods_of(kube, ns, created) if p.metadata.name != first)
     logs = kube.kubectl("logs", "-n", ns, second, "-c", "main").stdout
     assert "resumed at step 7" in logs, logs
+    try:
+        followed, notes = follow.communicate(timeout=deadline(20))  # it ends with the job
+    finally:
+        follow.kill()
+    assert follow.returncode == 0, notes
+    assert followed.startswith(f"--- attempt 1: pod {first} on {real_node.name} ---\n"), followed
+    retry = followed.index(f"--- attempt 2: pod {second} on {real_node.name} ---\n")
+    assert followed.index("attempt starts from None") < retry < followed.index("resumed at step 7"), followed
