@@ -23,12 +23,13 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from vigil.plugin.args import SHELLS, parser
+
 DIRECTIVE_DEFAULT = 0  # the shell completes file names
 DIRECTIVE_NO_SPACE = 2
 DIRECTIVE_NO_FILES = 4
 LIMIT = 200  # names listed for a completion: one request, one page
 TIMEOUT_SECONDS = 2.0  # a TAB must not hang on a cluster that does not answer
-SHELLS = ("bash", "zsh", "fish")
 OUTPUT_VALUES = ("table", "wide", "name", "json", "yaml", "jsonpath=", "custom-columns=")
 
 # What each command's positional arguments name: a kind of object to list from the cluster, or
@@ -165,8 +166,6 @@ def _named(
 
 def answer(words: Sequence[str], lookup: Lookup) -> str:
     """What the completion executable prints: the candidates, then `:directive`."""
-    from vigil.plugin.cli import parser
-
     found, directive = candidates(parser(), words, lookup)
     return "".join(line + "\n" for line in found) + f":{directive}\n"
 

@@ -147,3 +147,16 @@ def test_kubectl_complete_vigil_is_the_console_script_kubectl_looks_for():
     # the same answer from the plugin itself, for the scripts (and a single-file plugin linked as it)
     done = subprocess.run([console_script("kubectl-vigil"), "__complete", "lo"], capture_output=True, text=True)
     assert done.stdout.splitlines()[0].startswith("logs\t")
+
+
+def test_a_tab_loads_no_client_library_only_a_lookup_of_names_does():
+    # Completion runs on every TAB: commands, flags and -o values come from the parser alone,
+    # without the tenths of a second that aiohttp, the kubernetes client and pydantic take to load.
+    probe = (
+        "import sys; from vigil.plugin import completion; "
+        "completion.answer(['logs', '--f'], lambda what, scope: []); "
+        "heavy = ('aiohttp', 'kubernetes', 'pydantic', 'yaml', 'vigil.kube.client'); "
+        "print(sorted(m for m in heavy if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "[]\n"), done.stderr
