@@ -256,15 +256,16 @@ def separator(number: int, pod: Mapping[str, Any]) -> bytes:
 
 
 def started(pod: Mapping[str, Any], container: str | None) -> bool:
-    """Whether the pod's container has a log to give: started, running or ended (a pod still
-    Pending answers a log request with 400 "waiting to start")."""
+    """Whether the pod's container has a log to give: running or ended, by its own status (a
+    pod Running on its sidecar alone, or Pending, answers a log request with 400 "waiting to
+    start"); a pod that has ended has nothing more to wait for."""
     status_ = fields.status(pod)
-    if status_.get("phase") in ("Running", "Succeeded", "Failed"):
+    if status_.get("phase") in ("Succeeded", "Failed"):
         return True
     for item in status_.get("containerStatuses") or []:
-        if item.get("name") == container and set(item.get("state") or {}) & {"running", "terminated"}:
-            return True
-    return False
+        if item.get("name") == container:
+            return bool(set(item.get("state") or {}) & {"running", "terminated"})
+    return status_.get("phase") == "Running"
 
 
 async def logs(
@@ -313,7 +314,7 @@ async def follow(
             job = await _read_job(api, namespace, args.job)
             if latest_attempt(job) <= number and fields.status(job).get("phase") in TERMINAL:
                 return code, ""
-            out.note(f"attempt {number} of vigiljob {args.job}: its pod is gone, and its log with it")
+            out.note(f"attempt {number} of vigiljob {args.job}: no log (its pod is gone, or it never started)")
         else:
             if announce:
                 out.data(separator(number, pod))
@@ -341,16 +342,15 @@ async def _wait_for_attempt(
     told = False
     while True:
         pods = await api.pods(namespace, f"{LABEL_JOB_UID}={uid},{LABEL_ATTEMPT}={number}")
-        if pods:
-            if started(pods[0], container or _default_container(pods[0])):
-                return pods[0]
-            if not told:
-                out.note(f"waiting for pod {fields.name(pods[0])} (attempt {number}) to start")
-                told = True
-        else:
-            job = await _read_job(api, namespace, name)
-            if latest_attempt(job) > number or fields.status(job).get("phase") in TERMINAL:
-                return None
+        if pods and started(pods[0], container or _default_container(pods[0])):
+            return pods[0]
+        if pods and not told:
+            out.note(f"waiting for pod {fields.name(pods[0])} (attempt {number}) to start")
+            told = True
+        # A pod not there, or one that never started (stopped while Pending): on once the job is.
+        job = await _read_job(api, namespace, name)
+        if latest_attempt(job) > number or fields.status(job).get("phase") in TERMINAL:
+            return None
         await clock.sleep(FOLLOW_POLL_SECONDS)
 
 

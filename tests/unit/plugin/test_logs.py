@@ -174,7 +174,7 @@ def test_a_pod_gone_or_a_log_refused_is_said_and_the_next_attempt_followed():
     api.states[0] = (0, {"phase": "BackingOff", "attempts": 1})
     result, out, _ = follow(api, clock, "j", "-f", "--attempt", "1", "--all-attempts")
     assert result == (cli.EXIT_OK, "")  # a pod gone is said, not an error: its attempt was deleted with it
-    assert out.notes[0] == "attempt 1 of vigiljob j: its pod is gone, and its log with it"
+    assert out.notes[0] == "attempt 1 of vigiljob j: no log (its pod is gone, or it never started)"
     assert out.written.endswith(b"--- attempt 2: pod j-2 on node-b ---\nthree\n")
 
 
@@ -251,3 +251,31 @@ def test_the_followed_log_comes_as_it_is_written_over_the_plugins_client_with_no
             ]
 
     asyncio.run(asyncio.wait_for(scenario(), 20))  # bounds only a hang
+
+
+def test_a_pod_running_on_its_sidecar_alone_is_waited_for_until_the_jobs_container_runs():
+    clock = FakeClock()
+    api = a_retried_job(clock)
+    sidecar_only = pod("j", 1, "Running")
+    sidecar_only["status"]["containerStatuses"] = [
+        {"name": "main", "state": {"waiting": {"reason": "PodInitializing"}}}
+    ]
+    api.pods_[0] = (0, 1, sidecar_only)
+    api.pod(1, 1000, pod("j", 1, "Running"))
+    result, out, _ = follow(api, clock, "j", "-f", "--attempt", "1")
+    assert out.notes == ["waiting for pod j-1 (attempt 1) to start"]
+    assert (result, out.written) == ((cli.EXIT_OK, ""), b"one\ntwo\n")
+    assert len(api.streams) == 1  # asked once its container ran, not refused as "waiting to start"
+
+
+def test_a_pod_that_never_started_is_left_once_the_job_has_moved_on():
+    clock = FakeClock()
+    api = a_retried_job(clock)
+    api.pods_[0] = (0, 1000, pod("j", 1, "Pending"))  # stuck, the operator's deadline gave up on it
+    api.states[1] = (4, {"phase": "BackingOff", "attempts": 1})
+    result, out, _ = follow(api, clock, "j", "-f")
+    assert out.notes[:2] == [
+        "waiting for pod j-1 (attempt 1) to start",
+        "attempt 1 of vigiljob j: no log (its pod is gone, or it never started)",
+    ]
+    assert out.written == b"--- attempt 2: pod j-2 on node-b ---\nthree\n" and result == (cli.EXIT_OK, "")
