@@ -226,13 +226,23 @@ def main(argv: list[str] | None = None) -> int:
 BASH = r"""# bash completion for kubectl-vigil; load it with: source <(kubectl vigil completion bash)
 # (`kubectl vigil <TAB>` needs none of this: kubectl >= 1.26 runs kubectl_complete-vigil itself)
 _kubectl_vigil() {
-    local cur=${COMP_WORDS[COMP_CWORD]} IFS=$'\n' out directive
-    out=$(kubectl-vigil __complete "${COMP_WORDS[@]:1:COMP_CWORD}" 2>/dev/null) || return
+    local line=${COMP_LINE:0:COMP_POINT} out directive typed
+    local -a words
+    IFS=$' \t' read -ra words <<< "$line"
+    [[ $line =~ [[:space:]]$ ]] && words+=("")
+    typed=${words[${#words[@]}-1]}
+    out=$(kubectl-vigil __complete "${words[@]:1}" 2>/dev/null) || return
     directive=${out##*:}
     out=$(printf '%s\n' "$out" | sed '$d' | cut -f1)
-    COMPREPLY=($(compgen -W "$out" -- "$cur"))
+    # bash splits a word at '=' (COMP_WORDBREAKS): what is offered is what follows it
+    if [[ $typed == *=* ]]; then
+        out=$(printf '%s\n' "$out" | sed 's/^[^=]*=//')
+        typed=${typed#*=}
+    fi
+    local IFS=$'\n'
+    COMPREPLY=($(compgen -W "$out" -- "$typed"))
     if [[ $directive == 0 && ${#COMPREPLY[@]} -eq 0 ]]; then
-        COMPREPLY=($(compgen -f -- "$cur"))
+        COMPREPLY=($(compgen -f -- "$typed"))
     fi
     if (( directive & 2 )); then
         compopt -o nospace 2>/dev/null

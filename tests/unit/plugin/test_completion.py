@@ -127,9 +127,11 @@ def test_the_scripts_are_printed_and_bash_completes_through_the_console_script(
     driver = (
         completion.BASH
         + """
-COMP_WORDS=(kubectl-vigil re); COMP_CWORD=1; _kubectl_vigil; echo "${COMPREPLY[*]}"
-COMP_WORDS=(kubectl-vigil dlq -o ''); COMP_CWORD=3; _kubectl_vigil; echo "${COMPREPLY[*]}"
-COMP_WORDS=(kubectl-vigil completion z); COMP_CWORD=2; _kubectl_vigil; echo "${COMPREPLY[*]}"
+complete_line() { COMP_LINE=$1; COMP_POINT=${#COMP_LINE}; _kubectl_vigil; echo "${COMPREPLY[*]}"; }
+complete_line 'kubectl-vigil re'
+complete_line "kubectl-vigil dlq -o "
+complete_line 'kubectl-vigil completion z'
+complete_line 'kubectl-vigil top --output=js'
 """
     )
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "KUBECONFIG": str(tmp_path / "none")}
@@ -138,6 +140,7 @@ COMP_WORDS=(kubectl-vigil completion z); COMP_CWORD=2; _kubectl_vigil; echo "${C
         "redrive resume",
         " ".join(completion.OUTPUT_VALUES),
         "zsh",
+        "json jsonpath=",  # after the '=' bash splits the word at
     ], done.stderr
 
 
