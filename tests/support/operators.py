@@ -31,25 +31,33 @@ class OperatorProcess:
         kubeconfig: Path | None = None,
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        tree: Path | None = None,
     ):
         self.kube, self.namespaces, self.log_path = kube, namespaces, log_path
         self.extra_args = extra_args  # more flags of `vigil operator`
         self.env = env or {}  # more environment, e.g. the POD_NAME the downward API gives in a pod
         self.kubeconfig = kubeconfig or kube.kubeconfig  # whose identity the operator acts with
+        # Another source tree of Vigil (a previous release, extracted by e2e/test_upgrade.py) to run
+        # instead of this checkout: its operator/ first on the path, with this virtualenv's Python
+        # and libraries; its own flags are what extra_args must speak.
+        self.tree = tree
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        vigil = Path(sys.executable).with_name("vigil")
-        args = [str(vigil), "operator", "--log-level", os.environ.get("VIGIL_TEST_OPERATOR_LOG_LEVEL", "info")]
+        level = ["--log-level", os.environ.get("VIGIL_TEST_OPERATOR_LOG_LEVEL", "info")]
+        env = {**os.environ, **self.env, "KUBECONFIG": str(self.kubeconfig)}
+        if self.tree is None:
+            args = [str(Path(sys.executable).with_name("vigil")), "operator", *level]
+        else:
+            # PYTHONPATH comes before the editable install's path entry, so `vigil` is the tree's.
+            args = [sys.executable, "-m", "vigil.cli", "operator", *level]
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.tree / "operator"), env.get("PYTHONPATH")]))
         for pattern in self.namespaces:
             args += ["--namespace", pattern]
         args += self.extra_args
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                args,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, **self.env, "KUBECONFIG": str(self.kubeconfig)},
+                args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.tree if self.tree is not None else None
             )
 
     def kill(self) -> None:
