@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,8 +48,12 @@ async def stop_operator(kube: Kube, namespace: str, name: str, timeout: float, c
     if selector is None or not await kube.scale_deployment(namespace, name, 0):
         return False
     until = clock.monotonic() + timeout
+    # The chart's pre-delete hook runs this in a pod of the release's namespace that carries the
+    # release's labels, so the Deployment's selector matches it too: it is not the operator (in a
+    # pod, the host name is the pod's name). Waiting for it would fail every uninstall.
+    itself = socket.gethostname()
     while True:
-        left = [pod async for page in kube.list_pods(namespace, selector) for pod in page]
+        left = [pod async for page in kube.list_pods(namespace, selector) for pod in page if fields.name(pod) != itself]
         if not left:
             return True
         if clock.monotonic() >= until:

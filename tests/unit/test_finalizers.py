@@ -119,3 +119,11 @@ def test_no_deployment_is_nothing_to_stop():
     api = Api(PODS)
     assert asyncio.run(finalizers.stop_operator(api, "vigil-system", "gone", 30, FakeClock())) is False  # type: ignore[arg-type]
     assert ("scale", "vigil-system", "gone", 0) not in api.calls
+
+
+def test_the_hooks_own_pod_is_not_waited_for(monkeypatch):
+    # The chart's pre-delete hook pod carries the release's labels, which the Deployment's selector
+    # matches: on a real cluster every uninstall waited for the hook itself, then failed.
+    monkeypatch.setattr(finalizers.socket, "gethostname", lambda: "vigil-0")
+    api = Api(PODS, operator_pods=1, operator_leaves_after=10**6)
+    assert asyncio.run(finalizers.stop_operator(api, "vigil-system", "vigil", 30, FakeClock())) is True  # type: ignore[arg-type]
