@@ -4,8 +4,9 @@ follow docs/upgrading.md with jobs in every state.
 The previous release is extracted from git (`git archive`), its CRDs (v1alpha1 alone) applied and
 its operator run as a process; jobs are written as v1alpha1 in each state: running, backing off,
 dead-lettered, queued behind a saturated queue (and one in a namespace no operator watches, which
-nothing but the migration ever writes). Then, while they are so, the old operator is stopped,
-this release's CRDs applied server-side and this release's operator started. Nothing may be lost
+nothing but the migration ever writes). Then, while they are so, this release's CRDs are
+applied server-side (the old operator still running), the old operator stopped and this
+release's operator started. Nothing may be lost
 (every job ends as it would have: the running one and the queued ones Succeeded after one
 attempt, the one backing off Succeeded after its second, the dead-lettered one still so after its
 one), nothing run twice (no attempt number gets two pods, none gets a number beyond its last,
@@ -270,12 +271,13 @@ def test_an_upgrade_mid_flight_loses_nothing_runs_nothing_twice_and_migrates_sto
                     version=OLD,
                 )
 
-            # The upgrade, as docs/upgrading.md has it: the operator stops, the CRDs, the operator.
+            # The upgrade, as docs/upgrading.md has it: this release's CRDs (the old operator runs on
+            # meanwhile, through v1alpha1), then the old operator replaced by the new one.
+            apply_crds(kube, ROOT / "crds")
             old.stop()
             assert old.proc is not None and old.proc.returncode == 0, old.log()[-3000:]
             before = {name: status(kube, ns, name, OLD) for name in ("running", "backing-off", "poison")}
             assert before["running"]["phase"] == "Running" and before["backing-off"]["phase"] == "BackingOff"
-            apply_crds(kube, ROOT / "crds")
             new.start()
 
             # Nothing lost: every job ends as it would have without the upgrade.
