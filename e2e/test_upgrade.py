@@ -36,10 +36,12 @@ import pytest
 from kubernetes import client, config
 
 from testbed import cluster as testbed
-from tests.support.cluster import SUITE_CLUSTER, Kube, fresh_namespace, simulated_pod_spec
+from tests.support.cluster import SUITE_CLUSTER, Kube, free_port, fresh_namespace, simulated_pod_spec
 from tests.support.operators import OperatorProcess
 from tests.support.waits import deadline, wait_until
 from tests.support.watchers import PodLog, PodWatch
+from tests.support.webhooks import register_and_wait, unregister
+from vigil.servers.webhook import PATH, WEBHOOK_NAME, make_self_signed, webhook_configuration
 
 pytestmark = pytest.mark.e2e
 
@@ -133,6 +135,10 @@ def job(name: str, exit_code: str, run_for: str, **spec: object) -> dict:
     }
 
 
+def queue(name: str) -> dict:
+    return {"apiVersion": f"{GROUP}/{OLD}", "kind": "VigilQueue", "metadata": {"name": name}}
+
+
 def create(kube: Kube, namespace: str, body: dict, plural: str = "vigiljobs") -> None:
     kube.custom.create_namespaced_custom_object(GROUP, OLD, namespace, plural, body)
 
@@ -220,21 +226,17 @@ def test_an_upgrade_mid_flight_loses_nothing_runs_nothing_twice_and_migrates_sto
         PodWatch(kube, queued_ns) as queue_watch,
     ):
         old = OperatorProcess(kube, [ns, queued_ns], tmp_path / "old-operator.log", tree=old_tree)
-        new = OperatorProcess(kube, [ns, queued_ns], tmp_path / "new-operator.log")
+        # This release's operator serves its admission webhook too, registered as the chart does
+        # (v1beta1, matchPolicy Equivalent): a create through v1alpha1 must still be reviewed.
+        certs, port = tmp_path / "certs", free_port()
+        ca = make_self_signed(certs, ip_addresses=["127.0.0.1"])
+        webhook = ("--webhook-address", f"127.0.0.1:{port}")
+        webhook += ("--webhook-cert-file", str(certs / "tls.crt"), "--webhook-key-file", str(certs / "tls.key"))
+        new = OperatorProcess(kube, [ns, queued_ns], tmp_path / "new-operator.log", extra_args=webhook)
         try:
             old.start()
             # Every object written as v1alpha1, as a user of the previous release wrote them.
-            create(
-                kube,
-                queued_ns,
-                {
-                    "apiVersion": f"{GROUP}/{OLD}",
-                    "kind": "VigilQueue",
-                    "metadata": {"name": "one"},
-                    "spec": {"maxRunning": 1},
-                },
-                "vigilqueues",
-            )
+            create(kube, queued_ns, {**queue("one"), "spec": {"maxRunning": 1}}, "vigilqueues")
             create(kube, ns, job("running", "0", LONG))
             create(kube, ns, job("backing-off", "1,0", "1s", retry={"maxAttempts": 3, "backoff": BACKOFF}))
             create(kube, ns, job("poison", "7", "1s", retry={"maxAttempts": 3, "nonRetryableExitCodes": [7]}))
@@ -354,6 +356,24 @@ def test_an_upgrade_mid_flight_loses_nothing_runs_nothing_twice_and_migrates_sto
                 assert extensions.read_custom_resource_definition(name).status.stored_versions == [NEW]
             for (namespace, name), was in kept.items():  # rewritten, changed in nothing a user reads
                 assert readable(read(kube, namespace, name)) == readable(was), name
+
+            # Admission reviews a create through v1alpha1 (converted to v1beta1 under Equivalent).
+            configuration = webhook_configuration("vigil-upgrade", ca, url=f"https://127.0.0.1:{port}{PATH}")
+            assert configuration["webhooks"][0]["rules"][0]["apiVersions"] == [NEW]
+            register_and_wait(
+                kube,
+                configuration,
+                ns,
+                lambda name: create(kube, ns, {**queue(name), "spec": {"maxQueued": 0}}, "vigilqueues"),
+            )
+            refused = kube.kubectl(
+                "create", "-n", ns, "-f", "-", input=json.dumps(job("refused", "0", "1s", queue="probe")), check=False
+            )
+            assert refused.returncode != 0, refused.stdout
+            assert f'admission webhook "{WEBHOOK_NAME}" denied the request: queue "probe"' in refused.stderr, (
+                refused.stderr
+            )
+            unregister(kube.api, "vigil-upgrade")
 
             # v1alpha1 is still served, with the warning that says what to change.
             got = kube.kubectl("get", f"vigiljobs.{OLD}.{GROUP}", "-n", ns, "poison", "-o", "json")
