@@ -359,7 +359,7 @@ def webhook_configuration(
         "sideEffects": "None",  # a review is answered and forgotten: nothing is recorded, dry run or not
         "admissionReviewVersions": ["v1"],
         "timeoutSeconds": timeout_seconds,
-        "matchPolicy": "Equivalent",
+        "matchPolicy": "Equivalent",  # creates through v1alpha1 are converted to api.VERSION and reviewed too
     }
     if namespace_selector is not None:
         webhook["namespaceSelector"] = dict(namespace_selector)
