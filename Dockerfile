@@ -1,7 +1,8 @@
 # The Vigil image: `vigil operator` (the chart's default command), `vigil-agent` and
 # `kubectl-vigil`. Tagged as the chart's default image, localhost/vigil:<version>:
-#   docker build -t localhost/vigil:0.1.0 . && kind load docker-image localhost/vigil:0.1.0 --name vigil
+#   docker build -t localhost/vigil:0.2.0 . && kind load docker-image localhost/vigil:0.2.0 --name vigil
 #   helm install vigil charts/vigil -n vigil-system --create-namespace
+# `make dist` saves it as dist/vigil-image-<version>.oci.tar, the release's image (README, "Installing").
 # testbed/kind/setup.sh does the first line for the kind path. `make image` (testbed/image.sh)
 # builds it with podman instead, with no Docker engine and, if need be, no registry.
 #

@@ -4,7 +4,7 @@
 # image built from the Dockerfile and loaded into the kind cluster as the chart's default image,
 # localhost/vigil:<version> (to run the chart in it: helm install vigil charts/vigil -n
 # vigil-system --create-namespace). Then: KUBECONFIG=... make test
-#   NODES=3 KIND_CLUSTER=vigil IMAGE=localhost/vigil:0.1.0 testbed/kind/setup.sh    (IMAGE= skips the image)
+#   NODES=3 KIND_CLUSTER=vigil IMAGE=localhost/vigil:0.2.0 testbed/kind/setup.sh    (IMAGE= skips the image)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 NODES=${NODES:-3}
