@@ -54,8 +54,10 @@ CRDS = ("vigiljobs.vigil.dev", "vigilqueues.vigil.dev")
 PORT_OFFSET = 100  # the bed of this test: ports above the suite's and its xdist workers' (10 each)
 
 # One attempt per job unless said; a pod's life is kwok's stages (tests/README.md).
-LONG = "40s"  # the running job: still running when the upgrade is over
-BACKOFF = {"initialSeconds": 25, "factor": 2.0, "maxSeconds": 60, "jitter": 0.0}  # still waiting then
+# The workload's pace is not widened by the slack: these leave the steps before the upgrade (about
+# 15 s on an idle bed) room to take three times as long, and the jobs are still mid-flight then.
+LONG = "60s"  # the running job
+BACKOFF = {"initialSeconds": 45, "factor": 2.0, "maxSeconds": 90, "jitter": 0.0}  # the job backing off
 
 
 def previous_release() -> str:
@@ -240,7 +242,7 @@ def test_an_upgrade_mid_flight_loses_nothing_runs_nothing_twice_and_migrates_sto
             create(kube, ns, job("running", "0", LONG))
             create(kube, ns, job("backing-off", "1,0", "1s", retry={"maxAttempts": 3, "backoff": BACKOFF}))
             create(kube, ns, job("poison", "7", "1s", retry={"maxAttempts": 3, "nonRetryableExitCodes": [7]}))
-            create(kube, queued_ns, job("first", "0", "20s", queue="one"))
+            create(kube, queued_ns, job("first", "0", "45s", queue="one"))
             wait_status(
                 kube,
                 queued_ns,
@@ -284,10 +286,10 @@ def test_an_upgrade_mid_flight_loses_nothing_runs_nothing_twice_and_migrates_sto
 
             # Nothing lost: every job ends as it would have without the upgrade.
             done = lambda s: s.get("phase") in ("Succeeded", "DeadLettered")  # noqa: E731
-            running = wait_status(kube, ns, "running", "to finish", done, timeout=90)
-            backed_off = wait_status(kube, ns, "backing-off", "to finish", done, timeout=90)
+            running = wait_status(kube, ns, "running", "to finish", done, timeout=120)
+            backed_off = wait_status(kube, ns, "backing-off", "to finish", done, timeout=120)
             for name in ("first", "second", "third"):
-                finished = wait_status(kube, queued_ns, name, "to finish", done, timeout=90)
+                finished = wait_status(kube, queued_ns, name, "to finish", done, timeout=120)
                 assert (finished["phase"], finished["attempts"]) == ("Succeeded", 1), (name, finished)
             assert (running["phase"], running["attempts"]) == ("Succeeded", 1), running
             assert running["history"][0]["podName"] == before["running"]["currentAttempt"]["podName"]
