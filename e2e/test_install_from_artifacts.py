@@ -14,7 +14,9 @@ tool runs there (no checkout on the path, no virtualenv: the system's python3 ru
   the job stay (crds.keep);
 - `kubectl apply --server-side` of the kustomize base, with an overlay that places the operator on
   the real node, runs a job too, and deleting what it made (the documented uninstall) leaves the
-  same nothing.
+  same nothing;
+- an upgrade from 0.1.0's chart (the tag's, whose CRDs Helm's crds/ directory made outside the
+  release): a plain `helm upgrade` is refused, `--take-ownership` adopts the CRDs (docs/upgrading.md).
 
 VIGIL_TEST_DIST=<dir> uses a dist/ already made (`make dist`) instead of making one (about 2 minutes
 when the image is built, 40 s when it is not).
@@ -40,6 +42,7 @@ from kubernetes import client
 
 import vigil
 from testbed import node as real_node_bed
+from testbed.nodes import FAKE_NODE_TAINT
 from tests.support.agents import grant_heartbeat_rbac
 from tests.support.charts import BIN
 from tests.support.cluster import ROOT, SUITE_CLUSTER, Kube
@@ -401,3 +404,55 @@ def test_kubectl_apply_of_the_kustomize_base_runs_a_job_and_deletes_clean(
         (tmp_path / "delete.yaml").write_text(yaml.safe_dump_all(without_crds))
         run(*kubectl, "delete", "--ignore-not-found", "--wait=true", "-f", tmp_path / "delete.yaml", cwd=artifacts)
     nothing_left_to_wedge(kube, "vigil", [jobs_namespace])
+
+
+def test_an_upgrade_from_0_1_0s_chart_takes_over_its_crds(kube: Kube, artifacts: Path, tmp_path: Path):
+    """docs/upgrading.md, "From 0.1.0, once": 0.1.0's chart created the CRDs from Helm's crds/
+    directory, outside the release, so a plain `helm upgrade` to this chart is refused (Helm will
+    not adopt objects it did not make) and `--take-ownership` adopts them. On kwok's nodes: this
+    is about Helm and the CRDs, not the operator's pods."""
+    old = tmp_path / "v0.1.0"
+    old.mkdir()
+    # The previous release's chart, as its user has it: the tag's charts/vigil.
+    archive = subprocess.run(
+        ["git", "archive", "v0.1.0", "charts/vigil"], cwd=ROOT, capture_output=True, check=True, timeout=60
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True, timeout=60)
+    no_vigil_on_the_cluster(kube)
+    namespace, release = f"vigil-up-{uuid.uuid4().hex[:6]}", "vigil"
+    only_here = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "nodeSelector": {"type": "kwok"},
+                "tolerations": [{**FAKE_NODE_TAINT, "operator": "Equal"}],
+                "webhook": {"namespaceSelector": only_here},
+                "heartbeat": {"policy": {"namespaceSelector": only_here}},
+            }
+        )
+    )
+    helm = (BIN / "helm", "--kubeconfig", kube.kubeconfig)
+    wait = ("--wait", "--timeout", f"{deadline(120):.0f}s")
+    run(*helm, "install", release, old / "charts" / "vigil", "-n", namespace, "--create-namespace", "-f", values,
+        *wait, cwd=artifacts)  # fmt: skip
+    try:
+        versions = kube.kubectl("get", "crd", CRDS[0], "-o", "jsonpath={.spec.versions[*].name}").stdout.split()
+        assert versions == ["v1alpha1"], versions
+        plain = run(*helm, "upgrade", release, f"vigil-{V}.tgz", "-n", namespace, "-f", values, *wait,
+                    cwd=artifacts, check=False)  # fmt: skip
+        assert plain.returncode != 0 and "invalid ownership metadata" in plain.stderr, plain.stderr
+        run(*helm, "upgrade", release, f"vigil-{V}.tgz", "-n", namespace, "-f", values, "--take-ownership", *wait,
+            cwd=artifacts)  # fmt: skip
+        crd = json.loads(kube.kubectl("get", "crd", CRDS[0], "-o", "json").stdout)
+        storage = [v["name"] for v in crd["spec"]["versions"] if v["storage"]]
+        assert storage == ["v1beta1"] and {v["name"] for v in crd["spec"]["versions"]} == {"v1alpha1", "v1beta1"}
+        assert crd["metadata"]["annotations"]["meta.helm.sh/release-name"] == release
+        assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        history = json.loads(run(*helm, "history", release, "-n", namespace, "-o", "json", cwd=artifacts).stdout)
+        assert [(h["chart"], h["status"]) for h in history][-1] == (f"vigil-{V}", "deployed"), history
+    finally:
+        uninstalled = run(*helm, "uninstall", release, "-n", namespace, *wait, cwd=artifacts, check=False)
+        kube.kubectl("delete", "namespace", namespace, "--ignore-not-found", "--wait=false", check=False)
+    assert uninstalled.returncode == 0, uninstalled.stderr
+    assert kube.kubectl("get", "crd", CRDS[0], "-o", "name").stdout.strip(), "the uninstall deleted the kept CRD"
