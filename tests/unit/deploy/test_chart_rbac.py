@@ -88,7 +88,7 @@ def test_the_uninstall_hook_stops_the_operator_and_releases_the_finalizers_with_
     pod = job["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == HOOK and pod["restartPolicy"] == "Never"
     [container] = pod["containers"]
-    expected = ["release-finalizers", "--stop-deployment=vigil-system/vigil", "--stop-timeout=120"]
+    expected = ["release-finalizers", "--log-format=json", "--stop-deployment=vigil-system/vigil", "--stop-timeout=120"]
     assert container["args"] == expected + [f"--namespace={ns}" for ns in scopes if ns]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     # Its account, roles and bindings are hooks too, created before the Job (a lower weight).
