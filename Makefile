@@ -14,8 +14,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
-# Builds the control plane (etcd, Kubernetes, kwok) and the tests' tools (helm, promtool, kstatus,
-# the prometheus-operator CRDs) from the Go module proxy into ~/.cache/vigil (once).
+# Builds the control plane (etcd, Kubernetes, kwok) and the tests' tools (helm, helm-docs, promtool,
+# kstatus, the prometheus-operator CRDs) from the Go module proxy into ~/.cache/vigil (once).
 testbed:
 	testbed/build.sh all
 
