@@ -8,6 +8,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vigil import __version__
 from vigil.core.beats import CONNECTIONS_PER_SOURCE as BEAT_CONNECTIONS_PER_SOURCE
@@ -24,6 +25,9 @@ from vigil.core.manifest import BeatChannel
 from vigil.core.queueing.book import QueueSpec
 from vigil.kube.informer import MAX_POD_WATCH_PACE_SECONDS, POD_WATCH_PACE_SECONDS
 from vigil.runtime import logs
+
+if TYPE_CHECKING:
+    from vigil.core.certs import Managed
 
 DEFAULT_LEASE_NAME = "vigil-operator"
 DEFAULT_QUEUE_RETRY_BUDGET = QueueSpec().retry_budget  # a VigilQueue's own default
@@ -114,6 +118,12 @@ def _operator(args: argparse.Namespace) -> int:
     elif args.default_queue_retry_budget is not None:
         print("vigil operator: --default-queue-retry-budget needs --default-queue-max-running", file=sys.stderr)
         return 2
+    managed = None
+    if args.self_managed_certs_secret:
+        managed, refused = self_managed_certificates(args)
+        if refused:
+            print(f"vigil operator: {refused}", file=sys.stderr)
+            return 2
     webhook = None
     if args.webhook_address:
         if not (args.webhook_cert_file and args.webhook_key_file):
@@ -143,7 +153,7 @@ def _operator(args: argparse.Namespace) -> int:
         if not args.heartbeat_url.startswith("https://"):
             print(f"vigil operator: --heartbeat-url {args.heartbeat_url!r} must be an https:// URL", file=sys.stderr)
             return 2
-        ca_pem = ""
+        ca_pem = ""  # with self-managed certificates: the CA kept, once read at start
         if args.heartbeat_ca_file:
             try:
                 ca_pem = Path(args.heartbeat_ca_file).read_text()
@@ -190,8 +200,56 @@ def _operator(args: argparse.Namespace) -> int:
         lease=lease,
         pod_watch_pace=args.pod_watch_pace,
         default_queue=default_queue,
+        certificates=managed,
     )
     return manager.run_operator(settings, credentials)
+
+
+def self_managed_certificates(args: argparse.Namespace) -> tuple[Managed | None, str]:
+    """--self-managed-certs-secret: the certificates to keep, and the servers' file flags set
+    to their files under --cert-dir (given files would be incoherent: refused); or a refusal."""
+    from vigil.core.certs import Leaf, Managed, service_names  # cryptography: loaded only for this
+
+    given = [
+        flag
+        for flag in ("webhook_cert_file", "webhook_key_file", "beat_cert_file", "beat_key_file", "heartbeat_ca_file",
+                     "metrics_cert_file", "metrics_key_file")
+        if getattr(args, flag)
+    ]  # fmt: skip
+    if given:
+        flags = ", ".join("--" + flag.replace("_", "-") for flag in given)
+        return None, f"--self-managed-certs-secret makes the certificates: leave out {flags}"
+    namespace = os.environ.get("POD_NAMESPACE", "")
+    if not namespace:
+        try:
+            namespace = Path(SERVICE_ACCOUNT_NAMESPACE).read_text().strip()
+        except OSError:
+            namespace = ""
+    if not namespace:
+        return None, "--self-managed-certs-secret keeps its Secret in $POD_NAMESPACE: set it (the pod's namespace)"
+    leaves: list[Leaf] = []
+    if args.webhook_address or args.beat_address:
+        if not args.webhook_service:
+            return None, "--self-managed-certs-secret with --webhook-address or --beat-address needs --webhook-service"
+        leaves.append(Leaf("webhook", service_names(args.webhook_service, namespace)))
+    if args.metrics_address and not args.metrics_insecure:
+        if not args.metrics_service:
+            return None, "--self-managed-certs-secret with a secure --metrics-address needs --metrics-service"
+        leaves.append(Leaf("metrics", service_names(args.metrics_service, namespace)))
+    if args.webhook_configuration and not args.webhook_address:
+        return None, "--webhook-configuration needs --webhook-address (the webhook it trusts)"
+    managed = Managed(
+        secret=args.self_managed_certs_secret,
+        namespace=namespace,
+        directory=Path(args.cert_dir),
+        leaves=tuple(leaves),
+        webhook_configuration=args.webhook_configuration or None,
+    )
+    if args.webhook_address or args.beat_address:
+        args.webhook_cert_file, args.webhook_key_file = managed.files("webhook")
+    if args.metrics_address and not args.metrics_insecure:
+        args.metrics_cert_file, args.metrics_key_file = managed.files("metrics")
+    return managed, ""
 
 
 def _release_finalizers(args: argparse.Namespace) -> int:
@@ -376,6 +434,30 @@ def main(argv: list[str] | None = None) -> int:
         "--heartbeat-ca-file",
         metavar="FILE",
         help="the CA of the webhook's certificate (PEM), given to the pods to check the leader's",
+    )
+    operator.add_argument(
+        "--self-managed-certs-secret",
+        metavar="NAME",
+        default=None,
+        help="make and keep the servers' TLS certificates in this Secret of $POD_NAMESPACE: a CA, and a "
+        "certificate for --webhook-service (webhook and beats) and --metrics-service, renewed 30 days before they "
+        "expire; written under --cert-dir for the servers, and the CA into --webhook-configuration's caBundle "
+        "(instead of the --*-cert-file, --*-key-file and --heartbeat-ca-file flags; default: none)",
+    )
+    operator.add_argument(
+        "--cert-dir",
+        metavar="DIR",
+        default="/tmp/vigil-certs",
+        help="with --self-managed-certs-secret: where the certificates are written (default: /tmp/vigil-certs)",
+    )
+    operator.add_argument(
+        "--webhook-service", metavar="NAME", help="the Service in front of the webhook and the beats (its names)"
+    )
+    operator.add_argument("--metrics-service", metavar="NAME", help="the Service in front of /metrics (its names)")
+    operator.add_argument(
+        "--webhook-configuration",
+        metavar="NAME",
+        help="the ValidatingWebhookConfiguration whose caBundle is kept the CA (default: none)",
     )
     operator.add_argument(
         "--heartbeat-audience",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fnmatch
 import logging
 import signal
@@ -37,6 +38,7 @@ from vigil.controllers.jobs import JobController, job_queue
 from vigil.controllers.jobs.orphans import RELEASE_WORKERS
 from vigil.controllers.queues import QueueStatusController
 from vigil.core import beats
+from vigil.core.certs import Managed
 from vigil.core.election import ElectionConfig
 from vigil.core.liveness import STAMP_WRITES_PER_SECOND
 from vigil.core.manifest import BeatChannel
@@ -60,6 +62,7 @@ from vigil.runtime.stalls import CollectorPauses, CollectorWatch, LagProbe
 from vigil.servers import health
 from vigil.servers import metrics as metrics_server
 from vigil.servers.beats import BeatEndpoint, outcome_counter
+from vigil.servers.certsecret import CertificateKeeper, ensure_at_start
 from vigil.servers.http import (
     REFUSALS,
     SPARE_CONNECTIONS,
@@ -116,6 +119,9 @@ class OperatorSettings:
     # The limits of a namespace's `default` queue while it has no VigilQueue `default`; None:
     # its jobs run unlimited (the chart sets one: docs/design.md, "VigilQueue").
     default_queue: QueueSpec | None = None
+    # --self-managed-certs-secret: the servers' certificates made and kept by this process
+    # (vigil.servers.certsecret); their files are those of webhook, beat_server and metrics_tls.
+    certificates: Managed | None = None
 
 
 def watch_scopes(patterns: Collection[str]) -> tuple[list[str | None], Callable[[Mapping], bool]]:
@@ -250,7 +256,13 @@ class _Warm:
 class Operator:
     """Every part of one operator, each given its collaborators as it is built."""
 
-    def __init__(self, settings: OperatorSettings, credentials: Credentials, clock: Clock = SYSTEM) -> None:
+    def __init__(
+        self,
+        settings: OperatorSettings,
+        credentials: Credentials,
+        clock: Clock = SYSTEM,
+        keeper: Runnable | None = None,
+    ) -> None:
         self.settings, self.clock = settings, clock
         # The holder identity is chosen before any request, so that every write of this process
         # names it in its User-Agent: an audit log then tells the replicas apart.
@@ -321,6 +333,8 @@ class Operator:
                 CollectorPauses(time.perf_counter, lambda gen, s: metrics.gc_pauses.labels(str(gen)).observe(s))
             ),
             LongLivedHeap(clock),
+            # The certificates' hourly re-check (their first check ran before this was built).
+            *([keeper] if keeper is not None else []),
         ]
 
         def refused(server: str) -> Callable[[str], None]:
@@ -530,7 +544,24 @@ def run_operator(settings: OperatorSettings, credentials: Credentials) -> int:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, _stop, stopping, signum)
-        await Operator(settings, credentials).manager().run(stopping)
+        run_settings = settings
+        if run_settings.certificates is None:
+            await Operator(run_settings, credentials).manager().run(stopping)
+            return
+        # The certificates before anything that serves them, or hands their CA to pods.
+        api = ApiClient(credentials, user_agent(None, "certificates"))
+        try:
+            managed = run_settings.certificates
+            keeper = CertificateKeeper(api, managed, ca_name=f"{managed.secret}-ca")
+            ca_pem = await ensure_at_start(keeper, stopping)
+            if ca_pem is None:
+                return
+            if run_settings.beat_channel is not None:
+                beat_channel = dataclasses.replace(run_settings.beat_channel, ca_pem=ca_pem.decode())
+                run_settings = dataclasses.replace(run_settings, beat_channel=beat_channel)
+            await Operator(run_settings, credentials, keeper=keeper).manager().run(stopping)
+        finally:
+            await api.close()
 
     # asyncio's own event loop, not uvloop: uvloop can leave a TCP transport registered on the
     # descriptor of a connection attempt that failed or was cancelled, and every later

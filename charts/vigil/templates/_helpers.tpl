@@ -31,6 +31,9 @@ Checks what values.schema.json cannot: relations between values. Included by dep
 */ -}}
 {{- define "vigil.validate" -}}
 {{- $v := .Values }}
+{{- if and $v.tls.managedByOperator $v.webhook.certManager.enabled }}
+{{- fail "tls.managedByOperator and webhook.certManager.enabled both make the webhook's certificate: choose one" }}
+{{- end }}
 {{- if and (gt (int $v.replicas) 1) (not $v.leaderElection.enabled) }}
 {{- fail (printf "replicas=%d needs leaderElection.enabled=true: without leader election every replica would act on the same jobs. Set leaderElection.enabled=true, or replicas=1" (int $v.replicas)) }}
 {{- end }}
