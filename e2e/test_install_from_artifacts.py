@@ -12,9 +12,12 @@ tool runs there (no checkout on the path, no virtualenv: the system's python3 ru
 - `helm uninstall` leaves nothing that can wedge a namespace (no finalizer, no webhook or admission
   policy, no Role, ClusterRole or binding of the release), the namespaces delete, and the CRDs and
   the job stay (crds.keep);
+- install.yaml and the kustomize base carry no private key and no caBundle (tls.managedByOperator):
+  the operator makes its own;
 - `kubectl apply --server-side` of the kustomize base, with an overlay that places the operator on
-  the real node, runs a job too, and deleting what it made (the documented uninstall) leaves the
-  same nothing;
+  the real node, runs a job too: the operator made the Secret vigil-certs, the webhook's caBundle
+  is its CA, and the webhook answers through it (a dry run over a full queue is refused with 429);
+  deleting what it made (the documented uninstall) leaves the same nothing;
 - an upgrade from 0.1.0's chart (the tag's, whose CRDs Helm's crds/ directory made outside the
   release): a plain `helm upgrade` is refused, `--take-ownership` adopts the CRDs (docs/upgrading.md).
 
@@ -25,9 +28,12 @@ when the image is built, 40 s when it is not).
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import os
 import shutil
+import socket
+import ssl
 import subprocess
 import sys
 import tarfile
@@ -49,6 +55,7 @@ from tests.support.cluster import ROOT, SUITE_CLUSTER, Kube
 from tests.support.fixtures import RealNode
 from tests.support.jobs import GROUP, PLURAL, VERSION, pods_of
 from tests.support.waits import deadline, wait_until
+from tests.support.webhooks import admission_review
 
 pytestmark = pytest.mark.e2e
 
@@ -111,9 +118,20 @@ def test_the_artifacts_agree_and_check(artifacts: Path):
     assert deployment["metadata"]["namespace"] == "vigil-system"
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == IMAGE
     assert not [d for d in docs if "helm.sh/hook" in (d["metadata"].get("annotations") or {})], "a hook in install.yaml"
-    kustomized = [
-        d for d in yaml.safe_load_all(run(BIN / "kubectl", "kustomize", "kustomize", cwd=artifacts).stdout) if d
-    ]
+    kustomized_text = run(BIN / "kubectl", "kustomize", "kustomize", cwd=artifacts).stdout
+    kustomized = [d for d in yaml.safe_load_all(kustomized_text) if d]
+    # No key made at build time, which every user applying the file would share: no PEM block, as
+    # text or base64 ("-----BEGIN" is "LS0tLS1CRUdJT..."), no Secret with data, no caBundle. (A bare
+    # grep "PRIVATE KEY" would match the CRDs' own description of projected volumes' PEM blocks.)
+    for name, text, objects in (
+        ("install.yaml", (artifacts / "install.yaml").read_text(), docs),
+        ("the kustomize base", kustomized_text + (artifacts / "kustomize" / "install.yaml").read_text(), kustomized),
+    ):
+        assert "-----BEGIN" not in text and "LS0tLS1CRUdJT" not in text, f"{name} carries a PEM block"
+        assert "caBundle:" not in text, f"{name} carries a caBundle"
+        assert not [d for d in objects if d["kind"] == "Secret" and (d.get("data") or d.get("stringData"))], name
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--self-managed-certs-secret=vigil-certs" in args, args
     assert sorted((d["kind"], d["metadata"]["name"]) for d in kustomized) == sorted(
         (d["kind"], d["metadata"]["name"]) for d in docs
     )
@@ -386,6 +404,7 @@ def test_kubectl_apply_of_the_kustomize_base_runs_a_job_and_deletes_clean(
             180,
             "the operator of install.yaml to be ready",
         )
+        the_operator_made_its_certificates(kube, jobs_namespace)
         run_a_job_to_success(kube, artifacts, real_node, jobs_namespace)
     finally:
         print(operator_state(kube, "vigil-system"))
@@ -404,6 +423,63 @@ def test_kubectl_apply_of_the_kustomize_base_runs_a_job_and_deletes_clean(
         (tmp_path / "delete.yaml").write_text(yaml.safe_dump_all(without_crds))
         run(*kubectl, "delete", "--ignore-not-found", "--wait=true", "-f", tmp_path / "delete.yaml", cwd=artifacts)
     nothing_left_to_wedge(kube, "vigil", [jobs_namespace])
+
+
+def the_operator_made_its_certificates(kube: Kube, jobs_namespace: str) -> None:
+    """install.yaml's operator made the Secret vigil-certs (a CA, and a pair for the webhook and the
+    metrics) and put its CA in the webhook's caBundle; its servers present those certificates, which
+    a client trusting that CA alone accepts for the Services' names, and the webhook answers a review
+    with them (a job over a full queue: 429).
+
+    The review is posted to the leader's pod as the API server would send it, not through the API
+    server: the bed runs no kube-proxy, so the API server cannot reach a Service's ClusterIP (a
+    webhook behind one is never called here; failurePolicy Ignore admits instead)."""
+    secret = kube.core.read_namespaced_secret("vigil-certs", "vigil-system")
+    assert set(secret.data) >= {"ca.crt", "ca.key", "webhook.crt", "webhook.key", "metrics.crt", "metrics.key"}
+    ca_pem = base64.b64decode(secret.data["ca.crt"]).decode()
+    assert ca_pem.startswith("-----BEGIN CERTIFICATE-----")
+
+    def bundles() -> list[str | None]:
+        configuration = client.AdmissionregistrationV1Api(kube.api).read_validating_webhook_configuration("vigil")
+        return [w.client_config.ca_bundle for w in configuration.webhooks]
+
+    # Set before the servers started, so before the pod was ready; polled all the same.
+    wait_until(lambda: bundles() == [secret.data["ca.crt"]], 30, "the webhook's caBundle to be the Secret's ca.crt")
+
+    (leader,) = kube.core.list_namespaced_pod("vigil-system", label_selector="vigil.dev/leader=vigil").items
+    trusting_the_ca = ssl.create_default_context(cadata=ca_pem)  # that CA alone (cadata: no system roots)
+    with tls_to(leader.status.pod_ip, 8081, "vigil-metrics.vigil-system.svc", trusting_the_ca) as metrics:
+        assert metrics.version() in ("TLSv1.2", "TLSv1.3")
+
+    full = f"full-{uuid.uuid4().hex[:6]}"
+    queue = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "VigilQueue", "metadata": {"name": full}}
+    kube.custom.create_namespaced_custom_object(
+        GROUP, VERSION, jobs_namespace, "vigilqueues", {**queue, "spec": {"maxQueued": 0}}
+    )
+
+    def answer() -> dict:
+        review = json.dumps(admission_review(jobs_namespace, "probe", full)).encode()
+        with tls_to(leader.status.pod_ip, 9443, "vigil-webhook.vigil-system.svc", trusting_the_ca) as tls:
+            connection = http.client.HTTPConnection(leader.status.pod_ip, 9443, timeout=10)
+            connection.sock = tls  # HTTP over the checked TLS connection
+            connection.request("POST", "/validate-vigiljob", review, {"Content-Type": "application/json"})
+            response = connection.getresponse()
+            assert response.status == 200, response.status
+            return json.loads(response.read())["response"]
+
+    # The operator sees the queue through its watch a moment later; then every review is refused.
+    def refusal() -> dict | None:
+        given = answer()
+        return None if given["allowed"] else given
+
+    refused = wait_until(refusal, 60, "the webhook to refuse a job over a full queue")
+    assert refused["status"]["code"] == 429 and f'queue "{full}"' in refused["status"]["message"], refused
+    kube.custom.delete_namespaced_custom_object(GROUP, VERSION, jobs_namespace, "vigilqueues", full)
+
+
+def tls_to(address: str, port: int, name: str, context: ssl.SSLContext) -> ssl.SSLSocket:
+    """A TLS connection to address:port whose certificate must chain to `context`'s CA and name `name`."""
+    return context.wrap_socket(socket.create_connection((address, port), timeout=10), server_hostname=name)
 
 
 def test_an_upgrade_from_0_1_0s_chart_takes_over_its_crds(kube: Kube, artifacts: Path, tmp_path: Path):
