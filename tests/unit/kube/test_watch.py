@@ -41,9 +41,7 @@ def test_a_bearer_token_from_a_kubeconfig_is_sent(tmp_path: Path):
 
 def test_collection_paths():
     assert resource_path("", "v1", "pods", None) == "/api/v1/pods"
-    assert (
-        resource_path("vigil.dev", "v1beta1", "vigiljobs", "ns") == "/apis/vigil.dev/v1beta1/namespaces/ns/vigiljobs"
-    )
+    assert resource_path("vigil.dev", "v1beta1", "vigiljobs", "ns") == "/apis/vigil.dev/v1beta1/namespaces/ns/vigiljobs"
 
 
 EVENTS = 60
