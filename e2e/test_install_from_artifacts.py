@@ -18,7 +18,7 @@ tool runs there (no checkout on the path, no virtualenv: the system's python3 ru
   the real node, runs a job too: the operator made the Secret vigil-certs, the webhook's caBundle
   is its CA, and the webhook answers through it (a dry run over a full queue is refused with 429);
   deleting what it made (the documented uninstall) leaves the same nothing;
-- an upgrade from 0.1.0's chart (the tag's, whose CRDs Helm's crds/ directory made outside the
+- an upgrade from 0.1.0's chart (its fixture's, tests/support/previous.py, whose CRDs Helm's crds/ directory made outside the
   release): a plain `helm upgrade` is refused, `--take-ownership` adopts the CRDs (docs/upgrading.md).
 
 VIGIL_TEST_DIST=<dir> uses a dist/ already made (`make dist`) instead of making one (about 2 minutes
@@ -49,6 +49,7 @@ from kubernetes import client
 import vigil
 from testbed import node as real_node_bed
 from testbed.nodes import FAKE_NODE_TAINT
+from tests.support import previous
 from tests.support.agents import grant_heartbeat_rbac
 from tests.support.charts import BIN
 from tests.support.cluster import ROOT, SUITE_CLUSTER, Kube
@@ -487,13 +488,8 @@ def test_an_upgrade_from_0_1_0s_chart_takes_over_its_crds(kube: Kube, artifacts:
     directory, outside the release, so a plain `helm upgrade` to this chart is refused (Helm will
     not adopt objects it did not make) and `--take-ownership` adopts them. On kwok's nodes: this
     is about Helm and the CRDs, not the operator's pods."""
-    old = tmp_path / "v0.1.0"
-    old.mkdir()
-    # The previous release's chart, as its user has it: the tag's charts/vigil.
-    archive = subprocess.run(
-        ["git", "archive", "v0.1.0", "charts/vigil"], cwd=ROOT, capture_output=True, check=True, timeout=60
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True, timeout=60)
+    # The previous release's chart, as its user has it (tests/support/previous.py).
+    old = previous.extract(tmp_path / "v0.1.0")
     no_vigil_on_the_cluster(kube)
     namespace, release = f"vigil-up-{uuid.uuid4().hex[:6]}", "vigil"
     only_here = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}

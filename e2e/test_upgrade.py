@@ -1,7 +1,7 @@
 """An upgrade from the previous release, mid-flight: what a user who runs v0.1.0 gets when they
 follow docs/upgrading.md with jobs in every state.
 
-The previous release is extracted from git (`git archive`), its CRDs (v1alpha1 alone) applied and
+The previous release is the fixture of its files (tests/support/previous.py), its CRDs (v1alpha1 alone) applied and
 its operator run as a process; jobs are written as v1alpha1 in each state: running, backing off,
 dead-lettered, queued behind a saturated queue (and one in a namespace no operator watches, which
 nothing but the migration ever writes). Then, while they are so, this release's CRDs are
@@ -27,7 +27,6 @@ import json
 import os
 import subprocess
 import sys
-import tarfile
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -36,6 +35,7 @@ import pytest
 from kubernetes import client, config
 
 from testbed import cluster as testbed
+from tests.support import previous
 from tests.support.cluster import SUITE_CLUSTER, Kube, free_port, fresh_namespace, simulated_pod_spec
 from tests.support.operators import OperatorProcess
 from tests.support.waits import deadline, wait_until
@@ -46,9 +46,6 @@ from vigil.servers.webhook import PATH, WEBHOOK_NAME, make_self_signed, webhook_
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]
-# The previous release: its tag, and its commit for a clone that has no tags (a CI checkout).
-PREVIOUS_TAG = "v0.1.0"
-PREVIOUS_COMMIT = "31deb81f500eee3234bf3c29d20a737827a3fd0c"
 GROUP, OLD, NEW = "vigil.dev", "v1alpha1", "v1beta1"
 CRDS = ("vigiljobs.vigil.dev", "vigilqueues.vigil.dev")
 PORT_OFFSET = 100  # the bed of this test: ports above the suite's and its xdist workers' (10 each)
@@ -60,32 +57,10 @@ LONG = "60s"  # the running job
 BACKOFF = {"initialSeconds": 45, "factor": 2.0, "maxSeconds": 90, "jitter": 0.0}  # the job backing off
 
 
-def previous_release() -> str:
-    """The commit of the previous release: its tag, else its commit; a clear failure if the
-    history has neither (a shallow clone: fetch with --tags, or deeper)."""
-    for ref in (f"{PREVIOUS_TAG}^{{commit}}", f"{PREVIOUS_COMMIT}^{{commit}}"):
-        found = subprocess.run(
-            ["git", "rev-parse", "--verify", "--quiet", ref], cwd=ROOT, capture_output=True, text=True
-        )
-        if found.returncode == 0:
-            return found.stdout.strip()
-    pytest.fail(
-        f"neither the tag {PREVIOUS_TAG} nor the commit {PREVIOUS_COMMIT} is in this clone's history: "
-        "fetch them (git fetch --tags, or a clone deep enough) to test the upgrade from the previous release"
-    )
-
-
 @pytest.fixture(scope="module")
 def old_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The previous release's files, as `git archive` gives them."""
-    commit = previous_release()
-    tree = tmp_path_factory.mktemp("previous-release")
-    archive = tree.parent / f"{tree.name}.tar"
-    subprocess.run(["git", "archive", "--format=tar", "-o", str(archive), commit], cwd=ROOT, check=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(tree, filter="data")
-    assert (tree / "operator" / "vigil" / "cli.py").exists() and (tree / "crds").is_dir()
-    return tree
+    """The previous release's files (tests/support/previous.py)."""
+    return previous.extract(tmp_path_factory.mktemp("previous-release"))
 
 
 @pytest.fixture(scope="module")
