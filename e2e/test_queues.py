@@ -375,7 +375,9 @@ def test_max_running_holds_across_operator_sigkills_mid_run(bed: QueueBed):
     jobs = []
     for i in range(30):
         codes = "1,0" if i % 10 < 3 else "0"
-        jobs.append(job_in(f"k-{i:02d}", "tough", codes, "500ms", retry={"maxAttempts": 3, "backoff": FAST_BACKOFF}))
+        # 1 s attempts: the queue stays saturated (5 at once, asserted below) however slowly a busy
+        # machine gives the next start after one ends.
+        jobs.append(job_in(f"k-{i:02d}", "tough", codes, "1s", retry={"maxAttempts": 3, "backoff": FAST_BACKOFF}))
         expected[f"k-{i:02d}"] = expected_attempts(codes)
     began = time.monotonic()
     bed.create_many(jobs)
