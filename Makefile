@@ -61,8 +61,7 @@ unit: venv
 # The cluster tests run as E2E_WORKERS pytest-xdist workers, a file at a time each, every worker on a
 # cluster of its own (tests/support/cluster.py); on a cluster of $KUBECONFIG's (kind) they run as one.
 # Three on 2 cores: most of a cluster test's time is waiting for what it watches, and a third
-# worker took the cluster tests from 18.5 to 14 minutes (bench/README.md has no figure of this:
-# it is the suite's own time, printed by pytest's --durations).
+# worker took the cluster tests from 18.5 to 14 minutes.
 PURE_LOG := .pure-tests.log
 E2E_WORKERS ?= $(if $(KUBECONFIG),0,3)
 test: venv testbed image
