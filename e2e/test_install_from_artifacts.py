@@ -18,8 +18,9 @@ tool runs there (no checkout on the path, no virtualenv: the system's python3 ru
   the real node, runs a job too: the operator made the Secret vigil-certs, the webhook's caBundle
   is its CA, and the webhook answers through it (a dry run over a full queue is refused with 429);
   deleting what it made (the documented uninstall) leaves the same nothing;
-- an upgrade from 0.1.0's chart (its fixture's, tests/support/previous.py, whose CRDs Helm's crds/ directory made outside the
-  release): a plain `helm upgrade` is refused, `--take-ownership` adopts the CRDs (docs/upgrading.md).
+- an upgrade from 0.1.0's chart (its fixture's, tests/support/previous.py, whose CRDs Helm's
+  crds/ directory made outside the release): a plain `helm upgrade` is refused,
+  `--take-ownership` adopts the CRDs (docs/upgrading.md).
 
 VIGIL_TEST_DIST=<dir> uses a dist/ already made (`make dist`) instead of making one (about 2 minutes
 when the image is built, 40 s when it is not).
