@@ -21,7 +21,6 @@ handlers by registration, as controller-runtime's sources do.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import fnmatch
 import logging
@@ -56,6 +55,7 @@ from vigil.leaderelection.elector import LeaderElector, default_identity
 from vigil.leaderelection.mark import LeaderMark, OwnPod
 from vigil.metrics import Metrics
 from vigil.metrics.collectors import MemoryLimitCollector, StateCollector
+from vigil.runtime.background import Background
 from vigil.runtime.clock import SYSTEM, Clock
 from vigil.runtime.heap import LongLivedHeap
 from vigil.runtime.stalls import CollectorPauses, CollectorWatch, LagProbe
@@ -240,17 +240,13 @@ class _Warm:
     for them, and a cluster that refuses them says so in the log at start."""
 
     def __init__(self, warm: Callable[[], Coroutine[Any, Any, object]]) -> None:
-        self.warm = warm
-        self._task: asyncio.Task | None = None
+        self._warming = Background(warm)
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self.warm())
+        self._warming.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        await self._warming.stop()
 
 
 class Operator:

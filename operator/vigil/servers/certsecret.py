@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from vigil.core import certs
 from vigil.kube.errors import ApiError, Conflict, NotFound
+from vigil.runtime.background import Background
 from vigil.runtime.clock import SYSTEM, Clock
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ class CertificateKeeper:
         self.path = f"/api/v1/namespaces/{managed.namespace}/secrets/{managed.secret}"
         self.ca_pem = b""
         self.bundle_kept = managed.webhook_configuration is None
-        self._task: asyncio.Task | None = None
+        self._watching = Background(self._watch)
 
     async def ensure(self) -> bytes:
         """The Secret as it should be, its files written and the caBundle kept; the CA (PEM).
@@ -137,14 +138,10 @@ class CertificateKeeper:
         raise ApiError(f"ValidatingWebhookConfiguration {name}: lost {ATTEMPTS} writes in a row to other writers")
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._watch())
+        self._watching.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._watching.stop()
 
     async def _watch(self) -> None:
         wait = RETRY_SECONDS if not self.bundle_kept else RECHECK_SECONDS

@@ -4,12 +4,11 @@ no restart. One for each server that speaks TLS (the webhook, the beats, the met
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import ssl
 from pathlib import Path
 
+from vigil.runtime.background import Background
 from vigil.runtime.clock import SYSTEM, Clock
 
 log = logging.getLogger(__name__)
@@ -42,17 +41,13 @@ class ServingCertificate:
         self.clock, self.reload_seconds = clock, reload_seconds
         self.context = server_context(cert_file, key_file)
         self._loaded = self._read()
-        self._task: asyncio.Task | None = None
+        self._watching = Background(self._watch)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._watch())
+        self._watching.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._watching.stop()
 
     async def _watch(self) -> None:
         while True:
