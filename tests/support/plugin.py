@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed import cluster as testbed
+from vigil.plugin import cli
 
 
 def plugin_command() -> list[str]:
@@ -84,3 +85,17 @@ def queue(name: str, namespace: str = "ns", spec: dict | None = None, status: di
         "spec": spec or {},
         "status": status or {},
     }
+
+
+class KeptOut(cli.Out):
+    """What `kubectl vigil logs` writes, kept: the log's bytes and the notes (unit tests)."""
+
+    def __init__(self) -> None:
+        self.written = b""
+        self.notes: list[str] = []
+
+    def data(self, chunk: bytes) -> None:
+        self.written += chunk
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)

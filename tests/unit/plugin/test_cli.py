@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.clock import WALL_START, FakeClock
+from tests.support.plugin import KeptOut as Out
 from tests.support.plugin import dead_job, queue, sample_job
 from vigil.kube.errors import Conflict, NotFound, Refused, Unauthorized, Unreachable, from_status
 from vigil.plugin import cli, render
@@ -75,20 +76,6 @@ def args(*argv: str):
     parsed.output = render.parse_output(getattr(parsed, "output", "table"), getattr(parsed, "no_headers", False))
     assert cli.usage_error(parsed) is None
     return parsed
-
-
-class Out(cli.Out):
-    """What `logs` writes: the log's bytes and the notes, kept."""
-
-    def __init__(self) -> None:
-        self.written = b""
-        self.notes: list[str] = []
-
-    def data(self, chunk: bytes) -> None:
-        self.written += chunk
-
-    def note(self, text: str) -> None:
-        self.notes.append(text)
 
 
 def run(api: Api, clock: FakeClock, *argv: str, out: Out | None = None) -> tuple[int, str]:

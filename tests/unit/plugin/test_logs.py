@@ -13,6 +13,7 @@ from aiohttp import web
 from kubernetes import client
 
 from tests.support.clock import FakeClock
+from tests.support.plugin import KeptOut as Out
 from tests.support.plugin import sample_job
 from vigil.kube.client import ApiClient
 from vigil.kube.config import Credentials
@@ -76,18 +77,6 @@ class Timeline:
         for wait, chunk in self.logs.get(name, []):
             await self.clock.sleep(wait)
             yield chunk
-
-
-class Out(cli.Out):
-    def __init__(self) -> None:
-        self.written = b""
-        self.notes: list[str] = []
-
-    def data(self, chunk: bytes) -> None:
-        self.written += chunk
-
-    def note(self, text: str) -> None:
-        self.notes.append(text)
 
 
 def follow(api: Timeline, clock: FakeClock, *argv: str, within: float = 120) -> tuple[tuple[int, str], Out, float]:
