@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import httptools
 
+IDLE_CLOCK = time.monotonic  # how long a kept connection has been idle (a test passes its own)
 MAX_HEAD_BYTES = 16 * 1024  # an answer's status line and headers, as the operator bounds a request's
 
 
@@ -169,7 +170,7 @@ class KeepAlive:
         sock: socket.socket | None = getattr(self._local, "sock", None)
         if sock is None:
             return None
-        if self.idle_seconds is not None and time.monotonic() - self._local.used_at > self.idle_seconds:
+        if self.idle_seconds is not None and IDLE_CLOCK() - self._local.used_at > self.idle_seconds:
             self._drop(sock)
             return None
         if not self.resend_unanswered and _readable(sock):
@@ -215,7 +216,7 @@ class KeepAlive:
         if limit is not None and len(parsed.body) > limit:
             raise AnswerTooLarge(f"HTTP {status} with an answer larger than {limit} bytes")
         if parsed.keep_alive:
-            self._local.used_at = time.monotonic()
+            self._local.used_at = IDLE_CLOCK()
         else:
             self._drop(sock)
         return Answer(status, bytes(parsed.body), parsed.retry_after)

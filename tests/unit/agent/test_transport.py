@@ -179,13 +179,15 @@ def test_a_patch_whose_reused_connection_drops_unanswered_is_an_error_and_not_se
 
 
 def test_a_connection_idle_past_the_limit_is_not_reused(monkeypatch):
-    monkeypatch.setattr(heart, "API_IDLE_SECONDS", 0.2)
+    now = [1000.0]  # the idle clock, moved by the test
+    monkeypatch.setattr(transport, "IDLE_CLOCK", lambda: now[0])
     with server(lambda n: (POD, False)) as s:
         pod = pod_heartbeat(s.host)
         try:
             pod.patch({ANNOTATION_HEARTBEAT: "1:ab"})
+            now[0] += heart.API_IDLE_SECONDS  # idle for the limit exactly: still kept
             pod.patch({ANNOTATION_HEARTBEAT: "2:ab"})
-            time.sleep(0.3)
+            now[0] += heart.API_IDLE_SECONDS + 0.1
             pod.patch({ANNOTATION_HEARTBEAT: "3:ab"})
         finally:
             pod.close()
