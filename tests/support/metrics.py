@@ -42,12 +42,13 @@ def metric_names(expr: str) -> set[str]:
 
 def exported_metric_names() -> set[str]:
     """Every series name the operator can export, from a fresh Metrics and its state collector
-    (given one job and one queue, and a memory limit, so that every family shows; the process
+    (given one job, one queue and an array's tasks, and a memory limit, so that every family shows; the process
     collector's on Linux). Counters end in _total, histograms
     give _bucket, _count and _sum."""
     metrics = Metrics(CollectorRegistry())
     numbers = {"queued": 1, "running": 1, "backingOff": 0, "oldestQueuedSeconds": 3, "maxRunning": 2}
-    metrics.collect_from(StateCollector(lambda: {"Running": 1}, lambda: [("ns", "q", numbers)]))
+    tasks = {"pending": 1, "running": 1}  # the arrays' tasks by state (vigil_tasks)
+    metrics.collect_from(StateCollector(lambda: {"Running": 1}, lambda: [("ns", "q", numbers)], lambda: tasks))
     metrics.collect_from(MemoryLimitCollector(lambda: 512 * 2**20))  # in a container with a limit
     names = set()
     for family in metrics.registry.collect():

@@ -8,12 +8,13 @@ by namespace and queue name (a handful per namespace, chosen by people).
 `Metrics` holds every metric on its own registry, so that two operators in one process (tests)
 do not collide. Counts that are states (jobs by phase, queue depth) are kept by the caches as
 they change and read at scrape time by collectors (never a walk over every job), so they can
-never drift from what the operator holds. A queue's series go with the queue (`forget_queue`). Counts of
-events are incremented where they happen; `collectors.count_transition` derives them from a job's status
-before and after a write, purely. Beside them, `vigil_build_info` (1, labelled with the version) and
-the process's own (`process_resident_memory_bytes`, `process_open_fds`, ...). Every name is unique
-as an OpenMetrics family too: no gauge is named as another family plus `_total`, `_info`,
-`_created`, `_bucket`, `_count` or `_sum`, so a scrape asking for OpenMetrics parses.
+never drift from what the operator holds. A queue's series go with the queue (`forget_queue`).
+Counts of events are incremented where they happen (the outcomes of an array's tasks by
+`task_outcome`); `collectors.count_transition` derives them from a job's status before and after
+a write, purely. Beside them, `vigil_build_info` (1, labelled with the version) and the process's
+own (`process_resident_memory_bytes`, `process_open_fds`, ...). Every name is unique as an
+OpenMetrics family too: no gauge is named as another family plus `_total`, `_info`, `_created`,
+`_bucket`, `_count` or `_sum`, so a scrape asking for OpenMetrics parses.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ DURATION_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86
 GAP_BUCKETS = (0.5, 1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 300)
 # Seconds the event loop was held: a millisecond is healthy, a second delays every beat's answer.
 STALL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+# How a task of an array (spec.tasks) ended a step of its life: the label `outcome` of
+# vigil_task_outcomes_total. Retried: an attempt of the task ended and the task gets another.
+TASK_OUTCOMES = ("Succeeded", "DeadLettered", "Retried")
 
 
 class Metrics:
@@ -163,6 +167,13 @@ class Metrics:
             ["namespace", "queue"],
             registry=r,
         )
+        self.task_outcomes = Counter(
+            "vigil_task_outcomes_total",
+            "Tasks of arrays (spec.tasks) by outcome: Succeeded, DeadLettered, or Retried (an attempt of the "
+            "task ended and it gets another), by the array's namespace and queue.",
+            ["namespace", "queue", "outcome"],
+            registry=r,
+        )
         self.queue_refusals = Counter(
             "vigil_queue_admission_refusals_total",
             "New jobs refused by admission because their queue was full (maxQueued).",
@@ -244,11 +255,26 @@ class Metrics:
         for cause in ("rate-limit", "backlog"):  # both series from the start, so the first drop shows in a rate
             self.events_dropped.labels(cause)
 
+    def task_outcome(self, namespace: str, queue: str, outcome: str, n: int = 1) -> None:
+        """Counts `n` tasks of arrays in `namespace`/`queue` that ended so (one of TASK_OUTCOMES).
+        The queue's first count makes all three of its series, so a rate shows from the first."""
+        if outcome not in TASK_OUTCOMES:
+            raise ValueError(f"task outcome {outcome!r} is not one of {', '.join(TASK_OUTCOMES)}")
+        if n < 0:
+            raise ValueError(f"a count of tasks only grows, not by {n}")
+        for each in TASK_OUTCOMES:
+            self.task_outcomes.labels(namespace, queue, each)
+        if n:
+            self.task_outcomes.labels(namespace, queue, outcome).inc(n)
+
     def forget_queue(self, namespace: str, queue: str) -> None:
         """Removes the series of a deleted VigilQueue (its gauges go with it from the queue book)."""
         for family in (self.queue_wait, self.queue_starts, self.queue_budget_delays, self.queue_refusals):
             with contextlib.suppress(KeyError):  # no series of that queue yet
                 family.remove(namespace, queue)
+        for outcome in TASK_OUTCOMES:
+            with contextlib.suppress(KeyError):
+                self.task_outcomes.remove(namespace, queue, outcome)
 
     def collect_from(self, collector: Collector) -> None:
         self.registry.register(collector)

@@ -1,8 +1,8 @@
 """The counts of Vigil's own metrics that are derived rather than incremented where they
 happen: gauges read at scrape time from counts the caches keep as they change (`StateCollector`:
-the jobs by phase from the view's tally, the queues' numbers from the queue book, O(queues), never
-a walk over every job), and the counters a job's status write moves (`count_transition`, from
-the status before and after, purely)."""
+the jobs by phase from the view's tally, the arrays' tasks by state from the same, the queues'
+numbers from the queue book, O(queues), never a walk over every job), and the counters a job's
+status write moves (`count_transition`, from the status before and after, purely)."""
 
 from __future__ import annotations
 
@@ -16,16 +16,28 @@ from prometheus_client.registry import Collector
 from vigil import api
 from vigil.metrics import Metrics
 
+# The counts of an array's status.tasks, and the `state` label each is exported under (vigil_tasks).
+TASK_STATES = {
+    "pending": "Pending",
+    "running": "Running",
+    "backingOff": "BackingOff",
+    "succeeded": "Succeeded",
+    "deadLettered": "DeadLettered",
+}
+
 
 class StateCollector(Collector):
-    """Gauges read from counts kept as the work happens: jobs by phase, attempts Uncertain, queues."""
+    """Gauges read from counts kept as the work happens: jobs by phase, attempts Uncertain, queues,
+    and, given `tasks` (the status.tasks counts of every array held, summed: {"pending": n, ...}),
+    the arrays' tasks by state."""
 
     def __init__(
         self,
         phases: Callable[[], Mapping[str, int]],
         queues: Callable[[], Iterable[tuple[str, str, Mapping[str, int]]]],
+        tasks: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
-        self.phases, self.queues = phases, queues
+        self.phases, self.queues, self.tasks = phases, queues, tasks
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         phases = self.phases()
@@ -36,11 +48,23 @@ class StateCollector(Collector):
         uncertain = GaugeMetricFamily("vigil_uncertain_attempts", "Attempts Uncertain now.")
         uncertain.add_metric([], phases.get("Uncertain", 0))
         yield uncertain
+        if self.tasks is not None:
+            counts = self.tasks()
+            by_state = GaugeMetricFamily(
+                "vigil_tasks", "Tasks of the arrays (spec.tasks) the operator holds, by state.", labels=["state"]
+            )
+            for field, state in TASK_STATES.items():  # every state, zeros included
+                by_state.add_metric([state], counts.get(field, 0))
+            yield by_state
         families = {
-            "queued": GaugeMetricFamily("vigil_queue_depth", "Jobs waiting to start.", labels=["namespace", "queue"]),
-            "running": GaugeMetricFamily("vigil_queue_running", "Attempts running.", labels=["namespace", "queue"]),
+            "queued": GaugeMetricFamily(
+                "vigil_queue_depth", "Jobs (and tasks of arrays) waiting to start.", labels=["namespace", "queue"]
+            ),
+            "running": GaugeMetricFamily(
+                "vigil_queue_running", "Attempts running (a task's included).", labels=["namespace", "queue"]
+            ),
             "backingOff": GaugeMetricFamily(
-                "vigil_queue_backing_off", "Jobs in backoff.", labels=["namespace", "queue"]
+                "vigil_queue_backing_off", "Jobs (and tasks of arrays) in backoff.", labels=["namespace", "queue"]
             ),
             "oldestQueuedSeconds": GaugeMetricFamily(
                 "vigil_queue_oldest_wait_seconds", "Wait of the first job in line.", labels=["namespace", "queue"]

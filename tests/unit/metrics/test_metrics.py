@@ -13,7 +13,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 
 import vigil
 from vigil.controllers.jobs.view import ClusterView
-from vigil.metrics import Metrics
+from vigil.metrics import TASK_OUTCOMES, Metrics
 from vigil.metrics.collectors import MemoryLimitCollector, StateCollector, count_transition
 
 pytestmark = pytest.mark.unit
@@ -115,11 +115,60 @@ def test_a_deleted_queues_series_are_removed():
     m = Metrics()
     m.queue_starts.labels("ns", "batch").inc()
     m.queue_wait.labels("ns", "batch").observe(1.0)
+    m.task_outcome("ns", "batch", "Succeeded", 3)
     m.queue_starts.labels("ns", "other").inc()
+    m.task_outcome("ns", "other", "Retried")
     m.forget_queue("ns", "batch")
     m.forget_queue("ns", "never-had-series")
     text = generate_latest(m.registry)
     assert b'queue="batch"' not in text and b'queue="other"' in text
+    assert value(m, "vigil_task_outcomes_total", namespace="ns", queue="other", outcome="Retried") == 1
+
+
+def test_task_outcomes_are_counted_by_queue_and_outcome_every_outcome_shown_from_the_first():
+    m = Metrics()
+    m.task_outcome("ns", "batch", "Succeeded", 979)
+    m.task_outcome("ns", "batch", "Retried", 2)
+    m.task_outcome("ns", "batch", "DeadLettered")
+    m.task_outcome("ns", "batch", "Succeeded", 0)  # nothing to count: nothing changes
+    m.task_outcome("other", "default", "Succeeded")
+    assert value(m, "vigil_task_outcomes_total", namespace="ns", queue="batch", outcome="Succeeded") == 979
+    assert value(m, "vigil_task_outcomes_total", namespace="ns", queue="batch", outcome="Retried") == 2
+    assert value(m, "vigil_task_outcomes_total", namespace="ns", queue="batch", outcome="DeadLettered") == 1
+    # The other queue's first count made its three series, so a rate of dead letters shows from 0.
+    samples = {
+        (s.labels["queue"], s.labels["outcome"]): s.value
+        for family in m.registry.collect()
+        if family.name == "vigil_task_outcomes"
+        for s in family.samples
+        if s.name == "vigil_task_outcomes_total"
+    }
+    assert samples[("default", "DeadLettered")] == 0 and samples[("default", "Retried")] == 0
+    assert {outcome for _, outcome in samples} == set(TASK_OUTCOMES) == {"Succeeded", "DeadLettered", "Retried"}
+
+
+@pytest.mark.parametrize(("outcome", "n"), [("Failed", 1), ("succeeded", 1), ("Succeeded", -1)])
+def test_a_task_outcome_outside_the_three_or_a_negative_count_is_refused(outcome: str, n: int):
+    m = Metrics()
+    with pytest.raises(ValueError):
+        m.task_outcome("ns", "batch", outcome, n)
+    assert b"vigil_task_outcomes_total{" not in generate_latest(m.registry), "no series made by a refused count"
+
+
+def test_a_scrape_shows_the_arrays_tasks_by_state_from_the_tally_every_state_included():
+    tally = {"pending": 10, "running": 10, "succeeded": 979, "deadLettered": 1}
+    m = Metrics()
+    m.collect_from(StateCollector(lambda: {"Running": 1}, list, lambda: tally))
+    assert value(m, "vigil_tasks", state="Pending") == 10
+    assert value(m, "vigil_tasks", state="Running") == 10
+    assert value(m, "vigil_tasks", state="Succeeded") == 979
+    assert value(m, "vigil_tasks", state="DeadLettered") == 1
+    assert m.registry.get_sample_value("vigil_tasks", {"state": "BackingOff"}) == 0, "absent is not zero"
+    tally["succeeded"] += 10  # read at each scrape
+    assert value(m, "vigil_tasks", state="Succeeded") == 989
+    without = Metrics()
+    without.collect_from(StateCollector(lambda: {}, list))
+    assert b"vigil_tasks" not in generate_latest(without.registry), "no tally given, no family"
 
 
 def test_api_calls_are_timed_and_failures_counted_by_code():
@@ -144,7 +193,7 @@ def every_series(m: Metrics) -> Metrics:
             child = metric.labels(*["x"] * len(metric._labelnames))
             (child.observe if hasattr(child, "observe") else child.inc)(1)
     numbers = {"queued": 1, "running": 1, "backingOff": 0, "oldestQueuedSeconds": 3, "maxRunning": 2}
-    m.collect_from(StateCollector(lambda: {"Uncertain": 1}, lambda: [("ns", "q", numbers)]))
+    m.collect_from(StateCollector(lambda: {"Uncertain": 1}, lambda: [("ns", "q", numbers)], lambda: {"running": 1}))
     m.collect_from(MemoryLimitCollector(lambda: 512 * 2**20))
     return m
 
@@ -161,6 +210,7 @@ def test_the_exposition_is_valid_openmetrics_each_family_named_once():
     kinds = {family.name: family.type for family in families}
     assert kinds["vigil_uncertain_attempts"] == "gauge" and kinds["vigil_attempts_uncertain"] == "counter"
     assert kinds["vigil_build"] == "info" and kinds["process_resident_memory_bytes"] == "gauge"
+    assert kinds["vigil_tasks"] == "gauge" and kinds["vigil_task_outcomes"] == "counter"
 
 
 def test_build_info_names_the_running_version_once():
