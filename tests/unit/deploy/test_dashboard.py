@@ -83,7 +83,7 @@ def test_every_query_is_promql_that_promtool_parses(tmp_path: Path):
 
 def test_the_queue_panels_follow_the_namespace_and_queue_variables():
     for title, expr in queries():
-        if "vigil_queue_" in expr:
+        if "vigil_queue_" in expr or "vigil_task_outcomes_" in expr:
             assert 'namespace=~"$namespace"' in expr and 'queue=~"$queue"' in expr, title
 
 
@@ -110,6 +110,8 @@ def test_the_dashboard_has_the_panels_on_call_looks_at_first():
         "vigil_watch_relists_total",
         "process_resident_memory_bytes",  # against vigil_memory_limit_bytes: the sizing of capacity-planning.md
         "vigil_memory_limit_bytes",
+        "vigil_task_outcomes_total",  # the arrays' tasks: outcomes and dead letters by queue
+        "vigil_tasks",  # and by state
     }
     assert first_looks <= used, f"no panel shows {sorted(first_looks - used)}"
 
