@@ -6,6 +6,10 @@ better), all of it holding the GIL. The webhook therefore runs `skim` in a child
 body that is not small (`vigil.servers.webhook`), and hands back only what `skim` keeps: a few
 short fields, so that sending the answer back costs nothing either.
 
+An array's `spec.tasks.items` (up to 100,000 JSON values, 512 KiB of them) is read for its
+length alone: `skim` keeps that number, under ITEMS_COUNT, never the items, so what comes back
+from the child stays a few hundred bytes whatever the array holds.
+
 This module imports nothing but `json`: the child process that runs it imports it alone, not
 pydantic, not the rest of Vigil (a few MiB of memory rather than tens). The shape of what it
 keeps is checked afterwards, on the small result, by `vigil.core.admission.read`.
@@ -15,6 +19,21 @@ from __future__ import annotations
 
 import json
 from typing import Any
+
+
+class Length:
+    """In READ: a list read for its length alone, kept as `key: len(list)` (the list dropped).
+    Anything else found there is kept as evidence of its kind, under the list's own key."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+# The key `skim` writes for the length of spec.tasks.items. It is not in READ, so a body that
+# carries a key of that name itself has it dropped like any other unread field.
+ITEMS_COUNT = "itemsCount"
 
 # The fields read, as nested keys; None marks a leaf (a scalar is expected there).
 READ: dict[str, Any] = {
@@ -27,7 +46,10 @@ READ: dict[str, Any] = {
         "operation": None,
         "dryRun": None,
         "resource": {"group": None, "version": None, "resource": None},
-        "object": {"metadata": {"name": None, "namespace": None, "uid": None}, "spec": {"queue": None}},
+        "object": {
+            "metadata": {"name": None, "namespace": None, "uid": None},
+            "spec": {"queue": None, "tasks": {"count": None, "items": Length(ITEMS_COUNT)}},
+        },
     },
 }
 
@@ -42,7 +64,8 @@ def skim(body: bytes) -> Any:
 
     A value of the wrong kind is kept as evidence of its kind only: a container where a scalar or
     another container is expected becomes an empty one of its type, so the check that follows can
-    say "request.resource: expected an object, got an array" without the array coming along.
+    say "request.resource: expected an object, got an array" without the array coming along. A
+    list read for its length (spec.tasks.items) is kept as that length alone (ITEMS_COUNT).
     """
     try:
         value = json.loads(body)
@@ -64,7 +87,18 @@ def _pick(value: Any, shape: dict[str, Any] | None) -> Any:
     if isinstance(value, dict):
         if shape is None:
             return {}
-        return {key: _pick(value[key], sub) for key, sub in shape.items() if key in value}
+        kept: dict[str, Any] = {}
+        for key, sub in shape.items():
+            if key not in value:
+                continue
+            if isinstance(sub, Length):
+                if isinstance(value[key], list):
+                    kept[sub.key] = len(value[key])  # the items themselves are not kept
+                else:
+                    kept[key] = _pick(value[key], None)
+            else:
+                kept[key] = _pick(value[key], sub)
+        return kept
     if isinstance(value, list):
         return []
     return value

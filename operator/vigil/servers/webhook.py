@@ -138,8 +138,9 @@ class SkimFailed(Exception):
 class WebhookServer:
     """POST /validate-vigiljob over HTTPS: AdmissionReview v1 in, AdmissionReview v1 out.
 
-    lookup: (namespace, queue) -> (the queue's spec or None, jobs of it waiting now), from the
-        operator's cache, without I/O.
+    lookup: (namespace, queue) -> (the queue's spec or None, tasks of it waiting now: plain jobs
+        waiting to start and arrays' tasks not started), from the operator's cache, without I/O.
+        A create is refused when those and the tasks it adds (1, or its array's) pass maxQueued.
     exists: (namespace, name) -> whether that job is already known (optional): its create will
         get AlreadyExists, so it is let through.
 

@@ -29,11 +29,15 @@ from vigil.servers.webhook import (
 pytestmark = pytest.mark.unit
 
 
-def review(name: str = "job", queue: str = "batch", padding: int = 0) -> dict:
-    """A VigilJob create's review; `padding` bytes of an annotation make it as large as wanted."""
+def review(name: str = "job", queue: str = "batch", padding: int = 0, tasks: object = None) -> dict:
+    """A VigilJob create's review; `padding` bytes of an annotation make it as large as wanted;
+    `tasks`: its spec.tasks (an array), None for a plain job."""
     metadata: dict = {"name": name, "namespace": "etl", "uid": f"uid-{name}"}
     if padding:
         metadata["annotations"] = {"pad": "x" * padding}
+    spec: dict = {"queue": queue}
+    if tasks is not None:
+        spec["tasks"] = tasks
     return {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
@@ -44,7 +48,7 @@ def review(name: str = "job", queue: str = "batch", padding: int = 0) -> dict:
             "namespace": "etl",
             "operation": "CREATE",
             "dryRun": False,
-            "object": {"metadata": metadata, "spec": {"queue": queue}},
+            "object": {"metadata": metadata, "spec": spec},
         },
     }
 
@@ -112,6 +116,14 @@ def answer(text: str) -> dict:
         ),
         (json.dumps({"kind": "Pod"}), "kind must be 'AdmissionReview', not 'Pod'"),
         (b'{"a": 1}' + b" " * INLINE_BYTES, "apiVersion is missing"),  # the same check after the child
+        (
+            json.dumps(review(tasks={"items": "a.csv"}, padding=INLINE_BYTES)),  # in the child
+            "request.object.spec.tasks.items must be an array, not the string 'a.csv'",
+        ),
+        (
+            json.dumps(review(tasks={"items": []})),
+            "request.object.spec.tasks.items must hold from 1 to 100000 entries, not 0",
+        ),
     ],
 )
 def test_a_malformed_review_is_a_400_that_says_what_is_wrong(certs: Path, body, why):
@@ -142,6 +154,63 @@ def test_a_large_review_is_decoded_in_the_child_and_answered_as_a_small_one(cert
     assert small_full[0] == 200 and small_full[1]["status"]["code"] == 429
     assert small_roomy == (200, {"uid": "r-k", "allowed": True})
     assert server.skimmer.started == 1 and (server.reviews, server.refusals) == (4, 2)
+
+
+def test_arrays_are_judged_by_their_tasks_whether_decoded_on_the_loop_or_in_the_child(certs: Path):
+    """The same arrays, small and (their items padded past INLINE_BYTES) large, to queues of
+    maxQueued 5: "roomy" with none waiting, "batch" with 5."""
+    got: list[list[tuple[int, dict]]] = []
+
+    def items(n: int, large: bool) -> list[str]:
+        return ["x" * (INLINE_BYTES // n + 1) if large else f"part-{i}" for i in range(n)]
+
+    async def test(server: WebhookServer, client: Client) -> None:
+        for large in (False, True):
+            bodies = [
+                review("fits", "roomy", tasks={"items": items(5, large)}),
+                review("never", "roomy", tasks={"items": items(6, large)}),
+                review("full", "batch", tasks={"items": items(1, large)}),
+                review("count", "roomy", padding=INLINE_BYTES if large else 0, tasks={"count": 6}),
+            ]
+            answers = []
+            for body in bodies:
+                data = json.dumps(body).encode()
+                assert (len(data) > INLINE_BYTES) == large
+                status, text = await client.post(data)
+                answers.append((status, answer(text)))
+            got.append(answers)
+
+    server = run(certs, test)
+    small, large = got
+    assert small == large and server.skimmer.started == 1
+    fits, never, full, count = small
+    assert fits == (200, {"uid": "r-fits", "allowed": True})
+    assert never[1]["status"]["code"] == 429 and never[1]["status"]["message"] == (
+        'an array of 6 tasks can never fit in queue "roomy" in namespace "etl" (maxQueued 5): split it into '
+        "arrays of at most 5 tasks, or raise spec.maxQueued of VigilQueue etl/roomy"
+    )
+    assert full[1]["status"]["code"] == 429 and full[1]["status"]["message"].startswith(
+        'queue "batch" in namespace "etl" has no room for an array of 1 task: 5 tasks wait to start (maxQueued 5)'
+    )
+    assert count[1]["status"]["message"] == never[1]["status"]["message"]
+    assert (server.reviews, server.refusals) == (8, 6)
+
+
+def test_the_child_sends_back_an_arrays_number_of_items_not_the_items():
+    """100,000 items of 20 bytes (2.1 MiB of review): what crosses the pipe back is the count."""
+
+    async def main() -> None:
+        skimmer = Skimmer()
+        try:
+            body = json.dumps(review(tasks={"items": ["s3://b/part-000000.csv"] * 100_000})).encode()
+            assert INLINE_BYTES < 2 * 1024 * 1024 < len(body) <= MAX_REQUEST_BYTES
+            fields = await skimmer.skim(body)
+            assert fields["request"]["object"]["spec"] == {"queue": "batch", "tasks": {"itemsCount": 100_000}}
+            assert len(json.dumps(fields)) < 600
+        finally:
+            await skimmer.close()
+
+    asyncio.run(main())
 
 
 def test_a_dead_child_is_started_again_and_an_overrun_is_a_503(certs: Path):
