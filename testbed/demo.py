@@ -54,11 +54,12 @@ LEASE = ("default", "vigil")  # the Lease the operator leads on: namespace, name
 WEBHOOK_CONFIGURATION = "vigil-demo"
 CLOSED_QUEUE = "closed"  # examples/queue.yaml: maxQueued 0, so the webhook refuses every new job
 # The examples the demo runs (examples/<name>.yaml): those a kwok node finishes as their
-# sim.vigil.dev/* annotations say, in seconds. The others (nightly-report, etl-step, training) are
+# sim.vigil.dev/* annotations say, in seconds (array: 50 tasks of 1 s, 10 at a time, its TASKS
+# column 50/50 at the end). The others (nightly-report, etl-step, training) are
 # for a cluster with real nodes: their work is their containers' (a real image's output, a
 # checkpoint the agent carries), which kwok does not run; the API server checks them
 # (tests/integration/test_validation.py) and tests/unit/api/test_examples.py validates them.
-DEMO_EXAMPLES = ("flaky", "hello", "poison", "queue")
+DEMO_EXAMPLES = ("flaky", "hello", "poison", "queue", "array")
 # The examples name no node: the demo places their pods on the kwok nodes (tainted so that only
 # pods that tolerate it land there) as it applies them.
 KWOK_PLACEMENT = {

@@ -53,8 +53,18 @@ def test_the_demo_runs_only_examples_kwok_can_finish():
         "report-a",
         "report-b",
         "urgent-fix",
+        "array",
     }
     for job in jobs:
         annotations = job["spec"]["template"]["metadata"]["annotations"]
         assert "sim.vigil.dev/exit-code" in annotations and "sim.vigil.dev/run-for" in annotations, job
         assert job["spec"]["heartbeat"]["required"] is False  # kwok runs no agent
+
+
+def test_the_demo_runs_a_task_array_whose_tasks_kwok_finishes():
+    (array,) = [body for body in as_written() if body["kind"] == "VigilJob" and "tasks" in body["spec"]]
+    tasks = array["spec"]["tasks"]
+    assert tasks["count"] == 50 and tasks["parallelism"] == 10  # the README's TASKS 50/50
+    assert array["spec"]["template"]["metadata"]["annotations"]["sim.vigil.dev/exit-code"] == "0"
+    command = " ".join(array["spec"]["template"]["spec"]["containers"][0]["command"])
+    assert "$VIGIL_TASK_INDEX" in command and "$VIGIL_IDEMPOTENCY_KEY" in command
