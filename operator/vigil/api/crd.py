@@ -192,6 +192,8 @@ def _printer_columns() -> list[dict[str, str]]:
         {"name": "Queue", "type": "string", "jsonPath": ".spec.queue"},
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
         {"name": "Attempts", "type": "integer", "jsonPath": ".status.attempts"},
+        # succeeded/total of an array (spec.tasks); empty for a job of one task
+        {"name": "Tasks", "type": "string", "jsonPath": ".status.tasks.progress"},
         {
             "name": "Last-Beat",
             "type": "date",

@@ -3,15 +3,17 @@ of a job) and the whole object as read from the API server."""
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import replace
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from vigil.api.names import (
     CHECKPOINT_FILE,
+    DEFAULT_TASK_PARALLELISM,
     HISTORY_LIMIT,
     INT32_MAX,
     INT32_MIN,
@@ -19,8 +21,13 @@ from vigil.api.names import (
     LIVENESS_FILE_PATTERN,
     MAX_ATTEMPTS,
     MAX_BACKOFF_FACTOR,
+    MAX_TASK_ITEM_BYTES,
+    MAX_TASK_ITEMS_BYTES,
+    MAX_TASK_PARALLELISM,
+    MAX_TASKS,
     MIN_RETRY_SECONDS,
     RESERVED_PREFIX,
+    TASK_FAILURE_DETAILS,
     TERMINAL_PHASES,
     AgentKind,
     AttemptPhase,
@@ -231,6 +238,86 @@ class TemplateMeta(WireModel):
     )
 
 
+def item_json(item: Any) -> str:
+    """A task's item as its pod reads it in VIGIL_TASK_ITEM: a string as is, anything else as
+    compact JSON."""
+    return item if isinstance(item, str) else json.dumps(item, separators=(",", ":"), sort_keys=True)
+
+
+class TaskSpec(WireModel):
+    """A task array: one VigilJob for many tasks, each with its own attempts (docs/design.md, "Task arrays")."""
+
+    count: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_TASKS,
+        description=f"Tasks numbered 0 to count-1 (1 to {MAX_TASKS}); or give items instead.",
+        json_schema_extra={
+            "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "spec.tasks.count is immutable"}]
+        },
+    )
+    items: list[Any] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_TASKS,
+        description=f"One task per item, each a JSON value its pod reads in VIGIL_TASK_ITEM (a string as is, "
+        f"anything else as JSON); at most {MAX_TASK_ITEM_BYTES} bytes each and {MAX_TASK_ITEMS_BYTES // 1024} KiB "
+        "in all. Or give count instead.",
+        json_schema_extra={
+            "items": {"x-kubernetes-preserve-unknown-fields": True},
+        },
+    )
+    parallelism: int = Field(
+        DEFAULT_TASK_PARALLELISM,
+        ge=1,
+        le=MAX_TASK_PARALLELISM,
+        description=f"The most tasks of this job started and not finished at once (1 to {MAX_TASK_PARALLELISM}); "
+        "a task waiting out its backoff keeps its place. The queue's maxRunning bounds them too.",
+    )
+    max_dead_lettered_tasks: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_TASKS,
+        description="Once more tasks than this are dead-lettered, the whole job stops (its running tasks are "
+        "cancelled) and is dead-lettered (reason TooManyDeadLetteredTasks), as batch/v1's maxFailedIndexes. "
+        "Unset: every task runs, and the job is dead-lettered at the end if any task was.",
+    )
+
+    # Exactly one of count and items: checked here (the operator dead-letters a job that breaks it,
+    # reason InvalidTasks), not in CEL: a list whose items may be any JSON value has no CEL type, so
+    # no rule can name it (the API server refuses `has(self.items)` at the CRD's creation).
+    @model_validator(mode="after")
+    def _count_or_items(self) -> TaskSpec:
+        if (self.count is None) == (self.items is None):
+            raise ValueError("spec.tasks needs exactly one of count (tasks 0 to count-1) and items (one task per item)")
+        return self
+
+    @field_validator("items")
+    @classmethod
+    def _bound_items(cls, items: list[Any] | None) -> list[Any] | None:
+        if items is None:
+            return None
+        total = 0
+        for index, item in enumerate(items):
+            size = len(item_json(item).encode())
+            if size > MAX_TASK_ITEM_BYTES:
+                raise ValueError(
+                    f"spec.tasks.items[{index}] is {size} bytes of JSON, more than {MAX_TASK_ITEM_BYTES}: pass a "
+                    "reference (a key, a path, a URL) rather than the data"
+                )
+            total += size
+        if total > MAX_TASK_ITEMS_BYTES:
+            raise ValueError(
+                f"spec.tasks.items hold {total} bytes of JSON, more than {MAX_TASK_ITEMS_BYTES}: split the work "
+                "over several VigilJobs, or use count and let each task find its input by VIGIL_TASK_INDEX"
+            )
+        return items
+
+    @property
+    def total(self) -> int:
+        return self.count if self.count is not None else len(self.items or ())
+
+
 class VigilJobSpec(WireModel):
     """What to run and how hard to try."""
 
@@ -281,6 +368,30 @@ class VigilJobSpec(WireModel):
         None, ge=0, description="Delete the job this long after it finishes."
     )
     suspend: bool = Field(False, description="Start no attempts; stop a running one.")
+    tasks: TaskSpec | None = Field(
+        None,
+        description="Make the job a task array: many tasks of the same template, each with its own attempts, "
+        "retries, heartbeats and dead letter (retry, heartbeat, guarantee and attemptDeadlineSeconds apply per "
+        "task; activeDeadlineSeconds to the whole array). count and items are immutable.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    # A transition rule: it holds on updates alone (items have no CEL type: the operator
+                    # keeps the number of tasks it first saw, status.tasks.total)
+                    "rule": "has(self.count) == has(oldSelf.count)",
+                    "message": "spec.tasks.count and spec.tasks.items are immutable: create a new VigilJob instead",
+                }
+            ]
+        },
+    )
+
+    cel_rules = (
+        Rule(
+            "has(self.tasks) == has(oldSelf.tasks)",
+            "spec.tasks cannot be added to or removed from a VigilJob: create a new VigilJob instead",
+            lambda spec: True,  # a transition rule: only the API server sees the old spec
+        ),
+    )
 
     @field_validator("template")
     @classmethod
@@ -347,6 +458,71 @@ class AttemptRecord(WireModel):
     finished_at: datetime = Field(description="When Vigil recorded its end.")
 
 
+class TaskState(WireModel):
+    """A task of an array that has started and not finished: its own attempts, as a job's."""
+
+    index: int = Field(ge=0, description="The task's index.")
+    phase: Phase = Field(description="As a job's phase, for this task alone.")
+    reason: str | None = Field(None, description="Why the task is in its phase (CamelCase).")
+    attempts: int = Field(0, description="The task's newest attempt number (its fencing token).")
+    round_attempts: int = Field(0, description="The task's attempts of its current round.")
+    current_attempt: CurrentAttempt | None = Field(None, description="The task's attempt in flight, if any.")
+    next_attempt_at: datetime | None = Field(None, description="While BackingOff: when its next attempt may start.")
+    started_at: datetime | None = Field(None, description="When the task's round started.")
+    last_checkpoint: str | None = Field(None, description="The newest checkpoint the task's attempts left.")
+    last: AttemptRecord | None = Field(None, description="The task's last finished attempt.")
+
+
+class TaskFailure(WireModel):
+    """A dead-lettered task, as status.tasks.failed describes it."""
+
+    index: int = Field(description="The task's index.")
+    attempts: int = Field(description="Its attempts, all rounds.")
+    outcome: Outcome | None = Field(None, description="How its last attempt ended.")
+    reason: str | None = Field(None, description="Why it was dead-lettered (CamelCase), e.g. NonRetryableExitCode.")
+    exit_code: int | None = Field(None, description="Its last attempt's exit code, if it exited.")
+    finished_at: datetime | None = Field(None, description="When it was dead-lettered.")
+    message: str | None = Field(None, description="What happened, for a person.")
+
+
+class AttemptGroup(WireModel):
+    """Tasks not active that used the same number of attempts: a redriven task's attempt
+    numbers go on from there, so a fencing token is never reused."""
+
+    attempts: int = Field(description="Attempts used.")
+    indexes: str = Field(description="The tasks, as index ranges.")
+
+
+class TaskStatus(WireModel):
+    """An array's tasks, in a form whose size does not grow with their number: counts, index
+    ranges, the active tasks (at most parallelism) and the last few failures."""
+
+    total: int = Field(0, description="Tasks in all.")
+    pending: int = Field(0, description="Tasks not started (or redriven and not started again).")
+    running: int = Field(0, description="Tasks with an attempt Starting, Running or Uncertain.")
+    backing_off: int = Field(0, description="Tasks waiting out a retry's backoff.")
+    succeeded: int = Field(0, description="Tasks that succeeded.")
+    dead_lettered: int = Field(0, description="Tasks dead-lettered.")
+    progress: str | None = Field(None, description="succeeded/total, for the TASKS column.")
+    succeeded_indexes: str = Field("", description='The tasks that succeeded, as index ranges ("0-99,120").')
+    dead_lettered_indexes: str = Field("", description="The tasks dead-lettered, as index ranges.")
+    prior_attempts: list[AttemptGroup] = Field(
+        default_factory=list,
+        description="The attempts used by the tasks that are dead-lettered, or redriven and not started "
+        "again, grouped by number: a redriven task's attempt numbers go on from there.",
+    )
+    failed: list[TaskFailure] = Field(
+        default_factory=list,
+        max_length=TASK_FAILURE_DETAILS,
+        description=f"The last {TASK_FAILURE_DETAILS} tasks dead-lettered, newest last.",
+    )
+    active: list[TaskState] = Field(
+        default_factory=list, description="The tasks started and not finished, by index (at most parallelism)."
+    )
+    redrives: int = Field(0, description="Redrives of tasks honoured (vigil.dev/redrive-tasks or vigil.dev/redrive).")
+    last_redrive: str | None = Field(None, description="The vigil.dev/redrive-tasks value last honoured.")
+
+
 class VigilJobStatus(WireModel):
     """All of Vigil's memory of a job; written only through the status subresource."""
 
@@ -396,6 +572,7 @@ class VigilJobStatus(WireModel):
     observed_generation: int | None = Field(
         None, description="The metadata.generation of the spec this status was written for."
     )
+    tasks: TaskStatus | None = Field(None, description="A task array's tasks (spec.tasks).")
 
     @property
     def is_terminal(self) -> bool:

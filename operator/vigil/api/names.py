@@ -31,6 +31,10 @@ LABEL_ATTEMPT = "vigil.dev/attempt"
 LABEL_QUEUE = "vigil.dev/queue"
 LABEL_DEAD_LETTER = "vigil.dev/dead-letter"
 ANNOTATION_REDRIVE = "vigil.dev/redrive"
+# On an array: "<index ranges>@<token>" redrives those of its tasks that are dead-lettered, once
+# per distinct value (status.tasks.lastRedrive).
+ANNOTATION_REDRIVE_TASKS = "vigil.dev/redrive-tasks"
+LABEL_TASK_INDEX = "vigil.dev/task-index"  # on a task's pod: the task's index in its array
 ANNOTATION_CHECKPOINT = "vigil.dev/checkpoint"
 ANNOTATION_HEARTBEAT = "vigil.dev/heartbeat"  # written by the agent; a new value is a beat
 ANNOTATION_SUPERSEDED = "vigil.dev/superseded"  # written by Vigil on a replaced attempt's pod: stop
@@ -40,6 +44,16 @@ ANNOTATION_STARTED_AT = "vigil.dev/started-at"
 # On every attempt pod; removed only once the attempt's outcome is in the job's status, so no
 # final phase or exit code is lost (as batch/v1 does with batch.kubernetes.io/job-tracking).
 FINALIZER_ATTEMPT_TRACKING = "vigil.dev/attempt-tracking"
+
+# Task arrays (spec.tasks). Status holds a record per active task, so parallelism bounds its size
+# (about 400 bytes a task: 1,000 active tasks make ~400 KiB of the object's 1.5 MiB in etcd); the
+# items' JSON is bounded so that the spec and that status fit together.
+MAX_TASKS = 100_000
+MAX_TASK_PARALLELISM = 1_000
+DEFAULT_TASK_PARALLELISM = 10
+MAX_TASK_ITEMS_BYTES = 512 * 1024
+MAX_TASK_ITEM_BYTES = 4096  # one item, passed to its pod as VIGIL_TASK_ITEM
+TASK_FAILURE_DETAILS = 20  # the dead-lettered tasks status.tasks.failed describes (the newest)
 
 MAX_CHECKPOINT_BYTES = 2048
 # The agent writes "<sequence>:<8 hex digits>", at most 28 characters; the chart's admission

@@ -28,7 +28,7 @@ from vigil.core.actions import (
 )
 from vigil.core.jobconditions import job_conditions
 from vigil.core.liveness import Liveness, beat_stamp_due
-from vigil.core.manifest import BeatChannel, attempt_pod_manifest
+from vigil.core.manifest import BeatChannel, TaskRef, attempt_pod_manifest
 
 _NOT_REQUIRED = Liveness("Healthy", 0.0, "heartbeat not required: liveness is the pod phase alone")
 _NO_VERDICT = Liveness("Healthy", 0.0, "no heartbeat verdict yet; silence counts from the operator's first look")
@@ -55,6 +55,9 @@ class Draft:
     beat: tuple[str, datetime] | None = None  # (pod UID, wall time of its last beat) of the current attempt
     # Status just after this decision reserved an attempt, if nothing had changed it before.
     start_alone: VigilJobStatus | None = None
+    # The array's task this decision is about (vigil.core.tasks.array), else None. A task's
+    # reservation is written with its array's status, not left to the look that finds its pod.
+    task: TaskRef | None = None
 
     def __post_init__(self) -> None:
         self.status = self.job.status
@@ -90,7 +93,7 @@ class Draft:
 
     def create_pod(self, attempt: int) -> None:
         manifest = attempt_pod_manifest(
-            self.job, attempt, self.status.last_checkpoint, self.now, self.beat_channel, self.agent_image
+            self.job, attempt, self.status.last_checkpoint, self.now, self.beat_channel, self.agent_image, self.task
         )
         self.pod_actions.append(CreatePod(manifest))
 
@@ -147,7 +150,7 @@ class Draft:
     def _only_starts(self) -> bool:
         """Whether this decision does nothing but start the attempt it reserved: then it creates
         the pod alone, and the reservation is left to the look that finds the pod."""
-        if self.start_alone is None or wire(self.status) != wire(self.start_alone):
+        if self.task is not None or self.start_alone is None or wire(self.status) != wire(self.start_alone):
             return False
         creations = [action for action in self.pod_actions if isinstance(action, CreatePod)]
         only_its_pod = len(self.pod_actions) == 1 and len(creations) == 1 and not self.releases

@@ -42,7 +42,7 @@ from vigil.core.conditions import find_condition
 from vigil.core.draft import Draft, wire
 from vigil.core.jobconditions import CONDITION_CHECKPOINT, CONDITION_HEARTBEAT
 from vigil.core.liveness import Liveness
-from vigil.core.manifest import BeatChannel, attempt_pod_name
+from vigil.core.manifest import BeatChannel, TaskRef, attempt_pod_name
 
 # How often a job blocked by a pod it does not own looks again: that pod's deletion is not an
 # event Vigil sees, as the pod does not carry the job's label. Such a job waits for someone to
@@ -88,7 +88,36 @@ def decide(
     stamp_floor: the least period of a lastHeartbeatAt written alone, for the attempts the leader
         tracks (`liveness.stamp_floor`).
     """
-    parsed = _parse(job)
+    return decide_parsed(
+        _parse(job),
+        pods,
+        now,
+        rng=rng,
+        may_start=may_start,
+        waiting=waiting,
+        liveness=liveness,
+        beat_channel=beat_channel,
+        agent_image=agent_image,
+        stamp_floor=stamp_floor,
+    )
+
+
+def decide_parsed(
+    parsed: VigilJob,
+    pods: Iterable[Mapping[str, Any]],
+    now: datetime,
+    *,
+    rng: random.Random,
+    may_start: bool = True,
+    waiting: tuple[str, str] | None = None,
+    liveness: Mapping[str, Liveness] | None = None,
+    beat_channel: BeatChannel | None = None,
+    agent_image: str | None = None,
+    stamp_floor: float = 0.0,
+    task: TaskRef | None = None,
+) -> Decision:
+    """`decide` on a job already parsed; `task`: the job is one task of an array, projected onto a
+    job of its own (`vigil.core.tasks.array`)."""
     observed = _ObservedPods.of(parsed.metadata.namespace, parsed.metadata.uid, pods)
     if parsed.metadata.deletion_timestamp is not None:
         return _release_all(parsed, observed)  # the garbage collector deletes the pods
@@ -99,6 +128,7 @@ def decide(
         beat_channel=beat_channel,
         agent_image=agent_image,
         stamp_floor=stamp_floor,
+        task=task,
     )
 
     _adopt_newer_attempt(draft, observed)

@@ -76,6 +76,23 @@ def agent_security_context(pod_security: dict[str, Any] | None) -> dict[str, Any
     return context
 
 
+@dataclass(frozen=True)
+class TaskRef:
+    """The task of an array an attempt belongs to (spec.tasks): its job's real name (the decision
+    core names the task `<job>-<index>`, so that its pods are `<job>-<index>-<attempt>`), its index,
+    the array's size and its item (VIGIL_TASK_ITEM, already as its pod reads it)."""
+
+    job_name: str
+    index: int
+    count: int
+    item: str | None = None
+
+
+def task_name(job_name: str, index: int) -> str:
+    """What a task's attempts are named after: `<job>-<index>`."""
+    return f"{job_name}-{index}"
+
+
 MAX_POD_NAME = 63  # a DNS label, so the name also works as the pod's hostname and in labels
 _HASH_LENGTH = 8
 
@@ -99,13 +116,17 @@ def attempt_pod_manifest(
     started_at: datetime | None = None,
     beat_channel: BeatChannel | None = None,
     agent_image: str | None = None,
+    task: TaskRef | None = None,
 ) -> dict[str, Any]:
     """The pod of `attempt`: the job's template as given, plus restartPolicy Never, Vigil's
     labels, the job as controlling owner, the attempt-tracking finalizer, the VIGIL_*
     environment in every container, and when the attempt started (`vigil.dev/started-at`).
     When the attempt's agent is the injected one (`resolved_agent`: Sidecar), the pod also
-    gets it: a native sidecar `vigil-agent` from `agent_image` and shareProcessNamespace."""
+    gets it: a native sidecar `vigil-agent` from `agent_image` and shareProcessNamespace.
+    `task`: the attempt is one of an array's task (`job` is then named after the task, see
+    TaskRef): its index label and VIGIL_TASK_* environment, and the array as its owner."""
     meta, spec = job.metadata, job.spec
+    owner = task.job_name if task is not None else meta.name
     template = copy.deepcopy(spec.template)
     pod_meta = template.get("metadata") or {}
     pod_meta.pop("generateName", None)
@@ -120,6 +141,8 @@ def attempt_pod_manifest(
         api.LABEL_ATTEMPT: str(attempt),
         api.LABEL_QUEUE: spec.queue,
     }
+    if task is not None:
+        pod_meta["labels"][api.LABEL_TASK_INDEX] = str(task.index)
     if started_at is not None:
         pod_meta["annotations"] = {
             **(pod_meta.get("annotations") or {}),
@@ -129,7 +152,7 @@ def attempt_pod_manifest(
         {
             "apiVersion": api.API_VERSION,
             "kind": api.KIND,
-            "name": meta.name,
+            "name": owner,
             "uid": meta.uid,
             "controller": True,
             "blockOwnerDeletion": True,
@@ -142,7 +165,7 @@ def attempt_pod_manifest(
     pod_spec["restartPolicy"] = "Never"
 
     vigil_env: list[dict[str, Any]] = [
-        {"name": "VIGIL_JOB", "value": meta.name},
+        {"name": "VIGIL_JOB", "value": owner},
         {"name": "VIGIL_JOB_UID", "value": meta.uid},
         {"name": "VIGIL_ATTEMPT", "value": str(attempt)},
         # Attempt numbers only grow, across redrives too, so the number is the fencing token.
@@ -156,6 +179,16 @@ def attempt_pod_manifest(
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
     ]
+    if task is not None:
+        vigil_env += [
+            {"name": "VIGIL_TASK_INDEX", "value": str(task.index)},
+            {"name": "VIGIL_TASK_COUNT", "value": str(task.count)},
+            # The same for every attempt of the task, and no other task's: what its side effects
+            # are keyed by, so that a retry (at least once) does them once.
+            {"name": "VIGIL_IDEMPOTENCY_KEY", "value": f"{meta.uid}-{task.index}"},
+        ]
+        if task.item is not None:
+            vigil_env.append({"name": "VIGIL_TASK_ITEM", "value": task.item})
     leader = beat_channel is not None and spec.heartbeat.required and spec.heartbeat.via == "Leader"
     mounts: list[dict[str, Any]] = []
     if leader:

@@ -74,7 +74,11 @@ _KEPT_METADATA = (
     "deletionTimestamp",
     "deletionGracePeriodSeconds",
 )
-KEPT_LABELS = (api.LABEL_JOB_UID, api.LABEL_ATTEMPT)  # label values are at most 63 characters (the API's rule)
+KEPT_LABELS = (
+    api.LABEL_JOB_UID,
+    api.LABEL_ATTEMPT,
+    api.LABEL_TASK_INDEX,
+)  # label values are at most 63 characters (the API's rule)
 _OWNER_FIELDS = ("apiVersion", "kind", "name", "uid", "controller")
 # Longest value kept of each annotation Vigil reads. The agent's beat is "<sequence>:<8 hex>";
 # started-at an isoformat time; superseded a reason (only its presence is read); the checkpoint
@@ -245,6 +249,12 @@ def attempt_of(pod: Pod) -> int | None:
     """The attempt number in the pod's `vigil.dev/attempt` label, if it has a valid one."""
     value = fields.labels(pod).get(api.LABEL_ATTEMPT, "")
     return int(value) if value.isdigit() else None
+
+
+def task_of(pod: Pod) -> int | None:
+    """The task index in the pod's `vigil.dev/task-index` label (a task array's pod), if valid."""
+    value = fields.labels(pod).get(api.LABEL_TASK_INDEX, "")
+    return int(value) if value.isdigit() and len(value) <= 9 else None
 
 
 def started_at(pod: Pod) -> datetime | None:

@@ -51,6 +51,7 @@ def test_an_empty_spec_gets_every_default_of_the_design() -> None:
         "activeDeadlineSeconds": None,
         "ttlSecondsAfterFinished": None,
         "suspend": False,
+        "tasks": None,
     }
 
 
