@@ -41,7 +41,7 @@ MAX_UID_LENGTH = 128  # the API server's request uid is a UUID (36): this is a c
 # The most tasks an array may have (the CRD's bound on spec.tasks.count and on spec.tasks.items).
 # The API server checks the CRD's schema before it calls a validating webhook, so a review it sends
 # is always within; a forged one past it is a 400, not a number carried into a message.
-MAX_TASKS = 100_000
+MAX_TASKS = api.MAX_TASKS
 
 
 class QueueLimits(Protocol):
