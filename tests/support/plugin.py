@@ -77,6 +77,88 @@ def dead_job(name: str, finished: str = "2026-03-01T11:30:00Z", **fields: Any) -
     return sample_job(name, labels={"vigil.dev/dead-letter": "true"}, **status)
 
 
+def array_job(
+    name: str = "batch",
+    *,
+    count: int = 1000,
+    parallelism: int = 10,
+    tasks: dict | None = None,
+    annotations: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    **status: Any,
+) -> dict:
+    """A task array of `count` tasks (spec.tasks) with `status` as given and `tasks` as its
+    status.tasks (None: the operator has not written it yet)."""
+    job = sample_job(name, annotations=annotations, labels=labels, **status)
+    job["spec"]["tasks"] = {"count": count, "parallelism": parallelism}
+    job["spec"]["retry"] = {"maxAttempts": 3}
+    if tasks is not None:
+        job["status"]["tasks"] = tasks
+    return job
+
+
+def active_task(index: int, phase: str = "Running", attempts: int = 1, **fields: Any) -> dict:
+    """An entry of status.tasks.active: a task started and not finished."""
+    entry: dict[str, Any] = {"index": index, "phase": phase, "reason": "AttemptRunning", "attempts": attempts}
+    entry["roundAttempts"] = attempts
+    if phase == "Running":
+        entry["currentAttempt"] = {
+            "number": attempts,
+            "podName": f"batch-{index}-{attempts}",
+            "phase": "Running",
+            "startedAt": "2026-03-01T11:59:00Z",
+            "nodeName": "kwok-node-0",
+        }
+    entry["startedAt"] = "2026-03-01T11:58:00Z"
+    return {**entry, **fields}
+
+
+def failed_task(index: int, attempts: int = 3, finished: str = "2026-03-01T11:50:00Z", **fields: Any) -> dict:
+    """An entry of status.tasks.failed: a dead-lettered task."""
+    return {
+        "index": index,
+        "attempts": attempts,
+        "outcome": "Failed",
+        "reason": "AttemptsExhausted",
+        "exitCode": 3,
+        "finishedAt": finished,
+        "message": f"task {index}: attempt {attempts} exited 3",
+        **fields,
+    }
+
+
+def array_tasks(**fields: Any) -> dict:
+    """status.tasks of a running array of 1000 tasks, as the brief's example: 979 succeeded,
+    task 5 dead-lettered, tasks 980-989 active (986 backing off), 990-999 pending."""
+    active = [active_task(i) for i in range(980, 990) if i != 986]
+    active.insert(6, active_task(986, "BackingOff", 2, reason="AttemptFailed", nextAttemptAt="2026-03-01T12:00:05Z"))
+    active[6]["last"] = {
+        "number": 1,
+        "podName": "batch-986-1",
+        "outcome": "Failed",
+        "exitCode": 1,
+        "startedAt": "2026-03-01T11:58:00Z",
+        "finishedAt": "2026-03-01T11:59:55Z",
+    }
+    return {
+        "total": 1000,
+        "pending": 10,
+        "running": 9,
+        "backingOff": 1,
+        "succeeded": 979,
+        "deadLettered": 1,
+        "progress": "979/1000",
+        "succeededIndexes": "0-4,6-979",
+        "deadLetteredIndexes": "5",
+        "priorAttempts": [{"attempts": 3, "indexes": "5"}],
+        "failed": [failed_task(5)],
+        "active": active,
+        "redrives": 0,
+        "lastRedrive": None,
+        **fields,
+    }
+
+
 def queue(name: str, namespace: str = "ns", spec: dict | None = None, status: dict | None = None) -> dict:
     return {
         "apiVersion": "vigil.dev/v1beta1",

@@ -42,7 +42,11 @@ def parser() -> argparse.ArgumentParser:
         "job"
     )
     for name, help in (
-        ("dlq", "the dead-letter queue: jobs labelled vigil.dev/dead-letter=true"),
+        (
+            "dlq",
+            "the dead-letter queue: jobs labelled vigil.dev/dead-letter=true, and task arrays with dead-lettered "
+            "tasks (their index ranges)",
+        ),
         ("top", "the queues at a glance: depth, running, oldest wait, retry budget, paused"),
     ):
         sub = command(name, help)
@@ -52,9 +56,16 @@ def parser() -> argparse.ArgumentParser:
             sub.add_argument("-l", "--selector", help="only the jobs this label selector picks too")
     sub = command(
         "redrive",
-        "start a new round of attempts of dead-lettered jobs (the vigil.dev/redrive annotation), paced",
+        "start a new round of attempts of dead-lettered jobs (the vigil.dev/redrive annotation; an array's: "
+        "every dead-lettered task), or of some dead-lettered tasks of an array (--tasks), paced",
     )
     sub.add_argument("jobs", nargs="*", metavar="JOB")
+    sub.add_argument(
+        "--tasks",
+        metavar="RANGES",
+        help="only these dead-lettered tasks of the array JOB, by index ranges as 5,7-9 (the "
+        "vigil.dev/redrive-tasks annotation); refused, saying which, if one is out of range or not dead-lettered",
+    )
     sub.add_argument("--all-dead-letters", action="store_true", help="every dead-lettered job of the namespace")
     sub.add_argument("-l", "--selector", help="with --all-dead-letters: only those this label selector picks")
     sub.add_argument(

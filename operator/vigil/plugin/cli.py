@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import os
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +55,15 @@ class Api:
     async def job(self, namespace: str, name: str) -> dict | None:
         return await self._get(f"{resource_path(GROUP, VERSION, PLURAL, namespace)}/{name}")
 
-    async def jobs(self, namespace: str | None, selector: str) -> list[dict]:
+    async def jobs(
+        self, namespace: str | None, selector: str, keep: Callable[[dict], bool] | None = None
+    ) -> list[dict]:
+        """The jobs the label selector picks; with `keep`, only those it keeps, each dropped as
+        its page arrives (a namespace's jobs are never all held at once)."""
         items, _ = await self.http.list_all(
-            resource_path(GROUP, VERSION, PLURAL, namespace), {"labelSelector": selector}
+            resource_path(GROUP, VERSION, PLURAL, namespace),
+            {"labelSelector": selector},
+            keep=None if keep is None else (lambda item: item if keep(item) else None),
         )
         return items
 
@@ -148,11 +154,11 @@ async def status(api: Api, namespace: str, args: argparse.Namespace, clock: Cloc
 
 
 async def dlq(api: Api, namespace: str | None, args: argparse.Namespace, clock: Clock) -> tuple[int, str]:
-    selector = ",".join(filter(None, [f"{LABEL_DEAD_LETTER}=true", args.selector]))
-    rows = report.dead_letters(await api.jobs(namespace, selector), clock.wall())
-    return EXIT_OK, render.listing(
-        rows, render.DLQ_COLUMNS, args.output, namespaces=namespace is None, wide=render.DLQ_WIDE
-    )
+    # An array with dead-lettered tasks that still runs carries no dead-letter label: the jobs
+    # are listed (those the selector picks) and those in the queue kept, page by page.
+    jobs = await api.jobs(namespace, args.selector or "", keep=report.in_dead_letter_queue)
+    rows = report.dead_letters(jobs, clock.wall())
+    return EXIT_OK, render.dead_letters(rows, args.output, namespaces=namespace is None)
 
 
 async def top(api: Api, namespace: str | None, args: argparse.Namespace, clock: Clock) -> tuple[int, str]:
@@ -161,6 +167,8 @@ async def top(api: Api, namespace: str | None, args: argparse.Namespace, clock: 
 
 
 async def redrive(api: Api, namespace: str, args: argparse.Namespace, clock: Clock) -> tuple[int, str]:
+    if args.tasks is not None:
+        return await redrive_tasks(api, namespace, args, clock)
     if args.all_dead_letters:
         selector = ",".join(filter(None, [f"{LABEL_DEAD_LETTER}=true", args.selector]))
         jobs = {fields.name(job): job for job in await api.jobs(namespace, selector)}
@@ -187,21 +195,65 @@ async def apply_redrive(
     for step in steps:
         if step.value is None:
             continue
-        while not bucket.take(clock.monotonic()):
-            await clock.sleep(bucket.delay(clock.monotonic()))
+        await _paced(bucket, clock)
         try:
-            await api.patch_job(step.namespace, step.name, report.redrive_patch(step))
-            done[step.name] = ""
+            done[step.name], code = await _write_redrive(api, step)
         except Conflict:
             done[step.name] = "the job changed since it was read (redriven by someone else?): run again"
-        except NotFound:
-            done[step.name] = "the job was deleted since it was read"
-        except (Unreachable, Unauthorized) as err:
-            done[step.name] = f"not written: {err}"
-            return EXIT_CANNOT_ASK
-        except ApiError as err:
-            done[step.name] = f"refused by the API server: {err}"
+            continue
+        if code != EXIT_OK:
+            return code
     return EXIT_OK
+
+
+REDRIVE_TASKS_TRIES = 5  # an array's status changes twice a second: a conflict is read again, so often
+
+
+async def redrive_tasks(api: Api, namespace: str, args: argparse.Namespace, clock: Clock) -> tuple[int, str]:
+    """`redrive JOB --tasks RANGES`: the array read, the indexes checked against it, and the
+    annotation written on the array as read; on a conflict (its status changes as its tasks
+    run) read again, checked again and written again, up to REDRIVE_TASKS_TRIES writes, each
+    paced as a bulk redrive's."""
+    wanted = report.parse_tasks(args.tasks)
+    name = args.jobs[0]
+    bucket = TokenBucket(args.rate, 1)
+    done: dict[str, str] = {}
+    code = EXIT_OK
+    for tries in range(1, REDRIVE_TASKS_TRIES + 1):
+        step = report.plan_task_redrive(name, await api.job(namespace, name), namespace, wanted, clock.wall())
+        if step.value is None or args.dry_run:
+            break
+        await _paced(bucket, clock)
+        try:
+            done[name], code = await _write_redrive(api, step)
+            break
+        except Conflict:
+            done[name] = f"the job changed each time it was read ({tries} tries): run again"
+    if (step.value is None or done.get(name, "")) and code == EXIT_OK:
+        code = EXIT_FAILED
+    return code, render.redrive([step], done, args.output, args.dry_run)
+
+
+async def _paced(bucket: TokenBucket, clock: Clock) -> None:
+    """Waits, on the clock, until the bucket lets the next redrive go."""
+    while not bucket.take(clock.monotonic()):
+        await clock.sleep(bucket.delay(clock.monotonic()))
+
+
+async def _write_redrive(api: Api, step: report.RedriveStep) -> tuple[str, int]:
+    """Writes one redrive's annotation: "" once written, else why not, with EXIT_CANNOT_ASK when
+    the API server could not be reached (nothing more should be tried); Conflict is raised."""
+    try:
+        await api.patch_job(step.namespace, step.name, report.redrive_patch(step))
+        return "", EXIT_OK
+    except Conflict:
+        raise
+    except NotFound:
+        return "the job was deleted since it was read", EXIT_OK
+    except (Unreachable, Unauthorized) as err:
+        return f"not written: {err}", EXIT_CANNOT_ASK
+    except ApiError as err:
+        return f"refused by the API server: {err}", EXIT_OK
 
 
 async def pause(api: Api, namespace: str, args: argparse.Namespace, clock: Clock) -> tuple[int, str]:
@@ -424,6 +476,13 @@ def usage_error(args: argparse.Namespace) -> str | None:
         return None
     if args.all_dead_letters == bool(args.jobs):
         return "redrive takes job names or --all-dead-letters, not both nor neither"
+    if args.tasks is not None:
+        if len(args.jobs) != 1:
+            return "--tasks goes with one job, an array: redrive JOB --tasks 5,7-9"
+        try:
+            report.parse_tasks(args.tasks)
+        except ValueError as err:
+            return str(err)
     if args.selector and not args.all_dead_letters:
         return "-l/--selector goes with --all-dead-letters"
     if not 0 < args.rate <= MAX_RATE:

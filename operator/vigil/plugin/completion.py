@@ -129,6 +129,8 @@ def candidates(parser: argparse.ArgumentParser, words: Sequence[str], lookup: Lo
         names = [name for name in commands if name.startswith(typed) and not name.startswith("_")]
         return [_described(name, helps.get(name)) for name in names], DIRECTIVE_NO_FILES
     what, count = POSITIONALS.get(command, ("", 0))
+    if command == "redrive" and "--tasks" in values:  # some tasks of one array, dead-lettered or still running
+        what, count = "jobs", 1
     if not what or (count is not None and len(positionals) >= count):
         return [], DIRECTIVE_NO_FILES
     return _named(what, typed, "", scope, lookup, exclude=positionals)

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from vigil.api.names import GROUP
+from vigil.core.tasks.ranges import IndexSet
 from vigil.plugin import jsonpath, report
 
 # What -o takes, as kubectl's error lists them.
@@ -88,6 +89,8 @@ def as_output(fmt: Output | str) -> Output:
     return fmt if isinstance(fmt, Output) else parse_output(fmt)
 
 
+# An array's row: how many of its tasks are dead-lettered and which (a plain job's are empty);
+# -o wide adds its progress (succeeded/total) and its phase (it may be running still).
 DLQ_COLUMNS: list[Column] = [
     ("NAME", "name"),
     ("QUEUE", "queue"),
@@ -95,8 +98,17 @@ DLQ_COLUMNS: list[Column] = [
     ("REDRIVES", "redrives"),
     ("REASON", "reason"),
     ("DEAD-LETTERED", "since"),
+    ("DEAD-TASKS", "deadLetteredTasks"),
+    ("DEAD-INDEXES", "deadLetteredIndexes"),
 ]
-DLQ_WIDE: list[Column] = [*DLQ_COLUMNS, ("DEAD-LETTERED-AT", "deadLetteredAt"), ("MESSAGE", "message")]
+DLQ_WIDE: list[Column] = [
+    *DLQ_COLUMNS,
+    ("TASKS", "tasks"),
+    ("PHASE", "phase"),
+    ("DEAD-LETTERED-AT", "deadLetteredAt"),
+    ("MESSAGE", "message"),
+]
+RANGES_SHOWN = 40  # characters of index ranges in a table (-o wide and the documents: all of them)
 TOP_COLUMNS: list[Column] = [
     ("QUEUE", "name"),
     ("PAUSED", "paused"),
@@ -178,6 +190,23 @@ def listing(
     return table(rows, [NAMESPACE_COLUMN, *shown] if namespaces else shown, headers=not out.no_headers)
 
 
+def clip_ranges(ranges: str | None, width: int = RANGES_SHOWN) -> str | None:
+    """Index ranges cut to about `width` characters at a comma, saying how many indexes there
+    are in all ("0,2,4,...(500 in all)"): a table's line stays readable however scattered."""
+    if not ranges or len(ranges) <= width:
+        return ranges
+    head = ranges[:width].rpartition(",")[0] or ranges[:width]
+    return f"{head},...({len(IndexSet.parse(ranges))} in all)"
+
+
+def dead_letters(rows: Sequence[Mapping[str, Any]], fmt: Output | str, namespaces: bool = False) -> str:
+    """`kubectl vigil dlq`: in a table an array's index ranges clipped (-o wide: whole)."""
+    out = as_output(fmt)
+    if out.kind == "table":
+        rows = [{**row, "deadLetteredIndexes": clip_ranges(row.get("deadLetteredIndexes"))} for row in rows]
+    return listing(rows, DLQ_COLUMNS, out, namespaces, wide=DLQ_WIDE)
+
+
 def top(rows: Sequence[Mapping[str, Any]], fmt: Output | str, namespaces: bool = False) -> str:
     out = as_output(fmt)
     if out.tabular:
@@ -199,6 +228,9 @@ def job_status(summary: Mapping[str, Any], now: datetime, fmt: Output | str) -> 
     ]
     if summary["message"]:
         lines.append(f"Message:      {summary['message']}")
+    tasks = summary.get("tasks")
+    if tasks is not None:
+        return "\n".join(lines + _array_status(summary, tasks, now, out.kind == "wide"))
     rounds = f"{summary['roundAttempts']} of {cell(summary['maxAttempts'])} this round"
     lines.append(f"Attempts:     {summary['attempts']} ({rounds}), redrives {summary['redrives']}")
     if summary["nextAttemptAt"]:
@@ -242,6 +274,86 @@ def job_status(summary: Mapping[str, Any], now: datetime, fmt: Output | str) -> 
             columns += [("STARTED", "started"), ("RAN", "ran")]
         lines += ["  " + line for line in table(rows, columns).splitlines()]
     return "\n".join(lines)
+
+
+def _array_status(summary: Mapping[str, Any], tasks: Mapping[str, Any], now: datetime, wide: bool) -> list[str]:
+    """The rest of an array's description: its attempts (each task's own), its tasks counted,
+    the index ranges, the active tasks (the first ACTIVE_SHOWN by index; -o json has them all)
+    and the dead-lettered ones status describes, newest first. -o wide: the ranges whole, each
+    task's reason, node, next attempt and checkpoint, each dead task's message."""
+
+    def clip(ranges: str) -> str | None:
+        return ranges if wide else clip_ranges(ranges)
+
+    each = f"each task at most {cell(summary['maxAttempts'])} a round"
+    lines = [f"Attempts:     {summary['attempts']} across the tasks ({each}), redrives {summary['redrives']}"]
+    counts = [
+        f"{tasks['succeeded']} succeeded",
+        f"{tasks['running']} running",
+        f"{tasks['backingOff']} backing off",
+        f"{tasks['pending']} pending",
+        f"{tasks['deadLettered']} dead-lettered",
+    ]
+    limits = f"parallelism {tasks['parallelism']}"
+    if tasks["maxDeadLetteredTasks"] is not None:
+        limits += f", at most {tasks['maxDeadLetteredTasks']} dead-lettered"
+    lines.append(f"Tasks:        {tasks['total']}: " + ", ".join(counts) + f" ({limits})")
+    if tasks["succeededIndexes"]:
+        lines.append(f"  Succeeded:      {clip(tasks['succeededIndexes'])}")
+    if tasks["deadLetteredIndexes"]:
+        lines.append(f"  Dead-lettered:  {clip(tasks['deadLetteredIndexes'])}")
+    if wide and tasks["priorAttempts"]:  # a redriven task's attempts go on from these
+        used = [f"{group.get('indexes')}: {group.get('attempts')}" for group in tasks["priorAttempts"]]
+        lines.append("  Attempts used:  " + "; ".join(used))
+    if tasks["redrives"]:
+        lines.append(f"  Redrives:       {tasks['redrives']}, the last {tasks['lastRedrive'] or '-'}")
+    if summary["waiting"]:
+        lines.append("Waiting:")
+        lines += [f"  {w['reason']} ({w['source']}): {w['message']}" for w in summary["waiting"]]
+    beat = summary["heartbeat"]
+    if not beat["required"]:
+        lines.append("Heartbeat:    not required (liveness is each task's pod's phase)")
+    else:
+        health = f", healthy {beat['healthy']} ({beat['reason']})" if beat["healthy"] else ""
+        lines.append(f"Heartbeat:    required of each task's attempts{health}")
+    active = tasks["active"]
+    if active:
+        lines.append(f"Active tasks ({len(active)}):")
+        rows = [
+            {
+                **item,
+                "started": report.ago(item["startedAt"], now) if item["startedAt"] else None,
+                "last": None if item["lastOutcome"] is None else _last(item["lastOutcome"], item["lastExitCode"]),
+            }
+            for item in active[: report.ACTIVE_SHOWN]
+        ]
+        columns = [("INDEX", "index"), ("PHASE", "phase"), ("ATTEMPT", "attempt"), ("POD", "pod")]
+        columns += [("STARTED", "started")]
+        if wide:
+            columns += [("REASON", "reason"), ("NODE", "node"), ("LAST", "last"), ("NEXT-ATTEMPT", "nextAttemptAt")]
+            columns += [("CHECKPOINT", "lastCheckpoint")]
+        lines += ["  " + line for line in table(rows, columns).splitlines()]
+        if len(active) > report.ACTIVE_SHOWN:
+            lines.append(f"  ... and {len(active) - report.ACTIVE_SHOWN} more (-o json lists them all)")
+    failed = tasks["failed"]
+    if failed:
+        shown = failed if wide else failed[: report.ACTIVE_SHOWN]
+        lines.append("Dead-lettered tasks (newest first):")
+        rows = [{**item, "exit": item["exitCode"], "ended": report.ago(item["finishedAt"], now)} for item in shown]
+        columns = [("INDEX", "index"), ("ATTEMPTS", "attempts"), ("OUTCOME", "outcome"), ("REASON", "reason")]
+        columns += [("EXIT", "exit"), ("ENDED", "ended")]
+        if wide:
+            columns += [("FINISHED-AT", "finishedAt"), ("MESSAGE", "message")]
+        lines += ["  " + line for line in table(rows, columns).splitlines()]
+        more = max(tasks["deadLettered"], len(failed)) - len(shown)
+        if more > 0:  # status describes the newest 20; the ranges hold them all
+            described = f" (-o wide describes the newest {len(failed)})" if len(failed) > len(shown) else ""
+            lines.append(f"  ... and {more} more, in the ranges above{described}")
+    return lines
+
+
+def _last(outcome: str, exit_code: int | None) -> str:
+    return outcome if exit_code is None else f"{outcome} ({exit_code})"
 
 
 def _ran(started: str | None, finished: str | None) -> str | None:

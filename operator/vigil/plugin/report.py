@@ -1,6 +1,12 @@
 """What `kubectl vigil` shows and what its redrive does, decided from objects as the API server
 sends them (dicts) and a wall time handed in: no I/O here, so every answer is tested without a
-cluster. Field names are the CRDs' (`crds/`); the rows are dicts, rendered by `render`."""
+cluster. Field names are the CRDs' (`crds/`); the rows are dicts, rendered by `render`.
+
+A task array (a job with `spec.tasks`) adds its tasks to what `status` shows (their counts, the
+index ranges succeeded and dead-lettered, the dead-lettered tasks' details, the active ones),
+stands in the dead-letter queue as soon as one of its tasks is dead-lettered, and has its
+dead-lettered tasks redriven by index (`vigil.dev/redrive-tasks`); a job without tasks shows and
+redrives as it always did."""
 
 from __future__ import annotations
 
@@ -9,8 +15,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from vigil.api import ANNOTATION_HEARTBEAT, ANNOTATION_REDRIVE, DEFAULT_QUEUE
+from vigil.api import (
+    ANNOTATION_HEARTBEAT,
+    ANNOTATION_REDRIVE,
+    ANNOTATION_REDRIVE_TASKS,
+    DEFAULT_QUEUE,
+    DEFAULT_TASK_PARALLELISM,
+    LABEL_DEAD_LETTER,
+)
 from vigil.core import fields
+from vigil.core.tasks.ranges import IndexSet
 
 RECENT_ATTEMPTS = 5  # the history `status` shows; status keeps up to 20
 # Conditions at a value that says something holds the job back or went wrong; the others
@@ -22,6 +36,7 @@ TROUBLE = {
 }
 # Phases in which the job's own reason is why it does not run (Running's is how it runs).
 WAITING = ("Queued", "Starting", "BackingOff", "Uncertain", "Suspended")
+ACTIVE_SHOWN = 10  # the active tasks of an array `status` lists in a table (-o json has them all)
 
 
 def _meta(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -107,7 +122,7 @@ def job_status(job: Mapping[str, Any], now: datetime, pod: Mapping[str, Any] | N
             "beatsSent": beat_sequence(pod),
         }
     history = list(status.get("history") or [])[-RECENT_ATTEMPTS:]
-    return {
+    summary = {
         "name": meta.get("name"),
         "namespace": meta.get("namespace"),
         "queue": spec.get("queue") or DEFAULT_QUEUE,
@@ -142,27 +157,152 @@ def job_status(job: Mapping[str, Any], now: datetime, pod: Mapping[str, Any] | N
             for item in reversed(history)  # newest first
         ],
     }
+    tasks = task_summary(job)
+    if tasks is not None:  # a job without tasks shows what it always did, and no more
+        summary["tasks"] = tasks
+    return summary
+
+
+# --- task arrays ------------------------------------------------------------------------------
+
+
+def parse_tasks(text: str) -> IndexSet:
+    """`--tasks RANGES`: the indexes as batch/v1 writes completedIndexes ("5,7-9"), at least
+    one; ValueError saying what was typed and what is wrong with it."""
+    try:
+        indexes = IndexSet.parse(text.strip())
+    except ValueError as err:
+        raise ValueError(f"--tasks {text!r}: {err}") from None
+    if not len(indexes):
+        raise ValueError(f"--tasks {text!r}: no index given (index ranges, e.g. --tasks 5,7-9)")
+    return indexes
+
+
+def _indexes(text: str | None) -> IndexSet:
+    """Index ranges as status writes them; none for none."""
+    return IndexSet.parse(text or "")
+
+
+def task_total(job: Mapping[str, Any]) -> int | None:
+    """How many tasks the array has: status's count, else the spec's (None for a job without
+    tasks)."""
+    spec_tasks = fields.spec(job).get("tasks")
+    if not spec_tasks:
+        return None
+    total = (fields.status(job).get("tasks") or {}).get("total")
+    if total is None:
+        total = spec_tasks.get("count")
+    if total is None:
+        total = len(spec_tasks.get("items") or [])
+    return int(total)
+
+
+def _task_failure(item: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "index": item.get("index"),
+        "attempts": item.get("attempts"),
+        "outcome": item.get("outcome"),
+        "reason": item.get("reason"),
+        "exitCode": item.get("exitCode"),
+        "finishedAt": item.get("finishedAt"),
+        "message": item.get("message"),
+    }
+
+
+def _active_task(item: Mapping[str, Any]) -> dict[str, Any]:
+    """An active task in brief: its phase, its newest attempt and that attempt's pod."""
+    current = item.get("currentAttempt") or {}
+    last = item.get("last") or {}
+    return {
+        "index": item.get("index"),
+        "phase": item.get("phase"),
+        "reason": item.get("reason"),
+        "attempt": item.get("attempts"),
+        "pod": current.get("podName"),
+        "node": current.get("nodeName"),
+        "startedAt": current.get("startedAt") or item.get("startedAt"),
+        "nextAttemptAt": item.get("nextAttemptAt"),
+        "lastCheckpoint": item.get("lastCheckpoint"),
+        "lastOutcome": last.get("outcome"),
+        "lastExitCode": last.get("exitCode"),
+    }
+
+
+def task_summary(job: Mapping[str, Any]) -> dict[str, Any] | None:
+    """An array's tasks as `status` shows them; None for a job without tasks. Before the
+    operator first writes `status.tasks`, every task is pending."""
+    total = task_total(job)
+    if total is None:
+        return None
+    spec_tasks = fields.spec(job).get("tasks") or {}
+    written = fields.status(job).get("tasks")
+    tasks = written or {}
+    succeeded = tasks.get("succeeded", 0)
+    return {
+        "total": total,
+        "parallelism": spec_tasks.get("parallelism", DEFAULT_TASK_PARALLELISM),
+        "maxDeadLetteredTasks": spec_tasks.get("maxDeadLetteredTasks"),
+        "pending": tasks.get("pending", 0) if written else total,
+        "running": tasks.get("running", 0),
+        "backingOff": tasks.get("backingOff", 0),
+        "succeeded": succeeded,
+        "deadLettered": tasks.get("deadLettered", 0),
+        "progress": tasks.get("progress") or f"{succeeded}/{total}",
+        "succeededIndexes": tasks.get("succeededIndexes") or "",
+        "deadLetteredIndexes": tasks.get("deadLetteredIndexes") or "",
+        # the attempts used by the tasks dead-lettered or redriven and not started again, by number
+        "priorAttempts": list(tasks.get("priorAttempts") or []),
+        "failed": [_task_failure(item) for item in reversed(tasks.get("failed") or [])],  # newest first
+        "active": [_active_task(item) for item in tasks.get("active") or []],  # by index
+        "redrives": tasks.get("redrives", 0),
+        "lastRedrive": tasks.get("lastRedrive"),
+    }
 
 
 # --- dlq, top ---------------------------------------------------------------------------------
 
 
+def dead_lettered_tasks(job: Mapping[str, Any]) -> int:
+    """How many of an array's tasks are dead-lettered (0 for a job without tasks)."""
+    if not fields.spec(job).get("tasks"):
+        return 0
+    return int((fields.status(job).get("tasks") or {}).get("deadLettered") or 0)
+
+
+def in_dead_letter_queue(job: Mapping[str, Any]) -> bool:
+    """Whether `dlq` lists the job: dead-lettered (labelled so by Vigil), or an array with a
+    dead-lettered task, whatever its phase (an array runs on past its dead tasks)."""
+    return (_meta(job).get("labels") or {}).get(LABEL_DEAD_LETTER) == "true" or dead_lettered_tasks(job) > 0
+
+
 def dead_letters(jobs: Iterable[Mapping[str, Any]], now: datetime) -> list[dict[str, Any]]:
-    """`kubectl vigil dlq`: one row per dead-lettered job, the longest dead first."""
+    """`kubectl vigil dlq`: one row per dead-lettered job or array with dead-lettered tasks, the
+    longest dead first. An array's row adds its progress, how many tasks are dead-lettered,
+    their index ranges and the newest ones' details (status keeps 20); one still running has
+    been in the queue since its first dead-lettered task of those (its finishedAt is unset)."""
     rows = []
     for job in jobs:
         meta, status = _meta(job), fields.status(job)
+        since = status.get("finishedAt")
+        tasks = task_summary(job)
+        if tasks is not None and not since and tasks["failed"]:
+            since = min((item["finishedAt"] for item in tasks["failed"] if item["finishedAt"]), default=None)
         rows.append(
             {
                 "name": meta.get("name"),
                 "namespace": meta.get("namespace"),
                 "queue": fields.spec(job).get("queue") or DEFAULT_QUEUE,
+                "phase": status.get("phase") or "New",
                 "attempts": status.get("attempts", 0),
                 "redrives": status.get("redrives", 0),
                 "reason": status.get("reason"),
                 "message": status.get("message"),
-                "deadLetteredAt": status.get("finishedAt"),
-                "since": ago(status.get("finishedAt"), now),
+                "deadLetteredAt": since,
+                "since": ago(since, now),
+                "tasks": tasks["progress"] if tasks else None,
+                "deadLetteredTasks": tasks["deadLettered"] if tasks else None,
+                "deadLetteredIndexes": tasks["deadLetteredIndexes"] if tasks else None,
+                "failedTasks": tasks["failed"] if tasks else None,
             }
         )
     return sorted(rows, key=lambda row: (row["deadLetteredAt"] or "", row["namespace"] or "", row["name"] or ""))
@@ -214,6 +354,7 @@ class RedriveStep:
     value: str | None
     why: str
     resource_version: str = ""  # the job as read: a write on a job changed since is refused
+    annotation: str = ANNOTATION_REDRIVE  # vigil.dev/redrive-tasks for some of an array's tasks
 
 
 def redrive_value(now: datetime, taken: Iterable[str | None]) -> str:
@@ -251,8 +392,11 @@ def plan_redrive(
         pending = (_meta(job).get("annotations") or {}).get(ANNOTATION_REDRIVE)
         phase = status.get("phase") or "New"
         where = _meta(job).get("namespace") or namespace
+        dead_tasks = (status.get("tasks") or {}).get("deadLetteredIndexes") if dead_lettered_tasks(job) else None
         if phase != "DeadLettered":
             why = f"not dead-lettered (phase {phase}): only a dead-lettered job can be redriven"
+            if dead_tasks:  # an array running on past some dead tasks: those can be
+                why += f"; its dead-lettered tasks can, by index: --tasks {dead_tasks}"
         elif pending and pending != status.get("lastRedrive"):
             why = f"a redrive is already pending ({ANNOTATION_REDRIVE}={pending}, not yet honoured by the operator)"
         elif most is not None and planned >= most:
@@ -261,16 +405,69 @@ def plan_redrive(
             planned += 1
             value = redrive_value(now, (pending, status.get("lastRedrive")))
             rounds = status.get("redrives", 0) + 1
-            steps.append(RedriveStep(name, where, value, f"redrive {rounds}", _meta(job).get("resourceVersion") or ""))
+            what = f"redrive {rounds}" + (f", every dead-lettered task ({dead_tasks})" if dead_tasks else "")
+            steps.append(RedriveStep(name, where, value, what, _meta(job).get("resourceVersion") or ""))
             continue
         steps.append(RedriveStep(name, where, None, why))
     return steps
 
 
+def _token(value: str | None) -> str | None:
+    """The token of a `vigil.dev/redrive-tasks` value ("<ranges>@<token>")."""
+    return value.rpartition("@")[2] if value else None
+
+
+def plan_task_redrive(
+    name: str, job: Mapping[str, Any] | None, namespace: str, wanted: IndexSet, now: datetime
+) -> RedriveStep:
+    """The redrive of some of an array's tasks by index (`redrive JOB --tasks RANGES`): the
+    value "<ranges>@<token>" of `vigil.dev/redrive-tasks`, the token as a whole redrive's (the
+    Unix time, never one the array used last), or why not: the job is not there or is no array,
+    an index is beyond its tasks, or not dead-lettered (the operator would ignore those, with a
+    Warning event: refused here saying which, and which of those asked are), or a task redrive
+    written before is not yet honoured. Any phase: an array redrives its dead tasks running."""
+    if job is None:
+        return RedriveStep(name, namespace, None, f"vigiljob {name} not found in namespace {namespace}")
+    where = _meta(job).get("namespace") or namespace
+    total = task_total(job)
+    if total is None:
+        return RedriveStep(name, where, None, "not a task array (no spec.tasks): redrive it without --tasks")
+    tasks = fields.status(job).get("tasks") or {}
+    pending = (_meta(job).get("annotations") or {}).get(ANNOTATION_REDRIVE_TASKS)
+    beyond = wanted - IndexSet.span(0, total)
+    dead = _indexes(tasks.get("deadLetteredIndexes")) if dead_lettered_tasks(job) else _indexes("")
+    alive = wanted - beyond - dead
+    if len(beyond):
+        indexes = _plural(len(beyond), "index", "indexes")
+        why = f"{indexes} {beyond} out of range: the array has {total} tasks (0-{total - 1})"
+    elif len(alive):
+        asked_dead = wanted - alive
+        why = f"{_plural(len(alive), 'task', 'tasks')} {alive} not dead-lettered"
+        if len(asked_dead):
+            why += f" (of those asked, these are: {asked_dead})"
+        else:
+            why += f" (the array's dead-lettered tasks: {dead if len(dead) else 'none'})"
+    elif pending and pending != tasks.get("lastRedrive"):
+        why = (
+            f"a task redrive is already pending ({ANNOTATION_REDRIVE_TASKS}={pending}, "
+            "not yet honoured by the operator)"
+        )
+    else:
+        token = redrive_value(now, (_token(pending), _token(tasks.get("lastRedrive"))))
+        value = f"{wanted}@{token}"
+        what = f"{_plural(len(wanted), 'dead-lettered task', 'dead-lettered tasks')} {wanted}"
+        return RedriveStep(name, where, value, what, _meta(job).get("resourceVersion") or "", ANNOTATION_REDRIVE_TASKS)
+    return RedriveStep(name, where, None, why, annotation=ANNOTATION_REDRIVE_TASKS)
+
+
+def _plural(count: int, one: str, many: str) -> str:
+    return f"{count} {one if count == 1 else many}"
+
+
 def redrive_patch(step: RedriveStep) -> dict[str, Any]:
     """The merge patch of one redrive: the annotation, on the job at the version it was planned
     on (a job redriven or changed by someone else meanwhile is refused with a conflict)."""
-    metadata: dict[str, Any] = {"annotations": {ANNOTATION_REDRIVE: step.value}}
+    metadata: dict[str, Any] = {"annotations": {step.annotation: step.value}}
     if step.resource_version:
         metadata["resourceVersion"] = step.resource_version
     return {"metadata": metadata}

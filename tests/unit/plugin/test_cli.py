@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.support.clock import WALL_START, FakeClock
 from tests.support.plugin import KeptOut as Out
-from tests.support.plugin import dead_job, queue, sample_job
+from tests.support.plugin import array_job, array_tasks, dead_job, queue, sample_job
 from vigil.kube.errors import Conflict, NotFound, Refused, Unauthorized, Unreachable, from_status
 from vigil.plugin import cli, render
 
@@ -35,10 +37,11 @@ class Api:
     async def job(self, namespace, name):
         return self.jobs_.get(name)
 
-    async def jobs(self, namespace, selector):
+    async def jobs(self, namespace, selector, keep=None):
         self.selectors.append(selector)
-        wanted = dict(part.split("=") for part in selector.split(","))
-        return [j for j in self.jobs_.values() if all(j["metadata"]["labels"].get(k) == v for k, v in wanted.items())]
+        wanted = dict(part.split("=") for part in selector.split(",") if part)
+        picked = [j for j in self.jobs_.values() if all(j["metadata"]["labels"].get(k) == v for k, v in wanted.items())]
+        return [j for j in picked if keep is None or keep(j)]
 
     async def queue(self, namespace, name):
         return self.queues_.get(name)
@@ -181,6 +184,12 @@ def test_a_redrive_stops_at_the_first_write_that_cannot_reach_the_api_server():
         (["redrive", "a", "--rate", "0"], "--rate must be above 0 and at most 50 redrives a second"),
         (["redrive", "a", "--rate", "500"], "at most 50"),
         (["redrive", "a", "--max", "0"], "--max must be at least 1"),
+        (["redrive", "a", "b", "--tasks", "5"], "--tasks goes with one job, an array: redrive JOB --tasks 5,7-9"),
+        (["redrive", "--all-dead-letters", "--tasks", "5"], "--tasks goes with one job"),
+        (["redrive", "a", "--tasks", "5,x"], "--tasks '5,x': \"x\" is not an index or a range of indexes"),
+        (["redrive", "a", "--tasks", "9-3"], "is a range that ends before it starts"),
+        (["redrive", "a", "--tasks", ","], "is not an index"),
+        (["redrive", "a", "--tasks", ""], "--tasks '': no index given"),
     ],
 )
 def test_bad_usage_exits_2_before_anything_is_asked(argv, problem, capsys: pytest.CaptureFixture[str]):
@@ -337,3 +346,157 @@ def test_the_console_script_is_declared_for_kubectl_to_find():
     pyproject = Path(__file__).resolve().parents[3] / "pyproject.toml"
     assert 'kubectl-vigil = "vigil.plugin.cli:main"' in pyproject.read_text()
     assert callable(cli.main)
+
+
+# --- task arrays ------------------------------------------------------------------------------
+
+
+def array(name: str = "batch", **tasks) -> dict:
+    """A running array of 1000 tasks, task 5 dead-lettered (tasks as the brief's example)."""
+    return array_job(name, phase="Running", reason="TasksRunning", attempts=1034, tasks=array_tasks(**tasks))
+
+
+class Racing(Api):
+    """An API whose job changes under each of the first `conflicts` writes (its status is
+    written twice a second): each is refused with a conflict, and the job read again is newer."""
+
+    def __init__(self, clock: FakeClock, conflicts: int, **kwargs) -> None:
+        super().__init__(clock, **kwargs)
+        self.conflicts = conflicts
+        self.reads = 0
+
+    async def job(self, namespace, name):
+        self.reads += 1
+        job = self.jobs_.get(name)
+        if job is not None:
+            job["metadata"]["resourceVersion"] = str(100 + self.reads)
+        return job
+
+    async def patch_job(self, namespace, name, patch):
+        self.writes.append((self.clock.monotonic(), name, patch))
+        if len(self.writes) <= self.conflicts:
+            raise Conflict("the object has been modified; please apply your changes to the latest version")
+        return {}
+
+
+def run_paced(api: Api, clock: FakeClock, *argv: str) -> tuple[int, str]:
+    async def scenario() -> tuple[int, str]:
+        task = asyncio.create_task(cli.run(api, args(*argv), "ns", clock))
+        await clock.until(task.done, 10)
+        return task.result()
+
+    return asyncio.run(scenario())
+
+
+def test_a_task_redrive_writes_the_ranges_at_a_fresh_token_on_the_array_as_read():
+    clock = FakeClock()
+    api = Api(clock, jobs=[array()])
+    code, out = run_paced(api, clock, "redrive", "batch", "--tasks", "5")
+    value = f"5@{int(WALL_START.timestamp())}"
+    assert code == cli.EXIT_OK, out
+    assert api.writes == [
+        (1000.0, "batch", {"metadata": {"annotations": {"vigil.dev/redrive-tasks": value}, "resourceVersion": "7"}})
+    ]
+    assert out.splitlines()[1].split(None, 2) == ["batch", "redriven", f"1 dead-lettered task 5, value {value}"]
+
+
+def test_a_task_redrive_that_meets_a_conflict_reads_the_array_again_and_writes_again_paced():
+    clock = FakeClock()
+    api = Racing(clock, conflicts=2, jobs=[array()])
+    code, out = run_paced(api, clock, "redrive", "batch", "--tasks", "5", "-o", "json")
+    assert code == cli.EXIT_OK and '"result": "redriven"' in out
+    # each write on the version just read, at the bulk redrive's pace (5 a second by default)
+    assert [(round(t - 1000.0, 6), p["metadata"]["resourceVersion"]) for t, _, p in api.writes] == [
+        (0.0, "101"),
+        (0.2, "102"),
+        (0.4, "103"),
+    ]
+    assert api.reads == 3
+
+
+def test_a_task_redrive_gives_up_after_its_tries_and_exits_1():
+    clock = FakeClock()
+    api = Racing(clock, conflicts=99, jobs=[array()])
+    code, out = run_paced(api, clock, "redrive", "batch", "--tasks", "5", "--rate", "1")
+    assert code == cli.EXIT_FAILED
+    assert len(api.writes) == cli.REDRIVE_TASKS_TRIES == 5
+    assert [t - 1000.0 for t, _, _ in api.writes] == pytest.approx([0.0, 1.0, 2.0, 3.0, 4.0])
+    assert "refused   the job changed each time it was read (5 tries): run again" in out
+
+
+def test_a_task_redrive_read_again_after_a_conflict_is_checked_again():
+    clock = FakeClock()
+    api = Racing(clock, conflicts=1, jobs=[array()])
+    real_job = api.job
+
+    async def redriven_meanwhile(namespace, name):  # someone else's redrive of task 5 was honoured
+        job = await real_job(namespace, name)
+        if api.reads == 2:
+            job["status"]["tasks"].update(deadLettered=0, deadLetteredIndexes="", pending=11)
+        return job
+
+    api.job = redriven_meanwhile  # type: ignore[method-assign]
+    code, out = run_paced(api, clock, "redrive", "batch", "--tasks", "5")
+    assert code == cli.EXIT_FAILED and len(api.writes) == 1
+    assert "1 task 5 not dead-lettered (the array's dead-lettered tasks: none)" in out
+
+
+def test_a_task_redrive_refused_writes_nothing_and_a_dry_run_neither():
+    clock = FakeClock()
+    api = Api(clock, jobs=[array(), dead_job("poison")])
+    code, out = run(api, clock, "redrive", "batch", "--tasks", "4-6,1200")
+    assert (code, api.writes) == (cli.EXIT_FAILED, [])
+    assert "1 index 1200 out of range: the array has 1000 tasks (0-999)" in out
+    code, out = run(api, clock, "redrive", "poison", "--tasks", "0")
+    assert code == cli.EXIT_FAILED and "not a task array (no spec.tasks): redrive it without --tasks" in out
+    code, out = run(api, clock, "redrive", "gone", "--tasks", "0")
+    assert code == cli.EXIT_FAILED and "vigiljob gone not found in namespace ns" in out
+    code, out = run(api, clock, "redrive", "batch", "--tasks", "5", "--dry-run", "-o", "name")
+    assert (code, out, api.writes) == (cli.EXIT_OK, "vigiljob.vigil.dev/batch", [])
+
+
+def test_dlq_lists_an_array_with_a_dead_task_though_it_runs_and_unlabelled():
+    clock = FakeClock()
+    clean = array("clean", deadLettered=0, deadLetteredIndexes="", failed=[])
+    api = Api(clock, jobs=[array(), clean, dead_job("poison"), sample_job("fine", phase="Running")])
+    code, out = run(api, clock, "dlq", "-o", "name")
+    assert (code, out) == (cli.EXIT_OK, "vigiljob.vigil.dev/poison\nvigiljob.vigil.dev/batch")
+    assert api.selectors == [""]  # every job, those in the queue kept
+    api.jobs_["batch"]["metadata"]["labels"]["team"] = "a"
+    code, out = run(api, clock, "dlq", "-l", "team=a")
+    assert api.selectors[-1] == "team=a" and [line.split()[0] for line in out.splitlines()] == ["NAME", "batch"]
+    assert out.splitlines()[1].split()[-2:] == ["1", "5"]
+
+
+def test_status_of_an_array_shows_its_tasks():
+    clock = FakeClock()
+    code, out = run(Api(clock, jobs=[array()]), clock, "status", "batch")
+    assert code == cli.EXIT_OK
+    assert "Tasks:        1000: 979 succeeded, 9 running, 1 backing off, 10 pending, 1 dead-lettered" in out
+    assert "  Dead-lettered:  5" in out and "Active tasks (10):" in out
+
+
+def test_the_plugin_and_its_arrays_need_no_compiled_module():
+    # release/plugin.py's zipapp can import no compiled module (pydantic, orjson): what shows an
+    # array and plans its redrive, the index ranges (vigil.core.tasks.ranges) with it, loads
+    # without them (the client is tests/unit/deploy/test_release.py's: kubernetes 37, here, needs
+    # pydantic; the zipapp's 36 does not).
+    probe = """
+import sys
+for name in ("pydantic", "pydantic_core", "orjson"):
+    sys.modules[name] = None
+from datetime import UTC, datetime
+from vigil.plugin import render, report
+job = {"metadata": {"name": "a", "namespace": "ns"}, "spec": {"tasks": {"count": 9}},
+       "status": {"phase": "Running", "tasks": {"total": 9, "succeeded": 2, "deadLettered": 3,
+                  "succeededIndexes": "0-1", "deadLetteredIndexes": "2-4"}}}
+now = datetime(2026, 3, 1, tzinfo=UTC)
+print(render.job_status(report.job_status(job, now), now, "table").splitlines()[3])
+print(report.plan_task_redrive("a", job, "ns", report.parse_tasks("3"), now).value)
+"""
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "Tasks:        9: 2 succeeded, 0 running, 0 backing off, 0 pending, 3 dead-lettered (parallelism 10)",
+        "3@1772323200",
+    ]

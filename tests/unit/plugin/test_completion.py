@@ -83,6 +83,21 @@ def test_flags_and_their_values():
     assert offered("completion", "")[0] == ["bash", "zsh", "fish"]
 
 
+def test_tasks_completes_nothing_and_completion_goes_on_after_it():
+    lookup = Lookup()
+    assert offered("redrive", "poison", "--tasks", "", lookup=lookup) == ([], completion.DIRECTIVE_NO_FILES)
+    assert offered("redrive", "poison", "--tasks=5", lookup=lookup) == ([], completion.DIRECTIVE_NO_FILES)
+    assert lookup.asked == []  # ranges are typed, never looked up
+    assert "--tasks" in offered("redrive", "--t")[0]
+    # an array's tasks can be redriven while it runs: any job (not only the dead-lettered), one
+    assert offered("redrive", "--tasks", "5", "", lookup=lookup)[0] == ["flaky", "poison", "poll"]
+    assert lookup.asked[-1][0] == "jobs"
+    assert offered("redrive", "--tasks", "5", "poison", "") == ([], completion.DIRECTIVE_NO_FILES)
+    assert offered("redrive", "poison", "--tasks", "5", "-o", "n")[0] == ["name"]
+    assert offered("redrive", "poison", "", lookup=lookup)[0] == ["poll"]  # without --tasks: as before
+    assert completion.answer(["redrive", "poison", "--tasks", ""], Lookup()) == ":4\n"
+
+
 def test_the_answer_is_kubectls_plugin_protocol():
     text = completion.answer(["pause", "n"], Lookup())
     assert text == "nightly\n:4\n"
