@@ -128,13 +128,21 @@ class Dispatcher:
                 numbers.append((*key, {**status.numbers(), "maxRunning": spec.max_running}))
         return numbers
 
-    def decided(self, job: Mapping[str, Any], permit: StartPermit, decision: Decision) -> None:
+    def decided(self, job: Mapping[str, Any], permit: StartPermit, decision: Decision, used: int | None = None) -> None:
         """Gives a start back when the decision reserved no attempt with it (a NoOverlap pod that
-        is still there, a backoff not over), so that the next job in line gets it."""
-        if permit.reason != "Admitted" or _reserves_attempt(job, decision):
+        is still there, a backoff not over), so that the next job in line gets it; `used`: how
+        many of its starts a task array's decision used (the rest go back)."""
+        if permit.reason != "Admitted":
             return
         namespace, name = fields.namespace(job), fields.name(job)
-        self.book.release(namespace, name, self._now())
+        if used is not None:
+            if used >= permit.starts:
+                return
+            self.book.use(namespace, name, used, self._now())
+        elif _reserves_attempt(job, decision):
+            return
+        else:
+            self.book.release(namespace, name, self._now())
         queue = self.book.queue_of(namespace, name)
         if queue is not None:
             self._dispatch(queue)
@@ -159,7 +167,8 @@ class Dispatcher:
         due = self._next_start.get(queue, 0.0)
         if now < due:
             return due - now
-        self._next_start[queue] = now + 1.0 / spec.max_starts_per_second
+        starts = len(decision.of_type(CreatePod)) if fields.spec(job).get("tasks") else 1
+        self._next_start[queue] = now + max(1, starts) / spec.max_starts_per_second
         return None
 
     # --- dispatching --------------------------------------------------------------------------
@@ -195,8 +204,10 @@ class Dispatcher:
 def _creates_attempt_pod(job: Mapping[str, Any], decision: Decision) -> bool:
     """Whether the decision creates the pod of an attempt that status does not hold yet: the
     moment an attempt starts, which a queue's maxStartsPerSecond spaces."""
-    before = int(fields.status(job).get("attempts") or 0)
     creations = decision.of_type(CreatePod)
+    if fields.spec(job).get("tasks"):  # an array's starts: its status holds them before its pods exist
+        return bool(creations)
+    before = int(fields.status(job).get("attempts") or 0)
     return any(int(fields.labels(create.manifest)[api.LABEL_ATTEMPT]) > before for create in creations)
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from vigil import api
 from vigil.core import fields
 from vigil.core.actions import CreatePod, Decision, DeletePod, PatchStatus
 
@@ -36,7 +37,12 @@ def doubt(job: Mapping[str, Any], decision: Decision) -> str | None:
     if lost:
         return f"it declares attempt {lost} lost"
     if fields.spec(job).get("guarantee") == "NoOverlap":
+        array = bool(fields.spec(job).get("tasks"))
         for create in decision.of_type(CreatePod):
+            # A task's first attempt has no earlier pod to overlap: only its later ones are checked,
+            # or every start of an array would list all its pods.
+            if array and fields.labels(create.manifest).get(api.LABEL_ATTEMPT) == "1":
+                continue
             return f"it starts pod {fields.name(create.manifest)} under NoOverlap"
     return None
 
@@ -49,4 +55,22 @@ def _newly_lost(job: Mapping[str, Any], decision: Decision) -> int | None:
     for record in writes[0].status.get("history") or []:
         if record.get("outcome") == "Lost" and record.get("number") not in before:
             return record.get("number")
-    return None
+    # A task array: each task's last finished attempt, and the last of those dead-lettered.
+    lost_before = _lost_tasks(fields.status(job).get("tasks"))
+    newly = sorted(_lost_tasks(writes[0].status.get("tasks")) - lost_before)
+    return newly[0][1] if newly else None
+
+
+def _lost_tasks(tasks: Mapping[str, Any] | None) -> set[tuple[int, int]]:
+    """(index, attempt) of the tasks whose last finished attempt was Lost."""
+    if not tasks:
+        return set()
+    lost = set()
+    for task in tasks.get("active") or []:
+        last = task.get("last") or {}
+        if last.get("outcome") == "Lost":
+            lost.add((task.get("index"), last.get("number")))
+    for failure in tasks.get("failed") or []:
+        if failure.get("outcome") == "Lost":
+            lost.add((failure.get("index"), failure.get("attempts")))
+    return lost

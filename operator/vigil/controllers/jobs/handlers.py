@@ -194,6 +194,14 @@ class JobEvents:
         status = fields.status(job)
         if status.get("phase") == "Uncertain":
             return True
+        tasks = status.get("tasks")
+        if tasks is not None:
+            # A task array: a beat matters to the task it resumes; its LAST-BEAT rides along with
+            # the array's other writes (one per look at most, whatever its tasks beat).
+            return any(
+                task.get("phase") == "Uncertain" and (task.get("currentAttempt") or {}).get("podUID") == uid
+                for task in tasks.get("active") or ()
+            )
         heartbeat = self.view.heartbeats[key]
         if not heartbeat.required:
             return False  # no stamp: liveness is the pod phase alone

@@ -27,6 +27,7 @@ import random
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+from vigil import api
 from vigil.controllers.dispatcher import Dispatcher
 from vigil.controllers.jobs.alarms import SilenceAlarms
 from vigil.controllers.jobs.executor import UNSEEN_CHECK_SECONDS, Executor, PodCreateRefused
@@ -40,6 +41,7 @@ from vigil.core.liveness import actionable
 from vigil.core.manifest import BeatChannel
 from vigil.core.objects import Key, kept_copy, template_dropped
 from vigil.core.queueing.book import StartPermit
+from vigil.core.tasks.array import ArrayDecision, decide_array, is_array
 from vigil.kube.errors import Conflict, NotFound, Refused
 from vigil.kube.events import EventRecorder
 from vigil.kube.operations import Kube
@@ -57,6 +59,10 @@ STARTING_RECHECK_SECONDS = 30.0
 CONFLICTS_WORTH_A_WARNING = 3
 # How soon a job whose Lost verdict was held back (the pod watch not fresh) is looked at again.
 HELD_BACK_RECHECK_SECONDS = 2.0
+# The least time between two looks at one task array that wrote its status: an array's status is
+# written at most 1/ARRAY_LOOK_SECONDS times a second however many of its tasks end, and each
+# look records every task that ended since the last (docs/design.md, "Task arrays").
+ARRAY_LOOK_SECONDS = 0.5
 
 
 def read_is_the_fence(decision: actions.Decision, read_version: str | None) -> actions.Decision:
@@ -76,6 +82,7 @@ class Decided(NamedTuple):
     held_back: bool  # a Lost verdict was held back because the pod watch is not fresh
     permit: StartPermit  # the queue's say
     states: dict[str, str]  # the detector's state of each pod, by UID (for the silence alarm)
+    array: ArrayDecision | None = None  # a task array's decision, with what it did with its starts
 
 
 def failure_condition(err: Exception) -> tuple[str, str]:
@@ -116,10 +123,16 @@ class JobReconciler:
         self.beat_channel, self.agent_image = beat_channel, agent_image
         self.alarms: SilenceAlarms[Key] = SilenceAlarms(self._silence, queue.add, clock)
         self.rechecks: StartingRechecks[Key] = StartingRechecks(queue.add, clock, STARTING_RECHECK_SECONDS)
+        self.array_look_seconds = ARRAY_LOOK_SECONDS
+        self._next_array_look: dict[Key, float] = {}  # per array that wrote, the soonest next look
+        # what each task array's decisions did with its tasks (Succeeded, DeadLettered, Retried):
+        # called with (namespace, queue, outcome, count)
+        self.on_task_outcomes: Callable[[str, str, str, int], None] = lambda *outcome: None
 
     def forget(self, key: Key) -> None:
         self.alarms.cancel(key)
         self.rechecks.clear(key)
+        self._next_array_look.pop(key, None)
 
     def shutdown(self) -> None:
         self.alarms.shutdown()
@@ -136,6 +149,12 @@ class JobReconciler:
         job = self.view.job(key)
         if job is None:
             return False
+        if is_array(job):
+            due = self._next_array_look.get(key)
+            now = self.clock.monotonic()
+            if due is not None and now < due:
+                self.queue.add_after(key, due - now)  # this look comes at its time, with all that ended by then
+                return False
         logs.bind(attempt=(job.get("status") or {}).get("attempts") or None)  # the latest attempt, if any
         namespace, job_uid = key[0], fields.uid(job)
         await self._settle_unseen(namespace, job_uid)
@@ -178,6 +197,12 @@ class JobReconciler:
             return read_whole
         for action in decided.decision.actions:
             job = await self.executor.execute(job, action)
+        if decided.array is not None:
+            if decided.decision.of_type(actions.PatchStatus):
+                self._next_array_look[key] = self.clock.monotonic() + self.array_look_seconds
+            queue = fields.spec(job).get("queue") or api.DEFAULT_QUEUE
+            for outcome, count in decided.array.outcomes.items():
+                self.on_task_outcomes(key[0], queue, outcome, count)
         self._schedule(key, decided.states, held_back)
         return read_whole
 
@@ -216,6 +241,20 @@ class JobReconciler:
             liveness[uid] = actionable(heard, fresh)
             held_back = held_back or liveness[uid] is not heard
         permit = self.dispatcher.permit(*key)
+        if is_array(job):
+            array = decide_array(
+                job,
+                pods,
+                self.clock.wall(),
+                rng=self.rng,
+                starts=permit.starts if permit.may_start else 0,
+                waiting=(permit.reason, permit.message),
+                liveness=liveness,
+                beat_channel=self.beat_channel,
+                agent_image=self.agent_image,
+            )
+            self.dispatcher.decided(job, permit, array.decision, used=array.starts_used)
+            return Decided(array.decision, held_back, permit, states, array)
         decision = lifecycle.decide(
             job,
             pods,

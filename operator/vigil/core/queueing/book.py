@@ -20,7 +20,9 @@ from vigil.core.queueing.limits import RETRY_WINDOW_SECONDS, RetryWindow, TokenB
 # there, say) is not offered to the same job again sooner than this, so the two cannot loop.
 RELEASE_RECHECK_SECONDS = 1.0
 
-HEAD_OF_LINE = 5  # names of the next jobs to start shown in the queue's status
+HEAD_OF_LINE = 5
+# The starts of a job whose queue sets no limit: a task array is then bound by its parallelism alone.
+UNLIMITED_STARTS = 1 << 30  # names of the next jobs to start shown in the queue's status
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,10 @@ class QueueEntry:
     is_retry: bool = False
     ready_at: float | None = None
     blocked: bool = False
+    # A task array (spec.tasks) counts in tasks, not as one job: how many starts it wants now, and
+    # its tasks by standing (running, queued, backingOff, deadLettered). None for a plain job.
+    wants: int = 1
+    units: tuple[tuple[str, int], ...] | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -114,6 +120,8 @@ def entry_of(job: Mapping[str, Any]) -> QueueEntry:
     decision may start its attempt.
     """
     meta, spec, status = fields.metadata(job), fields.spec(job), fields.status(job)
+    if spec.get("tasks"):
+        return _array_entry(job, meta, spec, status)
     standing, fresh_round = _standing(meta, spec, status)
     return QueueEntry(
         namespace=fields.namespace(job),
@@ -127,6 +135,61 @@ def entry_of(job: Mapping[str, Any]) -> QueueEntry:
         is_retry=not fresh_round and status.get("startedAt") is not None,
         ready_at=_epoch(status.get("nextAttemptAt")),
         blocked=status.get("reason") in BLOCKED_REASONS and not status.get("currentAttempt"),
+    )
+
+
+def _array_entry(
+    job: Mapping[str, Any], meta: Mapping[str, Any], spec: Mapping[str, Any], status: Mapping[str, Any]
+) -> QueueEntry:
+    """The queue's entry of a task array: its tasks count as jobs do (each running task toward
+    maxRunning, each waiting one toward maxQueued), and it wants as many starts as it has tasks
+    ready and room under parallelism."""
+    tasks = status.get("tasks") or {}
+    spec_tasks = spec.get("tasks") or {}
+    total = int(tasks.get("total") or spec_tasks.get("count") or len(spec_tasks.get("items") or ()) or 0)
+    active = tasks.get("active") or []
+    running = sum(1 for task in active if task.get("currentAttempt"))
+    backing_off = [task for task in active if task.get("phase") == "BackingOff"]
+    waiting = [task for task in active if task.get("phase") == "Queued"]
+    occupied = sum(1 for task in active if task.get("phase") != "Suspended")
+    done = int(tasks.get("succeeded") or 0) + int(tasks.get("deadLettered") or 0)
+    fresh = max(0, total - done - len(active))
+    parallelism = int(spec_tasks.get("parallelism") or 10)
+    new = min(fresh, max(0, parallelism - occupied))
+    phase, redrive = status.get("phase"), (meta.get("annotations") or {}).get(ANNOTATION_REDRIVE)
+    redriven = phase == "DeadLettered" and bool(redrive) and redrive != status.get("lastRedrive")
+    units = (
+        (Standing.RUNNING.value, running),
+        (Standing.QUEUED.value, fresh + len(waiting)),
+        (Standing.BACKING_OFF.value, len(backing_off)),
+        (Standing.DEAD_LETTERED.value, int(tasks.get("deadLettered") or 0)),
+    )
+    standing: Standing | None
+    if meta.get("deletionTimestamp") or spec.get("suspend") or phase == "Succeeded":
+        standing = None
+    elif phase == "DeadLettered" and not redriven:
+        standing = Standing.DEAD_LETTERED
+    elif redriven or new or waiting:
+        standing = Standing.QUEUED
+    elif backing_off:
+        standing = Standing.BACKING_OFF
+    else:
+        standing = Standing.RUNNING
+    ready = [_epoch(task.get("nextAttemptAt")) for task in backing_off]
+    wants = (new + len(waiting) + len(backing_off)) if not redriven else max(1, parallelism)
+    return QueueEntry(
+        namespace=fields.namespace(job),
+        name=fields.name(job),
+        queue=spec.get("queue") or DEFAULT_QUEUE,
+        priority=int(spec.get("priority") or 0),
+        created=_epoch(fields.creation_timestamp(job)) or 0.0,
+        standing=standing,
+        attempts=int(status.get("attempts") or 0),
+        # its retries alone wait for the retry budget: a new task is a first attempt
+        is_retry=standing is Standing.BACKING_OFF or (standing is Standing.QUEUED and not new and not redriven),
+        ready_at=min((r for r in ready if r is not None), default=None) if standing is Standing.BACKING_OFF else None,
+        wants=wants,
+        units=units,
     )
 
 
@@ -147,6 +210,11 @@ def _standing(
     if phase == "BackingOff":
         return Standing.BACKING_OFF, False
     return Standing.QUEUED, phase == "Suspended"  # new (no phase yet), Queued, or about to resume
+
+
+def _standing_of(job: _Job) -> Standing | None:
+    """Where a job stands, holding a start aside (None while it holds one)."""
+    return job.entry.standing if job.hold is None else None
 
 
 def _epoch(value: Any) -> float | None:
@@ -189,6 +257,7 @@ class StartPermit:
     reason: str
     message: str
     retry_at: float | None = None
+    starts: int = 1  # how many attempts it may start (a task array may start several)
 
 
 @dataclass(slots=True)
@@ -196,6 +265,7 @@ class _Hold:
     attempt: int  # the status.attempts that shows the start happened
     second: int  # where the retry window counted it, to take it back
     retry: bool
+    units: int = 1  # starts held (a task array's several)
 
 
 @dataclass(slots=True)
@@ -203,7 +273,7 @@ class _Job:
     entry: QueueEntry
     hold: _Hold | None = None
     not_before: float = -math.inf  # after a release (RELEASE_RECHECK_SECONDS)
-    tally: str | None = None  # the status counter it is in
+    tally: tuple[tuple[str, int], ...] = ()  # what it adds to the status counters
 
 
 @dataclass
@@ -319,7 +389,7 @@ class QueueBook:
             self._end_hold(queue, job, started=False)
         for heap in (queue.firsts, queue.retries, queue.pending, queue.ages):
             heap.discard(name)
-        self._count(queue, job, None)
+        self._count(queue, job, forget=True)
         self._changed.add(qkey)
         self._drop_if_empty(qkey)
 
@@ -339,6 +409,28 @@ class QueueBook:
         self._file(queue, job)
         self._changed.add(qkey)
 
+    def use(self, namespace: str, name: str, used: int, now: float) -> None:
+        """The shell used `used` of the starts a task array's hold gave (fewer than it held): the
+        rest go back, as `release` gives back a start that was not used. Call `dispatch` after."""
+        qkey = self._where.get((namespace, name))
+        if qkey is None:
+            return
+        queue = self._queues[qkey]
+        job = queue.jobs[name]
+        hold = job.hold
+        if hold is None or used >= hold.units:
+            return
+        if used <= 0:
+            self.release(namespace, name, now)
+            return
+        if hold.retry:
+            for _ in range(hold.units - used):
+                queue.window.unrecord(hold.second, retry=True)
+        hold.attempt -= hold.units - used
+        hold.units = used
+        self._count(queue, job)
+        self._changed.add(qkey)
+
     def started_unseen(self, namespace: str, name: str, attempt: int, now: float) -> None:
         """A pod of `attempt` exists that the job's status does not hold yet: its start was made
         (the pod comes first, vigil.core.lifecycle), by this process or by one that died before the
@@ -351,8 +443,8 @@ class QueueBook:
             return
         queue = self._queues[qkey]
         job = queue.jobs[name]
-        if job.hold is not None or job.entry.attempts >= attempt:
-            return
+        if job.hold is not None or job.entry.attempts >= attempt or job.entry.units is not None:
+            return  # an array's starts are in its status before its pods exist
         retry = job.entry.is_retry
         job.hold = _Hold(attempt=attempt, second=queue.window.record(now, retry), retry=retry)
         self._file(queue, job)
@@ -385,7 +477,7 @@ class QueueBook:
                 break
             heap = queue.retries if first is None or (retry is not None and retry < first) else queue.firsts
             _, name = heap.pop()  # type: ignore[misc]
-            self._hold(queue, queue.jobs[name], now)
+            self._hold(queue, queue.jobs[name], now, spec.max_running - queue.running)
             started.append((queue_key[0], name))
         if queue.running < spec.max_running:
             if queue.retries and not queue.window.allows_retry(now, budget, floor):
@@ -407,11 +499,11 @@ class QueueBook:
         if queue.spec is None and spec is not None:
             label = f"the cluster-wide default policy of queue {qkey[1]} (no VigilQueue {qkey[1]} in {namespace})"
         if job.hold is not None:
-            return StartPermit(True, "Admitted", f"{label} admitted it")
+            return StartPermit(True, "Admitted", f"{label} admitted it", starts=job.hold.units)
         if spec is None:
             if entry.queue == DEFAULT_QUEUE:
                 message = f"no VigilQueue {DEFAULT_QUEUE} in namespace {namespace}: unlimited"
-                return StartPermit(True, "NoQueue", message)
+                return StartPermit(True, "NoQueue", message, starts=UNLIMITED_STARTS)
             return StartPermit(
                 False,
                 "QueueNotFound",
@@ -512,7 +604,7 @@ class QueueBook:
         queue = self._queues.get(queue_key)
         if queue is None:
             return []
-        return [(queue_key[0], name) for name, job in queue.jobs.items() if job.tally == standing.value]
+        return [(queue_key[0], name) for name, job in queue.jobs.items() if _standing_of(job) is standing]
 
     def mark_changed(self, queue_key: QueueKey) -> None:
         """The queue's status is to be written again (the last write failed)."""
@@ -531,7 +623,7 @@ class QueueBook:
         entry, name = job.entry, job.entry.name
         for heap in (queue.firsts, queue.retries, queue.pending, queue.ages):
             heap.discard(name)
-        wants = entry.standing in (Standing.QUEUED, Standing.BACKING_OFF) and not entry.blocked
+        wants = entry.standing in (Standing.QUEUED, Standing.BACKING_OFF) and not entry.blocked and entry.wants > 0
         if job.hold is None and wants:
             due = max(entry.ready_at if entry.ready_at is not None else -math.inf, job.not_before)
             if due > -math.inf:
@@ -540,15 +632,29 @@ class QueueBook:
                 (queue.retries if entry.is_retry else queue.firsts).push(name, entry.order)
         if job.hold is None and entry.standing is Standing.QUEUED:
             queue.ages.push(name, (entry.waiting_since, name))
-        self._count(queue, job, Standing.RUNNING if job.hold is not None else entry.standing)
+        self._count(queue, job)
 
     @staticmethod
-    def _count(queue: _Queue, job: _Job, tally: Standing | None) -> None:
-        if job.tally is not None:
-            queue.counts[job.tally] -= 1
-        job.tally = tally.value if tally is not None else None
-        if job.tally is not None:
-            queue.counts[job.tally] += 1
+    def _count(queue: _Queue, job: _Job, *, forget: bool = False) -> None:
+        """Puts what the job adds to the status counters in them: a plain job counts once, in its
+        standing (RUNNING while it holds a start); a task array counts its tasks, its held starts
+        as running."""
+        for key, n in job.tally:
+            queue.counts[key] -= n
+        entry, held = job.entry, job.hold.units if job.hold is not None else 0
+        if forget:
+            tally: tuple[tuple[str, int], ...] = ()
+        elif entry.units is not None:
+            tally = tuple((key, n + (held if key == Standing.RUNNING.value else 0)) for key, n in entry.units)
+        elif job.hold is not None:
+            tally = ((Standing.RUNNING.value, 1),)
+        elif entry.standing is not None:
+            tally = ((entry.standing.value, 1),)
+        else:
+            tally = ()
+        job.tally = tally
+        for key, n in tally:
+            queue.counts[key] += n
 
     @staticmethod
     def _promote_due(queue: _Queue, now: float) -> None:
@@ -557,13 +663,28 @@ class QueueBook:
             due = queue.jobs[entry[1]].entry
             (queue.retries if due.is_retry else queue.firsts).push(due.name, due.order)
 
-    def _hold(self, queue: _Queue, job: _Job, now: float) -> None:
-        retry = job.entry.is_retry
-        job.hold = _Hold(attempt=job.entry.attempts + 1, second=queue.window.record(now, retry), retry=retry)
+    def _hold(self, queue: _Queue, job: _Job, now: float, room: int) -> None:
+        """Holds starts for the job: one, or for a task array as many as it wants and the queue
+        has room, tokens and (for retries) budget for."""
+        entry, retry = job.entry, job.entry.is_retry
+        units = 1 if entry.units is None else max(1, min(entry.wants, room))
+        second = queue.window.record(now, retry)
         if queue.bucket is not None:
             queue.bucket = queue.bucket.take(now)
-        queue.ages.discard(job.entry.name)
-        self._count(queue, job, Standing.RUNNING)
+        taken = 1
+        while taken < units:
+            if queue.bucket is not None and not queue.bucket.ready(now):
+                break
+            spec = queue.spec or self.default_policy
+            if retry and spec is not None and not queue.window.allows_retry(now, spec.retry_budget, spec.retry_floor):
+                break
+            queue.window.record(now, retry)
+            if queue.bucket is not None:
+                queue.bucket = queue.bucket.take(now)
+            taken += 1
+        job.hold = _Hold(attempt=entry.attempts + taken, second=second, retry=retry, units=taken)
+        queue.ages.discard(entry.name)
+        self._count(queue, job)
 
     @staticmethod
     def _end_hold(queue: _Queue, job: _Job, *, started: bool) -> None:
@@ -575,7 +696,8 @@ class QueueBook:
         hold, job.hold = job.hold, None
         assert hold is not None
         if not started and hold.retry:
-            queue.window.unrecord(hold.second, retry=True)
+            for _ in range(hold.units):
+                queue.window.unrecord(hold.second, retry=True)
 
     def _queue(self, key: QueueKey) -> _Queue:
         queue = self._queues.get(key)
