@@ -476,6 +476,73 @@ def test_admission_refuses_the_job_over_max_queued_until_the_queue_drains_and_re
     wait_until(lambda: dry_run_refused(bed.kube, bed.namespace, "burst"), 30, "the burst's queue to refuse again")
 
 
+def test_admission_counts_an_arrays_tasks_against_max_queued(bed: QueueBed):
+    """maxQueued counts tasks. On a paused queue of maxQueued 10 holding an array of 4 tasks
+    (its status shows queued 4): an array of 7 items would make 11 and is refused with 429, saying
+    how many tasks wait and how many it adds; one of 6 items fits exactly and is admitted. The
+    queue then holds 10 tasks: a plain job is refused with today's message, and an array of 11
+    tasks is told it can never fit."""
+    certs = bed.tmp_path / "certs"
+    ca = make_self_signed(certs, ip_addresses=["127.0.0.1"])
+    port = free_port()
+    bed.start_operator(
+        "--webhook-address", f"127.0.0.1:{port}",
+        "--webhook-cert-file", str(certs / "tls.crt"), "--webhook-key-file", str(certs / "tls.key"),
+    )  # fmt: skip
+    config_name = f"vigil-queues-{bed.run_id}"
+    bed.webhooks.append(config_name)
+    configuration = webhook_configuration(
+        config_name,
+        ca,
+        url=f"https://127.0.0.1:{port}{PATH}",
+        namespace_selector={"matchLabels": {NAMESPACE_LABEL: bed.run_id}},
+    )
+    register_and_wait(bed.kube, configuration, bed.namespace, lambda name: bed.create_queue(name, maxQueued=0))
+    ns = bed.namespace
+
+    def apply(name: str, tasks: dict | None = None) -> subprocess.CompletedProcess:
+        job = job_in(name, "arrays", "0", None, **({"tasks": tasks} if tasks is not None else {}))
+        return bed.kube.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(job), check=False)
+
+    def refusal(result: subprocess.CompletedProcess) -> str:
+        assert result.returncode != 0 and "TooManyRequests" in result.stderr, result.stderr
+        assert f'admission webhook "{WEBHOOK_NAME}" denied the request: ' in result.stderr, result.stderr
+        return result.stderr
+
+    def wait_queued(tasks: int) -> None:
+        wait_until(
+            lambda: (bed.queue("arrays").get("status") or {}).get("queued") == tasks,
+            30,
+            f"VigilQueue arrays to count {tasks} tasks queued",
+        )
+
+    bed.create_queue("arrays", maxQueued=10, maxRunning=10, paused=True)
+    bed.wait_queue_seen("arrays")
+    result = apply("a-4", {"count": 4})
+    assert result.returncode == 0, result.stderr
+    wait_queued(4)  # the operator's cache shows it: the webhook reads the same count
+
+    refused = refusal(apply("a-7", {"items": [f"part-{i}.csv" for i in range(7)]}))
+    print(f"\nan array of 7 over 4 tasks queued (maxQueued 10): {refused.strip()}")
+    assert (
+        f'queue "arrays" in namespace "{ns}" has no room for an array of 7 tasks: 4 tasks wait to start '
+        f"(maxQueued 10); retry later, submit fewer tasks, or raise spec.maxQueued of VigilQueue {ns}/arrays"
+    ) in refused
+
+    result = apply("a-6", {"items": [{"part": i} for i in range(6)]})
+    assert result.returncode == 0, result.stderr
+    wait_queued(10)
+
+    refused = refusal(apply("plain"))
+    assert f'queue "arrays" in namespace "{ns}" is full: 10 jobs wait to start (maxQueued 10); retry later' in refused
+    refused = refusal(apply("a-11", {"count": 11}))
+    assert (
+        f'an array of 11 tasks can never fit in queue "arrays" in namespace "{ns}" (maxQueued 10): split it '
+        f"into arrays of at most 10 tasks, or raise spec.maxQueued of VigilQueue {ns}/arrays"
+    ) in refused
+    assert sorted(name for name, job in bed.jobs().items() if job["spec"]["queue"] == "arrays") == ["a-4", "a-6"]
+
+
 def test_a_retry_storm_is_spread_out_by_the_retry_budget_and_no_retry_is_dropped(bed: QueueBed):
     """A downstream outage: every job's first two attempts fail ("1,1,0"; backoff 1 s, factor 1,
     no jitter, 5 attempts), on a queue with retryBudget 0.2, a window of W = retryWindowSeconds
