@@ -103,9 +103,13 @@ class Dispatcher:
 
     # --- before and after a decision ------------------------------------------------------------
 
-    def permit(self, namespace: str, name: str) -> StartPermit:
+    def permit(self, namespace: str, name: str, wants: int = 0) -> StartPermit:
+        """The job's permit; `wants`: a task array's starts wanted now, which it may take at once
+        when no other job of its queue waits ahead (`QueueBook.top_up`)."""
         if not self._listed:  # never before every watch listed: running would be undercounted
             return StartPermit(False, "WaitingForQueue", "the operator is still listing what runs")
+        if wants:
+            self.book.top_up(namespace, name, wants, self._now())
         permit = self.book.permit(namespace, name, self._now())
         if permit.reason == "RetryBudgetExhausted":
             queue = self.book.queue_of(namespace, name)

@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 
 from tests.support.builders import T0, apply_to_job, make_job, merge_patch, stamp
 from vigil import api
-from vigil.core.actions import CreatePod, DeletePod, EmitEvent, PatchStatus, ReleasePod
-from vigil.core.tasks.array import decide_array
+from vigil.core import doubt
+from vigil.core.actions import CreatePod, Decision, DeletePod, EmitEvent, PatchStatus, ReleasePod
+from vigil.core.tasks.array import decide_array, wants_now
 from vigil.core.tasks.ranges import IndexSet
 
 pytestmark = pytest.mark.unit
@@ -331,3 +332,25 @@ def test_invalid_tasks_are_dead_lettered_with_what_to_fix() -> None:
     assert "exactly one of count" in patch["message"]
     again = decide_array({**job, "status": merge_patch({}, patch)}, [], T0, rng=random.Random(1), starts=5).decision
     assert again.actions == ()
+
+
+def test_the_starts_wanted_count_tasks_whose_pods_ended_as_room() -> None:
+    sim = Sim(array(count=10, parallelism=3), lambda i, a: 0)
+    sim.look()
+    assert wants_now(sim.job, list(sim.pods.values()), sim.now) == 0  # three running, no room
+    sim.run_pods()
+    sim.run_pods()  # they end; status does not show it yet
+    assert wants_now(sim.job, list(sim.pods.values()), sim.now) == 3
+    sim.job["spec"]["suspend"] = True
+    assert wants_now(sim.job, list(sim.pods.values()), sim.now) == 0
+
+
+def test_a_task_newly_lost_is_read_from_the_api_server_first() -> None:
+    active = {"index": 4, "phase": "Running", "attempts": 1, "currentAttempt": None}
+    job = array(count=5)
+    job["status"] = {"tasks": {"total": 5, "active": [active]}}
+    lost = {**active, "phase": "BackingOff", "last": {"number": 1, "outcome": "Lost"}}
+    decision = Decision((PatchStatus({"tasks": {"total": 5, "active": [lost]}}, "1"),))
+    assert doubt.doubt(job, decision) is not None
+    failed = {"tasks": {"total": 5, "failed": [{"index": 4, "attempts": 1, "outcome": "Failed"}]}}
+    assert doubt.doubt(job, Decision((PatchStatus(failed, "1"),))) is None

@@ -41,7 +41,7 @@ from vigil.core.liveness import actionable
 from vigil.core.manifest import BeatChannel
 from vigil.core.objects import Key, kept_copy, template_dropped
 from vigil.core.queueing.book import StartPermit
-from vigil.core.tasks.array import ArrayDecision, decide_array, is_array
+from vigil.core.tasks.array import ArrayDecision, decide_array, is_array, wants_now
 from vigil.kube.errors import Conflict, NotFound, Refused
 from vigil.kube.events import EventRecorder
 from vigil.kube.operations import Kube
@@ -240,8 +240,9 @@ class JobReconciler:
             states[uid] = heard.state
             liveness[uid] = actionable(heard, fresh)
             held_back = held_back or liveness[uid] is not heard
-        permit = self.dispatcher.permit(*key)
-        if is_array(job):
+        array_job = is_array(job)
+        permit = self.dispatcher.permit(*key, wants_now(job, pods, self.clock.wall()) if array_job else 0)
+        if array_job:
             array = decide_array(
                 job,
                 pods,

@@ -409,6 +409,35 @@ class QueueBook:
         self._file(queue, job)
         self._changed.add(qkey)
 
+    def top_up(self, namespace: str, name: str, wants: int, now: float) -> None:
+        """A task array about to be looked at may take up to `wants` starts now, without waiting
+        for `dispatch` to see its status again, when no other job of its queue waits ahead of it
+        and the queue has room, tokens and (for retries) budget: so that a task that ended is
+        followed by the next in the same look. Call `permit` after, and `use` once decided."""
+        qkey = self._where.get((namespace, name))
+        if qkey is None or wants <= 0:
+            return
+        queue = self._queues[qkey]
+        job = queue.jobs[name]
+        spec = self._policy(qkey, queue)
+        if job.hold is not None or job.entry.units is None or spec is None or spec.paused:
+            return
+        if job.entry.standing in (None, Standing.DEAD_LETTERED) or job.not_before > now:
+            return
+        for heap in (queue.firsts, queue.retries):
+            head = heap.peek()
+            if head is not None and head[1] != name:
+                return  # another job's turn first
+        room = spec.max_running - queue.running
+        if room <= 0 or (queue.bucket is not None and not queue.bucket.ready(now)):
+            return
+        if job.entry.is_retry and not queue.window.allows_retry(now, spec.retry_budget, spec.retry_floor):
+            return
+        for heap in (queue.firsts, queue.retries, queue.pending):
+            heap.discard(name)
+        self._hold(queue, job, now, min(room, wants), wants=wants)
+        self._changed.add(qkey)
+
     def use(self, namespace: str, name: str, used: int, now: float) -> None:
         """The shell used `used` of the starts a task array's hold gave (fewer than it held): the
         rest go back, as `release` gives back a start that was not used. Call `dispatch` after."""
@@ -663,11 +692,11 @@ class QueueBook:
             due = queue.jobs[entry[1]].entry
             (queue.retries if due.is_retry else queue.firsts).push(due.name, due.order)
 
-    def _hold(self, queue: _Queue, job: _Job, now: float, room: int) -> None:
-        """Holds starts for the job: one, or for a task array as many as it wants and the queue
-        has room, tokens and (for retries) budget for."""
+    def _hold(self, queue: _Queue, job: _Job, now: float, room: int, wants: int | None = None) -> None:
+        """Holds starts for the job: one, or for a task array as many as it wants (its entry's
+        count, or `wants`) and the queue has room, tokens and (for retries) budget for."""
         entry, retry = job.entry, job.entry.is_retry
-        units = 1 if entry.units is None else max(1, min(entry.wants, room))
+        units = 1 if entry.units is None else max(1, min(entry.wants if wants is None else wants, room))
         second = queue.window.record(now, retry)
         if queue.bucket is not None:
             queue.bucket = queue.bucket.take(now)

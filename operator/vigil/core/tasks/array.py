@@ -93,6 +93,38 @@ def is_array(job: Mapping[str, Any]) -> bool:
     return bool(fields.spec(job).get("tasks"))
 
 
+def wants_now(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], now: datetime) -> int:
+    """How many starts the array could use at this look, as far as its status and pods say: its
+    room under parallelism (counting the tasks whose pod has ended as room), capped by the tasks
+    left, plus its tasks waiting for a start (redriven, resumed, or a retry whose backoff is over).
+    An estimate, to ask the queue for (`QueueBook.top_up`); the decision takes what it can."""
+    spec_tasks = fields.spec(job).get("tasks") or {}
+    tasks = fields.status(job).get("tasks") or {}
+    if fields.spec(job).get("suspend") or fields.status(job).get("phase") in api.TERMINAL_PHASES:
+        return 0
+    total = int(tasks.get("total") or spec_tasks.get("count") or len(spec_tasks.get("items") or ()))
+    active = tasks.get("active") or []
+    ended = {fields.name(pod) for pod in pods if podstate.is_finished(pod)}
+    occupied = freed = due = 0
+    for task in active:
+        if task.get("phase") == "Suspended":
+            continue
+        occupied += 1
+        current = task.get("currentAttempt") or {}
+        if current.get("podName") in ended:
+            freed += 1
+        elif task.get("phase") == "Queued":
+            due += 1
+        elif task.get("phase") == "BackingOff":
+            at = task.get("nextAttemptAt")
+            if at is None or datetime.fromisoformat(str(at).replace("Z", "+00:00")) <= now:
+                due += 1
+    done = int(tasks.get("succeeded") or 0) + int(tasks.get("deadLettered") or 0)
+    fresh = max(0, total - done - len(active))
+    room = max(0, int(spec_tasks.get("parallelism") or api.DEFAULT_TASK_PARALLELISM) - occupied + freed)
+    return min(room, fresh) + due
+
+
 def decide_array(
     job: Mapping[str, Any],
     pods: Iterable[Mapping[str, Any]],
