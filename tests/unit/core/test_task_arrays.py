@@ -18,7 +18,7 @@ from tests.support.builders import T0, apply_to_job, make_job, merge_patch, stam
 from vigil import api
 from vigil.core import doubt
 from vigil.core.actions import CreatePod, Decision, DeletePod, EmitEvent, PatchStatus, ReleasePod
-from vigil.core.tasks.array import decide_array, wants_now
+from vigil.core.tasks.array import decide_array, reject_array_pod, wants_now
 from vigil.core.tasks.ranges import IndexSet
 
 pytestmark = pytest.mark.unit
@@ -354,3 +354,18 @@ def test_a_task_newly_lost_is_read_from_the_api_server_first() -> None:
     assert doubt.doubt(job, decision) is not None
     failed = {"tasks": {"total": 5, "failed": [{"index": 4, "attempts": 1, "outcome": "Failed"}]}}
     assert doubt.doubt(job, Decision((PatchStatus(failed, "1"),))) is None
+
+
+def test_a_template_the_api_server_refuses_dead_letters_the_whole_array() -> None:
+    sim = Sim(array(count=4, parallelism=2), lambda i, a: None)
+    sim.look()
+    decision = reject_array_pod(sim.job, "arr-0-1", "spec.containers[0].image: Required value", T0)
+    sim.job = apply_to_job(sim.job, decision)
+    assert sim.status()["phase"] == "DeadLettered" and sim.status()["reason"] == "InvalidPodTemplate"
+    assert "Required value" in sim.status()["message"]
+    sim.look()
+    created = len(sim.created)
+    sim.look()
+    assert len(sim.created) == created  # nothing starts again
+    assert all(p["status"]["phase"] not in ("Pending", "Running") for p in sim.pods.values())
+    assert reject_array_pod(sim.job, "arr-1-1", "again", T0).actions == ()

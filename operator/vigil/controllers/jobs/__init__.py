@@ -119,6 +119,7 @@ class JobController:
             repair=repair,
             beat_channel=beat_channel,
             agent_image=agent_image,
+            task_outcomes=metrics.task_outcome,
         )
         self.worker = Worker(
             CONTROLLER, self.queue, self.reconciler, workers=workers, clock=clock, metrics=metrics, rng=rng

@@ -16,6 +16,7 @@ from vigil import api
 from vigil.controllers.jobs.view import ClusterView
 from vigil.core import actions, fields, lifecycle, podstate
 from vigil.core.objects import Key, key_of
+from vigil.core.tasks.array import is_array, reject_array_pod
 from vigil.kube.errors import Conflict, NotFound, Refused
 from vigil.kube.events import EventRecorder
 from vigil.kube.operations import Kube
@@ -128,7 +129,11 @@ class Executor:
                 raise PodCreateRefused(message, status=err.status, reason=err.reason) from err
             # A template Kubernetes will not accept: say so on the job rather than crash-loop.
             attempt = int(fields.labels(manifest)[api.LABEL_ATTEMPT])
-            for action in lifecycle.reject_pod(job, attempt, err.message, self.clock.wall()).actions:
+            if is_array(job):  # every task's pod is made of the same template: none can start
+                rejected = reject_array_pod(job, pod_name, err.message, self.clock.wall())
+            else:
+                rejected = lifecycle.reject_pod(job, attempt, err.message, self.clock.wall())
+            for action in rejected.actions:
                 job = await self.execute(job, action)
             return
         key, job_uid = key_of(job), fields.uid(job)

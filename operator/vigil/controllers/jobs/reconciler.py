@@ -114,7 +114,10 @@ class JobReconciler:
         repair: Callable[[str], None] = lambda reason: None,
         beat_channel: BeatChannel | None = None,
         agent_image: str | None = None,
+        task_outcomes: Callable[[str, str, str, int], None] = lambda *outcome: None,
     ) -> None:
+        """`task_outcomes(namespace, queue, outcome, count)` hears what each task array's look did
+        with its tasks (Succeeded, DeadLettered, Retried): `Metrics.task_outcome`."""
         self.kube, self.view, self.queue, self.dispatcher = kube, view, queue, dispatcher
         self.handlers, self.executor, self.events = handlers, executor, events
         self.clock = clock
@@ -125,9 +128,7 @@ class JobReconciler:
         self.rechecks: StartingRechecks[Key] = StartingRechecks(queue.add, clock, STARTING_RECHECK_SECONDS)
         self.array_look_seconds = ARRAY_LOOK_SECONDS
         self._next_array_look: dict[Key, float] = {}  # per array that wrote, the soonest next look
-        # what each task array's decisions did with its tasks (Succeeded, DeadLettered, Retried):
-        # called with (namespace, queue, outcome, count)
-        self.on_task_outcomes: Callable[[str, str, str, int], None] = lambda *outcome: None
+        self.task_outcomes = task_outcomes
 
     def forget(self, key: Key) -> None:
         self.alarms.cancel(key)
@@ -202,7 +203,7 @@ class JobReconciler:
                 self._next_array_look[key] = self.clock.monotonic() + self.array_look_seconds
             queue = fields.spec(job).get("queue") or api.DEFAULT_QUEUE
             for outcome, count in decided.array.outcomes.items():
-                self.on_task_outcomes(key[0], queue, outcome, count)
+                self.task_outcomes(key[0], queue, outcome, count)
         self._schedule(key, decided.states, held_back)
         return read_whole
 

@@ -73,7 +73,8 @@ REASON_SUCCEEDED = "AllTasksSucceeded"
 REASON_DEAD_LETTERED = "TasksDeadLettered"
 REASON_TOO_MANY = "TooManyDeadLetteredTasks"
 REASON_INVALID = "InvalidTasks"
-STOP_REASONS = frozenset({REASON_TOO_MANY, "DeadlineExceeded", REASON_INVALID})
+REASON_INVALID_TEMPLATE = "InvalidPodTemplate"
+STOP_REASONS = frozenset({REASON_TOO_MANY, "DeadlineExceeded", REASON_INVALID, REASON_INVALID_TEMPLATE})
 # A task's message kept in status.tasks.failed, at most this long.
 FAILURE_MESSAGE_CHARS = 300
 # Task phases that hold a place under parallelism: every active task but a cancelled one.
@@ -169,6 +170,30 @@ def decide_array(
     array.settle_idle_pods()
     array.sum_up(waiting)
     return ArrayDecision(array.decision(), array.starts_used, array.outcomes)
+
+
+def reject_array_pod(job: Mapping[str, Any], pod_name: str, message: str, now: datetime) -> Decision:
+    """The actions after the API server refused a task's pod as invalid (422): every task's pod is
+    made of the same immutable template, so no task can ever start; the array is dead-lettered
+    (reason InvalidPodTemplate) with the API server's message, instead of retrying in a loop. Its
+    tasks already started go on being followed by the next looks (they are cancelled as by a stop)."""
+    status = fields.status(job)
+    if status.get("phase") == "DeadLettered" and status.get("reason") == REASON_INVALID_TEMPLATE:
+        return Decision()
+    text = (
+        f"dead-lettered: the API server refused pod {pod_name}: {message}. spec.template is immutable: "
+        "fix it in a new VigilJob"
+    )[: api.MAX_CONDITION_MESSAGE]
+    patch = {"phase": "DeadLettered", "reason": REASON_INVALID_TEMPLATE, "message": text}
+    if not status.get("finishedAt"):
+        patch["finishedAt"] = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return Decision(
+        (
+            PatchStatus(patch, fields.resource_version(job)),
+            SetDeadLetterLabel(True),
+            EmitEvent("Warning", REASON_INVALID_TEMPLATE, text),
+        )
+    )
 
 
 def _said(error: Any) -> str:
