@@ -235,13 +235,15 @@ class JobReconciler:
         view = self.view
         heartbeat, now, fresh = view.heartbeats[key], self.clock.monotonic(), self.pods_fresh()
         liveness, states, held_back = {}, dict[str, str](), False
+        array_job = is_array(job)
         for pod in pods:
+            if array_job and podstate.is_finished(pod):
+                continue  # an ended task's pod has no liveness to read, and a large array has thousands
             uid = fields.uid(pod)
             heard = view.tracker.liveness(uid, heartbeat, now)
             states[uid] = heard.state
             liveness[uid] = actionable(heard, fresh)
             held_back = held_back or liveness[uid] is not heard
-        array_job = is_array(job)
         permit = self.dispatcher.permit(*key, wants_now(job, pods, self.clock.wall()) if array_job else 0)
         if array_job:
             array = decide_array(
@@ -311,7 +313,10 @@ class JobReconciler:
             return {}, None
         states: dict[str, str] = {}
         deadlines: list[float] = []
+        array_job = is_array(job)
         for pod in view.pods.of_job((key[0], fields.uid(job))):
+            if array_job and podstate.is_finished(pod):
+                continue  # as in _decide
             uid = fields.uid(pod)
             states[uid] = view.tracker.liveness(uid, heartbeat, now).state
             if (deadline := view.tracker.deadline(uid, heartbeat, now)) is not None:

@@ -269,10 +269,20 @@ class _Array:
         for pod in podstate.freshest_by_uid(pods):
             if fields.metadata(pod).get("namespace", meta.namespace) != meta.namespace:
                 continue
+            index = podstate.task_of(pod)
+            if (
+                index is not None
+                and index not in self.active
+                and (index in self.succeeded or index in self.dead)
+                and not podstate.is_tracked(pod)
+                and podstate.is_finished(pod)
+            ):
+                # The pod of a task that ended, released: nothing is left to do with it, whoever
+                # owns it. Most of a large array's pods, skipped before the dearer checks.
+                continue
             if not podstate.belongs_to(pod, meta.namespace, meta.uid):
                 self.strangers[fields.name(pod)] = pod
                 continue
-            index = podstate.task_of(pod)
             if index is None or podstate.attempt_of(pod) is None or index >= self.total:
                 continue  # not a task's pod Vigil made
             self.pods_of.setdefault(index, []).append(pod)
