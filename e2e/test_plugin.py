@@ -4,7 +4,9 @@ dead-letter queue, a redrive that gives the job a new attempt, pause and resume,
 attempt's log (kwok runs no containers: the plugin must say there is none, and why; a real pod's
 log, followed across a retry, is e2e/test_real_node.py's), the output formats kubectl users type
 (-o name, wide, jsonpath, custom-columns, --no-headers) and `kubectl vigil <TAB>` completed by
-kubectl itself through kubectl_complete-vigil, with names from the cluster."""
+kubectl itself through kubectl_complete-vigil, with names from the cluster; and a task array's
+day two: its tasks in `status`, its dead-lettered tasks in `dlq` while it runs, and redrives of
+some of its tasks by index and of all of them."""
 
 from __future__ import annotations
 
@@ -15,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.arrays import TaskPods, array_job, tasks_of
 from tests.support.cluster import Kube, free_port
 from tests.support.jobs import (
+    FAST_BACKOFF,
     GROUP,
     QUEUE_PLURAL,
     VERSION,
@@ -159,3 +163,106 @@ def test_kubectl_vigil_day_two(kube: Kube, own_namespace: str, own_operator, tmp
     dead.write_text(kube.kubeconfig.read_text().replace(kube.host_port.split(":")[1], str(free_port())))
     unreachable = plugin(kube, ns, "top", kubeconfig=dead)
     assert unreachable.returncode == 2 and "cannot reach the API server" in unreachable.stderr
+
+
+def test_kubectl_vigil_on_a_task_array(kube: Kube, own_namespace: str, own_operator):
+    ns = own_namespace
+    own_operator()
+
+    # Tasks 0 and 1 are poison on their first attempt (exit 7: dead-lettered at once) and succeed
+    # once redriven (the input fixed); task 2 runs until the test ends it.
+    def workload(index: int, attempt: int) -> tuple[int, str] | None:
+        if index == 2:
+            return None
+        return (7, "1s") if attempt == 1 else (0, "1s")
+
+    retry = {"maxAttempts": 3, "nonRetryableExitCodes": [7], "backoff": FAST_BACKOFF}
+    with TaskPods(kube, ns, workload) as pods:
+        create(kube, ns, array_job("shards", 3, parallelism=3, retry=retry))
+        wait_until(
+            lambda: (
+                tasks_of(kube, ns, "shards").get("deadLetteredIndexes") == "0-1"
+                and [(t["index"], t["phase"]) for t in tasks_of(kube, ns, "shards").get("active") or []]
+                == [(2, "Running")]
+            ),
+            30,
+            "tasks 0 and 1 dead-lettered and task 2 running",
+        )
+
+        # status: the tasks counted, their ranges, the active one and the dead ones
+        done = plugin(kube, ns, "status", "shards")
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        assert lines[1].startswith("Phase:        Running"), done.stdout
+        assert (
+            "Tasks:        3: 0 succeeded, 1 running, 0 backing off, 0 pending, 2 dead-lettered (parallelism 3)"
+            in lines
+        ), done.stdout
+        assert "  Dead-lettered:  0-1" in lines
+        active = lines[lines.index("Active tasks (1):") + 2].split()
+        assert active[:4] == ["2", "Running", "1", "shards-2-1"], done.stdout
+        dead = lines[lines.index("Dead-lettered tasks (newest first):") + 1 :]
+        assert sorted(row.split()[0] for row in dead[1:]) == ["0", "1"], done.stdout
+        assert all(row.split()[1:5] == ["1", "Failed", "NonRetryableExitCode", "7"] for row in dead[1:]), done.stdout
+        summary = as_json(plugin(kube, ns, "status", "shards", "-o", "json"))
+        assert summary["tasks"]["active"][0]["pod"] == "shards-2-1" and summary["currentAttempt"] is None
+
+        # dlq: the array runs on, unlabelled, and is in the dead-letter queue for its two tasks
+        assert "vigil.dev/dead-letter" not in (get(kube, ns, "shards")["metadata"].get("labels") or {})
+        rows = as_json(plugin(kube, ns, "dlq", "-o", "json"))["items"]
+        assert [
+            (r["name"], r["phase"], r["deadLetteredTasks"], r["deadLetteredIndexes"], r["tasks"]) for r in rows
+        ] == [("shards", "Running", 2, "0-1", "0/3")]
+        assert sorted(f["index"] for f in rows[0]["failedTasks"]) == [0, 1]
+        assert plugin(kube, ns, "dlq").stdout.splitlines()[1].split()[-2:] == ["2", "0-1"]
+        assert plugin(kube, ns, "dlq", "-o", "name").stdout == "vigiljob.vigil.dev/shards\n"
+
+        # redrives refused: saying which indexes, and why; a malformed range is bad usage
+        refused = plugin(kube, ns, "redrive", "shards", "--tasks", "1,5")
+        assert refused.returncode == 1 and "1 index 5 out of range: the array has 3 tasks (0-2)" in refused.stdout
+        refused = plugin(kube, ns, "redrive", "shards", "--tasks", "1-2")
+        assert refused.returncode == 1
+        assert "1 task 2 not dead-lettered (of those asked, these are: 1)" in refused.stdout
+        bad = plugin(kube, ns, "redrive", "shards", "--tasks", "1-x")
+        assert bad.returncode == 2 and "error: --tasks '1-x': " in bad.stderr, bad.stderr
+        refused = plugin(kube, ns, "redrive", "shards")  # a whole redrive: the array is not dead-lettered
+        assert refused.returncode == 1 and "its dead-lettered tasks can, by index: --tasks 0-1" in refused.stdout
+        assert "vigil.dev/redrive-tasks" not in (get(kube, ns, "shards")["metadata"].get("annotations") or {})
+
+        # redrive --tasks 1: that task's new round, while the array runs; it succeeds this time
+        done = plugin(kube, ns, "redrive", "shards", "--tasks", "1")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.splitlines()[1].split()[:2] == ["shards", "redriven"], done.stdout
+        value = get(kube, ns, "shards")["metadata"]["annotations"]["vigil.dev/redrive-tasks"]
+        assert value.startswith("1@") and value in done.stdout
+        seen: dict = {}
+
+        def task_1_redriven() -> bool:
+            seen.update(tasks_of(kube, ns, "shards"))
+            return (seen.get("succeededIndexes"), seen.get("lastRedrive")) == ("1", value)
+
+        try:
+            wait_until(task_1_redriven, 30, "task 1 redriven and succeeded")
+        except BaseException:
+            print("status.tasks as last read:", json.dumps(seen, indent=1))
+            raise
+        assert tasks_of(kube, ns, "shards")["deadLetteredIndexes"] == "0"
+        assert [p.attempt for p in pods.per_index("shards")[1]] == [1, 2]
+
+        # task 2 ends well: the array ends dead-lettered for task 0; a whole redrive is task 0's round
+        pods.finish("shards-2-1", 0)
+        job = wait_phase(kube, ns, "shards", "DeadLettered", timeout=30)
+        assert (job["status"]["tasks"]["succeededIndexes"], job["status"]["tasks"]["deadLetteredIndexes"]) == (
+            "1-2",
+            "0",
+        )
+        done = plugin(kube, ns, "redrive", "shards")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "every dead-lettered task (0)" in done.stdout, done.stdout
+        job = wait_phase(kube, ns, "shards", "Succeeded", timeout=30)
+        pods.caught_up()
+        pods.assert_healthy()
+
+    assert job["status"]["tasks"]["progress"] == "3/3"
+    assert {i: [p.attempt for p in ps] for i, ps in pods.per_index("shards").items()} == {0: [1, 2], 1: [1, 2], 2: [1]}
+    assert as_json(plugin(kube, ns, "dlq", "-o", "json"))["items"] == []
