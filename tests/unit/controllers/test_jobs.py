@@ -640,3 +640,35 @@ def test_a_standby_that_takes_over_counts_silence_from_its_takeover_not_from_its
         return at_takeover, after_timeout
 
     assert asyncio.run(scenario()) == ("Healthy", "Lost")
+
+
+def test_a_pods_first_beat_brings_a_look_so_its_silence_alarm_is_armed_from_the_beat():
+    """Before its first beat a pod's silence counts from the end of its startup grace; the alarm
+    armed then is late for a pod that beats once and dies, unless the first beat brings a look
+    (a task array's beats bring no LAST-BEAT stamp that would)."""
+    owner = {**OWNER}
+    array = {
+        "metadata": {"name": "j", "namespace": "ns", "uid": "job-uid", "resourceVersion": "5", "generation": 1},
+        "spec": {
+            "template": {},
+            "tasks": {"count": 2, "parallelism": 2},
+            "heartbeat": {"intervalSeconds": 1, "timeoutSeconds": 6, "startupGraceSeconds": 10},
+        },
+        "status": {"phase": "Running", "tasks": {"total": 2, "active": []}},
+    }
+
+    def task_pod(version: int, beat: str | None) -> dict[str, Any]:
+        body = pod(version, beat)
+        body["metadata"]["labels"]["vigil.dev/task-index"] = "0"
+        body["metadata"]["ownerReferences"] = [owner]
+        return body
+
+    clock = FakeClock(wall=WALL)
+    c = controller(clock)
+    c.handlers.job_seen(array)
+    c.handlers.pod_changed(task_pod(10, None))
+    drain(c)
+    c.handlers.pod_changed(task_pod(11, "1"))  # its first beat
+    assert drain(c) == [("ns", "j")]
+    c.handlers.pod_changed(task_pod(12, "2"))  # a later beat of a task that is not in doubt
+    assert drain(c) == []

@@ -146,7 +146,8 @@ class JobEvents:
             only_a_beat = uid in view.looked_at and previous is not None and not more_than_a_beat(previous, pod)
             # A beat alone makes the job worth a look only if the job is in doubt (resume it now,
             # not at the next deadline) or its LAST-BEAT stamp is due.
-            if only_a_beat and not (beat and key is not None and self._beat_matters(key, uid)):
+            first = tracker.last_gap is None  # the pod's first beat, if a beat
+            if only_a_beat and not (beat and key is not None and self._beat_matters(key, uid, first=first)):
                 return
             view.looked_at.add(uid)
             if key is not None and (job := view.job(key)) is not None:
@@ -166,7 +167,7 @@ class JobEvents:
         if tracker.last_gap is not None:
             self.metrics.heartbeat_gap.observe(tracker.last_gap)
         key = podstate.owner_key(pod)
-        if key is not None and self._beat_matters(key, uid):
+        if key is not None and self._beat_matters(key, uid, first=tracker.last_gap is None):
             self.queue.add_batched(key, self.pod_batch_seconds)
 
     def _note_start(self, key: Key, job: Mapping[str, Any], pod: Mapping[str, Any]) -> None:
@@ -187,10 +188,16 @@ class JobEvents:
         ):
             self.releaser.release_orphan(pod)
 
-    def _beat_matters(self, key: Key, uid: str) -> bool:
+    def _beat_matters(self, key: Key, uid: str, *, first: bool = False) -> bool:
+        """Whether a beat of pod `uid` makes its job worth a look. A pod's first beat always does:
+        its silence then counts from the beat, not from the end of the startup grace, so the job's
+        silence alarm, armed for the later instant, must be armed again, earlier (else a pod that
+        beats once and dies is declared Lost at the grace's end, never Uncertain first)."""
         job = self.view.job(key)
         if job is None:
             return False
+        if first:
+            return True
         status = fields.status(job)
         if status.get("phase") == "Uncertain":
             return True

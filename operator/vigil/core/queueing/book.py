@@ -11,7 +11,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from vigil.api import ANNOTATION_REDRIVE, BLOCKED_REASONS, DEFAULT_QUEUE
+from vigil.api import ANNOTATION_REDRIVE, ANNOTATION_REDRIVE_TASKS, BLOCKED_REASONS, DEFAULT_QUEUE
 from vigil.core import fields
 from vigil.core.queueing.heap import LazyHeap
 from vigil.core.queueing.limits import RETRY_WINDOW_SECONDS, RetryWindow, TokenBucket, retry_floor
@@ -156,8 +156,12 @@ def _array_entry(
     fresh = max(0, total - done - len(active))
     parallelism = int(spec_tasks.get("parallelism") or 10)
     new = min(fresh, max(0, parallelism - occupied))
-    phase, redrive = status.get("phase"), (meta.get("annotations") or {}).get(ANNOTATION_REDRIVE)
-    redriven = phase == "DeadLettered" and bool(redrive) and redrive != status.get("lastRedrive")
+    annotations = meta.get("annotations") or {}
+    phase, redrive = status.get("phase"), annotations.get(ANNOTATION_REDRIVE)
+    some = annotations.get(ANNOTATION_REDRIVE_TASKS)
+    redriven = (phase == "DeadLettered" and bool(redrive) and redrive != status.get("lastRedrive")) or (
+        bool(some) and some != tasks.get("lastRedrive") and int(tasks.get("deadLettered") or 0) > 0
+    )
     units = (
         (Standing.RUNNING.value, running),
         (Standing.QUEUED.value, fresh + len(waiting)),
