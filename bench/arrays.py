@@ -136,6 +136,29 @@ def size(value: Any) -> int:
     return len(json.dumps(value, separators=(",", ":")).encode())
 
 
+def status_parts(status: dict) -> dict[str, float]:
+    """An array's status in bytes by part (docs/capacity-planning.md's table): the whole, status.tasks,
+    its `active` records (and bytes per record), its `failed` records (and per record), its index
+    ranges, and the rest of status.tasks (counts, progress, redrives)."""
+    tasks = status.get("tasks") or {}
+    active, failed = tasks.get("active") or [], tasks.get("failed") or []
+    ranges = {k: v for k, v in tasks.items() if k.endswith("Indexes")}
+    rest = {k: v for k, v in tasks.items() if k not in ("active", "failed") and k not in ranges}
+    return {
+        "status": size(status),
+        "tasks": size(tasks),
+        "active_records": len(active),
+        "active": size(active),
+        "per_active_record": size(active) / len(active) if active else math.nan,
+        "failed_records": len(failed),
+        "failed": size(failed),
+        "per_failed_record": size(failed) / len(failed) if failed else math.nan,
+        "index_ranges": size(ranges),
+        "counts_and_the_rest": size(rest),
+        "outside_tasks": size({k: v for k, v in status.items() if k != "tasks"}),
+    }
+
+
 def check_arrays_landed(created: dict) -> None:
     if not ((created.get("spec") or {}).get("tasks") or {}).get("count"):
         raise SystemExit(
@@ -185,6 +208,7 @@ class Tasks:
     finished: float = math.nan
     outcome: str | None = None
     status_bytes_max: int = 0
+    largest_status: dict = field(default_factory=dict)
     job_events: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -211,7 +235,9 @@ class Tasks:
     def on_job(self, kind: str, job: dict, now: float) -> None:
         with self.lock:
             self.job_events += 1
-            self.status_bytes_max = max(self.status_bytes_max, size(job.get("status") or {}))
+            status = job.get("status") or {}
+            if (bytes_ := size(status)) > self.status_bytes_max:
+                self.status_bytes_max, self.largest_status = bytes_, status
             if self.outcome is None and (outcome := job_done(self.kind, job)):
                 self.outcome, self.finished = outcome, now
 
@@ -505,6 +531,8 @@ def run_throughput(
         result["final_status_tasks"] = {
             k: v for k, v in ((final.get("status") or {}).get("tasks") or {}).items() if k != "failed"
         }
+        result["largest_status_parts"] = status_parts(seen.largest_status)
+        result["final_status_parts"] = status_parts(final.get("status") or {})
     return result
 
 
@@ -877,6 +905,7 @@ def run_big(
                     "seconds": now - seen.submitted,
                     "controller_rss_mib": usage.rss_mib(controller),
                     "status_bytes": size(job.get("status") or {}),
+                    "status_parts": status_parts(job.get("status") or {}) if kind == "vigil" else {},
                     "tasks_succeeded": tasks_succeeded(kind, job),
                 }
                 log(
@@ -924,6 +953,8 @@ def run_big(
         "max_status_bytes_seen": seen.status_bytes_max,
         "final_object_bytes": size(final),
         "status_sizes": sizes,
+        "final_status_parts": status_parts(final.get("status") or {}) if kind == "vigil" else {},
+        "largest_status_parts": status_parts(seen.largest_status) if kind == "vigil" else {},
         "cleanup_seconds": removed,
         "api_writes_per_succeeded_task": (
             sum(v for (verb, _), v in delta.items() if verb in WRITE_VERBS) / succeeded if succeeded else math.nan
@@ -954,6 +985,38 @@ BIG_ROWS = [
     ("kube-apiserver peak RSS MiB", "apiserver_peak_rss_mib", "{:.0f}"),
     ("machine CPU busy over the window", "machine_busy_share", "{:.0%}"),
 ]
+
+
+def parts_text(vigil: dict) -> str:
+    """The Vigil array's status by part, at its largest on the watch and at the end."""
+    shown = [
+        (label, vigil.get(key) or {})
+        for label, key in (("largest", "largest_status_parts"), ("final", "final_status_parts"))
+    ]
+    shown = [(label, parts) for label, parts in shown if parts]
+    if not shown:
+        return ""
+    rows = [
+        ("status, bytes", "status"),
+        ("status.tasks", "tasks"),
+        ("active: records", "active_records"),
+        ("active, bytes", "active"),
+        ("bytes per active record", "per_active_record"),
+        ("failed: records", "failed_records"),
+        ("failed, bytes", "failed"),
+        ("index ranges (succeededIndexes, deadLetteredIndexes)", "index_ranges"),
+        ("counts, progress, redrives (the rest of status.tasks)", "counts_and_the_rest"),
+        ("outside status.tasks (phase, conditions, ...)", "outside_tasks"),
+    ]
+    lines = [
+        "| the array's status by part (compact JSON) | "
+        + " | ".join(f"{label} on the job watch" if label == "largest" else label for label, _ in shown)
+        + " |",
+        "| --- |" + " ---: |" * len(shown),
+    ]
+    for label, key in rows:
+        lines.append(f"| {label} | " + " | ".join(fmt(parts.get(key), "{:,.0f}") for _, parts in shown) + " |")
+    return "\n".join(lines)
 
 
 def sizes_text(sides: dict[str, dict]) -> str:
@@ -1039,7 +1102,8 @@ def main(argv: list[str] | None = None) -> int:
     install_crds(api)
     meta = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "commit": git_commit(),
+        # Run from `git archive <commit>` (no .git there), VIGIL_BENCH_COMMIT names what runs.
+        "commit": os.environ.get("VIGIL_BENCH_COMMIT") or git_commit(),
         "machine": f"{os.cpu_count()} CPUs, Python {platform.python_version()}, "
         f"{platform.system()} {platform.release()}",
         "cluster": f"local test bed {cluster.name!r}" if cluster else f"kubeconfig {kubeconfig}",
@@ -1093,6 +1157,8 @@ def main(argv: list[str] | None = None) -> int:
                 "",
                 writes_table(sides, args.tasks, "task"),
                 "",
+                parts_text(sides.get("vigil", {})),
+                "",
             ]
         elif scenario == "burst":
             rows, copies = scaled(BURST_ROWS, sides)
@@ -1118,6 +1184,8 @@ def main(argv: list[str] | None = None) -> int:
                 "The status every 10 s (a GET of the job):",
                 "",
                 sizes_text(sides),
+                "",
+                parts_text(sides.get("vigil", {})),
                 "",
             ]
     text = "\n".join(
