@@ -150,10 +150,11 @@ def apply_to_job(job: dict[str, Any], decision: Decision) -> dict[str, Any]:
     for patch in decision.of_type(PatchStatus):
         job["status"] = merge_patch(job.get("status") or {}, patch.status)
     for label in decision.of_type(SetDeadLetterLabel):
-        if label.dead_lettered:
-            job["metadata"]["labels"][api.LABEL_DEAD_LETTER] = "true"
-        else:
-            job["metadata"]["labels"].pop(api.LABEL_DEAD_LETTER, None)
+        for key, flag in ((api.LABEL_DEAD_LETTER, label.dead_lettered), (api.LABEL_DEAD_TASKS, label.dead_tasks)):
+            if flag:
+                job["metadata"]["labels"][key] = "true"
+            elif flag is not None:
+                job["metadata"]["labels"].pop(key, None)
     job["metadata"]["resourceVersion"] = str(int(job["metadata"]["resourceVersion"]) + 1)
     return job
 

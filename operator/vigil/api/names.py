@@ -30,6 +30,9 @@ LABEL_JOB_UID = "vigil.dev/job-uid"
 LABEL_ATTEMPT = "vigil.dev/attempt"
 LABEL_QUEUE = "vigil.dev/queue"
 LABEL_DEAD_LETTER = "vigil.dev/dead-letter"
+# On a task array some of whose tasks are dead-lettered, whatever its phase: what `kubectl vigil
+# dlq` selects beside vigil.dev/dead-letter, rather than listing every job.
+LABEL_DEAD_TASKS = "vigil.dev/dead-tasks"
 ANNOTATION_REDRIVE = "vigil.dev/redrive"
 # On an array: "<index ranges>@<token>" redrives those of its tasks that are dead-lettered, once
 # per distinct value (status.tasks.lastRedrive).

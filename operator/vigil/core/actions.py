@@ -79,9 +79,12 @@ class ReleasePod:
 
 @dataclass(frozen=True)
 class SetDeadLetterLabel:
-    """Set (True) or remove (False) the job's `vigil.dev/dead-letter: "true"` label."""
+    """Set (True) or remove (False) the job's `vigil.dev/dead-letter: "true"` label; and for a
+    task array, its `vigil.dev/dead-tasks: "true"` label (some of its tasks are dead-lettered,
+    whatever its phase), in the same write (None: left as it is)."""
 
     dead_lettered: bool
+    dead_tasks: bool | None = None
 
 
 @dataclass(frozen=True)

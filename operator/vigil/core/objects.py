@@ -62,7 +62,7 @@ def strip(obj: dict[str, Any]) -> dict[str, Any]:
 
 # The only names a job's own labels and annotations carry that Vigil reads (the dead-letter mark
 # it sets, the redrive a person sets). The rest is the job's author's, for their own tools.
-_KEPT_JOB_LABELS = (api.LABEL_DEAD_LETTER,)
+_KEPT_JOB_LABELS = (api.LABEL_DEAD_LETTER, api.LABEL_DEAD_TASKS)
 _KEPT_JOB_ANNOTATIONS = (api.ANNOTATION_REDRIVE, api.ANNOTATION_REDRIVE_TASKS)
 
 # A job's pod template is kept in memory only while its JSON is estimated at most this long

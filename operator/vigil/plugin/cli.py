@@ -19,7 +19,16 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from vigil.api import GROUP, LABEL_ATTEMPT, LABEL_DEAD_LETTER, LABEL_JOB_UID, PLURAL, QUEUE_PLURAL, VERSION
+from vigil.api import (
+    GROUP,
+    LABEL_ATTEMPT,
+    LABEL_DEAD_LETTER,
+    LABEL_DEAD_TASKS,
+    LABEL_JOB_UID,
+    PLURAL,
+    QUEUE_PLURAL,
+    VERSION,
+)
 from vigil.core import fields
 from vigil.core.manifest import DEFAULT_CONTAINER  # the annotation kubectl logs reads
 from vigil.core.ratelimit import TokenBucket
@@ -154,9 +163,14 @@ async def status(api: Api, namespace: str, args: argparse.Namespace, clock: Cloc
 
 
 async def dlq(api: Api, namespace: str | None, args: argparse.Namespace, clock: Clock) -> tuple[int, str]:
-    # An array with dead-lettered tasks that still runs carries no dead-letter label: the jobs
-    # are listed (those the selector picks) and those in the queue kept, page by page.
-    jobs = await api.jobs(namespace, args.selector or "", keep=report.in_dead_letter_queue)
+    # Two label-selected lists: the dead-lettered jobs, and the arrays with a dead-lettered task
+    # (vigil.dev/dead-tasks, set whatever the array's phase); an array in both is shown once.
+    found: dict[tuple[str, str], dict] = {}
+    for label in (LABEL_DEAD_LETTER, LABEL_DEAD_TASKS):
+        selector = ",".join(filter(None, [f"{label}=true", args.selector]))
+        for job in await api.jobs(namespace, selector, keep=report.in_dead_letter_queue):
+            found[(fields.namespace(job), fields.name(job))] = job
+    jobs = list(found.values())
     rows = report.dead_letters(jobs, clock.wall())
     return EXIT_OK, render.dead_letters(rows, args.output, namespaces=namespace is None)
 

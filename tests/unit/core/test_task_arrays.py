@@ -174,6 +174,7 @@ def test_a_poison_task_is_dead_lettered_alone_and_the_others_go_on() -> None:
     assert tasks["priorAttempts"] == [{"attempts": 1, "indexes": "7"}]
     assert any(e.reason == "TaskDeadLettered" and "--tasks 7" in e.message for e in sim.events)
     assert sim.job["metadata"]["labels"].get(api.LABEL_DEAD_LETTER) == "true"
+    assert sim.job["metadata"]["labels"].get(api.LABEL_DEAD_TASKS) == "true"
 
 
 def test_a_failing_task_is_retried_with_backoff_then_dead_lettered_when_its_attempts_are_used() -> None:
@@ -192,6 +193,8 @@ def test_redrive_of_a_task_goes_on_with_its_attempt_numbers() -> None:
     sim.job["metadata"]["annotations"][api.ANNOTATION_REDRIVE_TASKS] = "2@tok1"
     status = sim.run()
     assert status["phase"] == "Succeeded" and sim.tasks()["succeededIndexes"] == "0-3"
+    assert api.LABEL_DEAD_TASKS not in sim.job["metadata"]["labels"]
+    assert api.LABEL_DEAD_LETTER not in sim.job["metadata"]["labels"]
     assert sorted(a for i, a in sim.created if i == 2) == [1, 2]  # a new attempt number, never reused
     assert sim.tasks()["lastRedrive"] == "2@tok1" and sim.tasks()["priorAttempts"] == []
     # honoured once: the same value again changes nothing

@@ -455,16 +455,21 @@ def test_a_task_redrive_refused_writes_nothing_and_a_dry_run_neither():
     assert (code, out, api.writes) == (cli.EXIT_OK, "vigiljob.vigil.dev/batch", [])
 
 
-def test_dlq_lists_an_array_with_a_dead_task_though_it_runs_and_unlabelled():
+def test_dlq_lists_an_array_with_a_dead_task_though_it_runs():
+    """An array with a dead-lettered task carries vigil.dev/dead-tasks whatever its phase (the
+    operator sets it): dlq selects it beside the dead-lettered jobs, listing nothing else."""
     clock = FakeClock()
     clean = array("clean", deadLettered=0, deadLetteredIndexes="", failed=[])
-    api = Api(clock, jobs=[array(), clean, dead_job("poison"), sample_job("fine", phase="Running")])
+    running = array()
+    running["metadata"]["labels"]["vigil.dev/dead-tasks"] = "true"
+    api = Api(clock, jobs=[running, clean, dead_job("poison"), sample_job("fine", phase="Running")])
     code, out = run(api, clock, "dlq", "-o", "name")
     assert (code, out) == (cli.EXIT_OK, "vigiljob.vigil.dev/poison\nvigiljob.vigil.dev/batch")
-    assert api.selectors == [""]  # every job, those in the queue kept
+    assert api.selectors == ["vigil.dev/dead-letter=true", "vigil.dev/dead-tasks=true"]
     api.jobs_["batch"]["metadata"]["labels"]["team"] = "a"
     code, out = run(api, clock, "dlq", "-l", "team=a")
-    assert api.selectors[-1] == "team=a" and [line.split()[0] for line in out.splitlines()] == ["NAME", "batch"]
+    assert api.selectors[-1] == "vigil.dev/dead-tasks=true,team=a"
+    assert [line.split()[0] for line in out.splitlines()] == ["NAME", "batch"]
     assert out.splitlines()[1].split()[-2:] == ["1", "5"]
 
 

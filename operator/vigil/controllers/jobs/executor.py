@@ -88,12 +88,13 @@ class Executor:
                 await self.kube.annotate_pod(namespace, pod_name, uid, annotations)
             case actions.ReleasePod(name=pod_name, uid=uid):
                 await self.kube.release_pod(namespace, pod_name, uid)
-            case actions.SetDeadLetterLabel(dead_lettered=flag):
+            case actions.SetDeadLetterLabel(dead_lettered=flag, dead_tasks=tasks_flag):
                 # Fenced as the status write or the read before it was: on the version it left.
                 rv = fields.resource_version(job)
-                labelled = await self.kube.patch_job_labels(
-                    namespace, name, rv, {api.LABEL_DEAD_LETTER: "true" if flag else None}
-                )
+                labels: dict[str, str | None] = {api.LABEL_DEAD_LETTER: "true" if flag else None}
+                if tasks_flag is not None:
+                    labels[api.LABEL_DEAD_TASKS] = "true" if tasks_flag else None
+                labelled = await self.kube.patch_job_labels(namespace, name, rv, labels)
                 if labelled is not None:
                     self.job_seen(labelled, look=False)
                     return labelled

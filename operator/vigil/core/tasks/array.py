@@ -657,9 +657,12 @@ class _Array:
         if not self.status.is_terminal and self.status.finished_at is not None:
             self.status = self.status.model_copy(update={"finished_at": None})
         mutations: list[Action] = [*self.stops, *self.releases, *self.creations]
-        dead_lettered = self.status.phase == "DeadLettered"
-        if dead_lettered != (self.job.metadata.labels.get(api.LABEL_DEAD_LETTER) == "true"):
-            mutations.append(SetDeadLetterLabel(dead_lettered))
+        dead_lettered, dead_tasks = self.status.phase == "DeadLettered", bool(self.dead)
+        labels = self.job.metadata.labels
+        if dead_lettered != (labels.get(api.LABEL_DEAD_LETTER) == "true") or dead_tasks != (
+            labels.get(api.LABEL_DEAD_TASKS) == "true"
+        ):
+            mutations.append(SetDeadLetterLabel(dead_lettered, dead_tasks))
         ttl = self.job.spec.ttl_seconds_after_finished
         delete = False
         if ttl is not None and self.status.is_terminal and self.status.finished_at is not None:
