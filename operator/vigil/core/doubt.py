@@ -65,12 +65,12 @@ def _lost_tasks(tasks: Mapping[str, Any] | None) -> set[tuple[int, int]]:
     """(index, attempt) of the tasks whose last finished attempt was Lost."""
     if not tasks:
         return set()
-    lost = set()
+    lost: set[tuple[int, int]] = set()
     for task in tasks.get("active") or []:
         last = task.get("last") or {}
         if last.get("outcome") == "Lost":
-            lost.add((task.get("index"), last.get("number")))
+            lost.add((int(task.get("index", -1)), int(last.get("number", 0))))
     for failure in tasks.get("failed") or []:
         if failure.get("outcome") == "Lost":
-            lost.add((failure.get("index"), failure.get("attempts")))
+            lost.add((int(failure.get("index", -1)), int(failure.get("attempts", 0))))
     return lost
