@@ -149,10 +149,10 @@ class Kube:
         with contextlib.suppress(NotFound):
             await self._patch("pods", f"{PODS.format(namespace=namespace)}/{name}", patch)
 
-    async def release_pod(self, namespace: str, name: str, uid: str) -> None:
+    async def release_pod(self, namespace: str, name: str, uid: str) -> dict | None:
         """Removes Vigil's attempt-tracking finalizer from the pod of that uid; a pod gone or
-        replaced is left alone."""
-        await self._patch_pod(
+        replaced is left alone. Returns the pod as released (None if gone or replaced)."""
+        return await self._patch_pod(
             namespace, name, uid, {"$deleteFromPrimitiveList/finalizers": [FINALIZER_ATTEMPT_TRACKING]}
         )
 
@@ -172,14 +172,17 @@ class Kube:
         """Merges annotations into the pod of that uid; a pod gone or replaced is left alone."""
         await self._patch_pod(namespace, name, uid, {"annotations": annotations})
 
-    async def _patch_pod(self, namespace: str, name: str, uid: str, metadata: dict) -> None:
+    async def _patch_pod(self, namespace: str, name: str, uid: str, metadata: dict) -> dict | None:
         """A strategic merge patch of the pod's metadata, only if it is still the pod of that uid
-        (the uid in the patch acts as a precondition); NotFound and a conflict mean it is gone."""
+        (the uid in the patch acts as a precondition); NotFound and a conflict mean it is gone.
+        Returns the pod as patched, trimmed as the pod watch trims it."""
         patch = {"metadata": {"uid": uid, **metadata}}
+        path = f"{PODS.format(namespace=namespace)}/{name}"
         try:
-            await self._patch("pods", f"{PODS.format(namespace=namespace)}/{name}", patch)
+            pod = await self._call("patch", "pods", "PATCH", path, body=patch, content_type=STRATEGIC_MERGE_PATCH)
         except (NotFound, Conflict):
-            return
+            return None
+        return strip_pod(pod) if isinstance(pod, dict) else None
 
     async def _patch(self, resource: str, path: str, patch: dict) -> Any:
         """A PATCH with the content type the official client chose for it: a strategic merge

@@ -672,3 +672,71 @@ def test_a_pods_first_beat_brings_a_look_so_its_silence_alarm_is_armed_from_the_
     assert drain(c) == [("ns", "j")]
     c.handlers.pod_changed(task_pod(12, "2"))  # a later beat of a task that is not in doubt
     assert drain(c) == []
+
+
+def test_a_released_pod_is_in_the_view_at_once_so_the_next_look_does_not_release_it_again():
+    """A task array looks twice a second; the watch may show a release later than that. The
+    pod the API server answered with (finalizer gone) is what the next look sees."""
+
+    class Patches:
+        def __init__(self) -> None:
+            self.released: list[str] = []
+
+        async def release_pod(self, namespace, name, uid):
+            self.released.append(name)
+            answered = tracked_pod(12)
+            answered["metadata"]["finalizers"] = []
+            return answered
+
+    async def scenario() -> tuple[Patches, list]:
+        from vigil.core import actions
+
+        kube = Patches()
+        c = job_controller(kube, FakeClock(wall=WALL), workers=0)
+        c.handlers.job_seen(job())
+        c.handlers.pod_changed(tracked_pod(10))
+        await c.executor.execute(job(), actions.ReleasePod(name="j-1", uid="pod-uid"))
+        return kube, c.view.pods.of_job(("ns", "job-uid"))
+
+    kube, pods = asyncio.run(scenario())
+    assert kube.released == ["j-1"]
+    assert [p["metadata"].get("finalizers") for p in pods] == [[]], "the view holds the released pod"
+
+
+def test_a_looks_pod_creations_go_side_by_side_bounded_and_in_order_with_the_rest():
+    """A look that starts a hundred tasks must not wait a hundred round trips one after the
+    other; nor may more than CONCURRENT_WRITES be in flight, nor may a creation start before
+    the status write (the fence) before it has ended."""
+    from vigil.controllers.jobs.reconciler import CONCURRENT_WRITES, _batches
+    from vigil.core import actions
+
+    status = actions.PatchStatus(status={"phase": "Running"}, resource_version="5")
+    creates = [actions.CreatePod(manifest={"metadata": {"name": f"j-{i}-1"}}) for i in range(40)]
+    label = actions.SetDeadLetterLabel(dead_lettered=False, dead_tasks=None)
+    batches = _batches((status, *creates, label))
+    assert [len(b) for b in batches] == [1, 40, 1]
+
+    class Slow:
+        def __init__(self) -> None:
+            self.in_flight = self.most = 0
+            self.order: list[str] = []
+
+        async def execute(self, job, action):
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            self.in_flight -= 1
+            self.order.append(action.manifest["metadata"]["name"])
+            return job
+
+    async def scenario() -> Slow:
+        slow = Slow()
+        c = job_controller(None, FakeClock(wall=WALL), workers=0)
+        c.reconciler.executor = slow
+        await c.reconciler._execute_together(job(), batches[1])
+        return slow
+
+    slow = asyncio.run(scenario())
+    assert sorted(slow.order) == sorted(f"j-{i}-1" for i in range(40)), "every pod created once"
+    assert 1 < slow.most <= CONCURRENT_WRITES

@@ -87,7 +87,11 @@ class Executor:
             case actions.AnnotatePod(name=pod_name, uid=uid, annotations=annotations):
                 await self.kube.annotate_pod(namespace, pod_name, uid, annotations)
             case actions.ReleasePod(name=pod_name, uid=uid):
-                await self.kube.release_pod(namespace, pod_name, uid)
+                released = await self.kube.release_pod(namespace, pod_name, uid)
+                if released is not None:
+                    # The view holds the pod released at once: the job's next look must not
+                    # release it again before the watch shows it (a task array looks twice a second).
+                    self.view.pods.read(released)
             case actions.SetDeadLetterLabel(dead_lettered=flag, dead_tasks=tasks_flag):
                 # Fenced as the status write or the read before it was: on the version it left.
                 rv = fields.resource_version(job)

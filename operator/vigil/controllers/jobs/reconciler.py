@@ -22,6 +22,7 @@ worker with backoff.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 from collections.abc import Callable, Mapping
@@ -63,6 +64,24 @@ HELD_BACK_RECHECK_SECONDS = 2.0
 # written at most 1/ARRAY_LOOK_SECONDS times a second however many of its tasks end, and each
 # look records every task that ended since the last (docs/design.md, "Task arrays").
 ARRAY_LOOK_SECONDS = 0.5
+# The most writes of one look in flight at once (a task array's releases, or its pods' creations).
+CONCURRENT_WRITES = 16
+
+
+def _batches(steps: tuple[actions.Action, ...]) -> list[list[actions.Action]]:
+    """A decision's actions in order, with each run of releases, and each run of pod creations,
+    made one batch that may go side by side (the order between them, and everything else, kept)."""
+    batches: list[list[actions.Action]] = []
+    for action in steps:
+        kind = type(action)
+        if batches and kind in _SIDE_BY_SIDE and type(batches[-1][0]) is kind:
+            batches[-1].append(action)
+        else:
+            batches.append([action])
+    return batches
+
+
+_SIDE_BY_SIDE = (actions.ReleasePod, actions.CreatePod)
 
 
 def read_is_the_fence(decision: actions.Decision, read_version: str | None) -> actions.Decision:
@@ -196,8 +215,11 @@ class JobReconciler:
         if wait is not None:  # the queue's start rate: this start goes a little later
             self.queue.add_after(key, wait)
             return read_whole
-        for action in decided.decision.actions:
-            job = await self.executor.execute(job, action)
+        for batch in _batches(decided.decision.actions):
+            if len(batch) == 1:
+                job = await self.executor.execute(job, batch[0])
+            else:
+                await self._execute_together(job, batch)
         if decided.array is not None:
             if decided.decision.of_type(actions.PatchStatus):
                 self._next_array_look[key] = self.clock.monotonic() + self.array_look_seconds
@@ -206,6 +228,22 @@ class JobReconciler:
                 self.task_outcomes(key[0], queue, outcome, count)
         self._schedule(key, decided.states, held_back)
         return read_whole
+
+    async def _execute_together(self, job: Job, batch: list[actions.Action]) -> None:
+        """Runs releases (or creations) of one decision side by side, at most CONCURRENT_WRITES at
+        once: a task array's look may release and create a hundred pods, one after the other
+        seconds of round trips. None of them changes the job; each waits for the fence before
+        it, and the first failure is raised once all have ended (the next look redoes the rest)."""
+        gate = asyncio.Semaphore(CONCURRENT_WRITES)
+
+        async def one(action: actions.Action) -> None:
+            async with gate:
+                await self.executor.execute(job, action)
+
+        results = await asyncio.gather(*(one(action) for action in batch), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
     async def failed(self, key: Key, err: Exception, in_a_row: int) -> AfterFailure:
         if isinstance(err, NotFound):
