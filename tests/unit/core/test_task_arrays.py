@@ -67,8 +67,14 @@ class Sim:
             self.pods[pod["metadata"]["name"]] = pod
         for delete in decision.of_type(DeletePod):
             self.pods.pop(delete.name, None)
-        for release in decision.of_type(ReleasePod):
+        releases = decision.of_type(ReleasePod)
+        # Each release is an API write: one per finished pod, never a second (the bench counts them).
+        assert len({r.uid for r in releases}) == len(releases), f"a pod released twice in one look: {releases}"
+        for release in releases:
             pod = self.pods.get(release.name)
+            assert pod is None or api.FINALIZER_ATTEMPT_TRACKING in pod["metadata"].get("finalizers", []), (
+                f"{release.name} released again"
+            )
             if pod is not None:
                 pod["metadata"]["finalizers"] = [
                     f for f in pod["metadata"].get("finalizers", []) if f != api.FINALIZER_ATTEMPT_TRACKING

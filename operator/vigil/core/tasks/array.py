@@ -656,7 +656,9 @@ class _Array:
             )
         if not self.status.is_terminal and self.status.finished_at is not None:
             self.status = self.status.model_copy(update={"finished_at": None})
-        mutations: list[Action] = [*self.stops, *self.releases, *self.creations]
+        # A task that ended in this look is released by its own decision and is then idle: once.
+        releases = list(dict.fromkeys(self.releases))
+        mutations: list[Action] = [*self.stops, *releases, *self.creations]
         dead_lettered, dead_tasks = self.status.phase == "DeadLettered", bool(self.dead)
         labels = self.job.metadata.labels
         if dead_lettered != (labels.get(api.LABEL_DEAD_LETTER) == "true") or dead_tasks != (
