@@ -9,16 +9,19 @@ which every object that existed is reported as it is now, and every object that 
 reported deleted exactly once, whether its DELETED event arrived or it was simply missing
 from the next list. It is pure: no I/O, no clock.
 
-It remembers, per object key (namespace, name), the UID and resourceVersion last delivered:
-about 100 bytes an object, so 10,000 pods cost about a megabyte. The objects themselves are
-kept by whoever consumes the deltas, in the types they need.
+It remembers, per object key (namespace, name), the UID and resourceVersion last delivered, and
+the labels and owners a consumer needs to file a delete found by a relist (`_tombstone`), in
+tuples of shared strings: a few hundred bytes an object (`tests/unit/kube/test_seen.py` bounds
+it), not the object. The objects themselves are kept by whoever consumes the deltas, in the
+types they need.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from vigil.core import fields
 from vigil.core.fields import Obj
@@ -50,7 +53,8 @@ class SeenObjects:
 
     def __init__(self) -> None:
         self._seen: dict[Key, _Version] = {}
-        self._last: dict[Key, Obj] = {}  # only for deletes found by a relist: their last state
+        self._last: dict[Key, _Last] = {}  # only for deletes found by a relist: their last state
+        self._shared: dict[Any, Any] = {}  # canonical label pairs and owner lists, shared by objects
 
     def __len__(self) -> int:
         return len(self._seen)
@@ -76,7 +80,7 @@ class SeenObjects:
                 ):
                     return []
             else:
-                deltas.append(Delta("delete", self._last[key]))
+                deltas.append(Delta("delete", self._tombstone(key, known)))
         self._remember(key, version, obj)
         deltas.append(Delta("upsert", obj))
         return deltas
@@ -88,7 +92,7 @@ class SeenObjects:
         key = key_of(obj)
         if key not in self._seen:
             return []
-        last = self._last[key]
+        last = self._tombstone(key, self._seen[key])
         self._forget(key)
         return [Delta("delete", last)]
 
@@ -97,7 +101,7 @@ class SeenObjects:
         upserted, what is no longer there is deleted, each once; unchanged objects are quiet."""
         listed: dict[Key, Obj] = {key_of(obj): obj for obj in items}
         deltas = [
-            Delta("delete", self._last[key])
+            Delta("delete", self._tombstone(key, known))
             for key, known in list(self._seen.items())
             if key not in listed or _version(listed[key]).uid != known.uid
         ]
@@ -113,16 +117,43 @@ class SeenObjects:
 
     def _remember(self, key: Key, version: _Version, obj: Obj) -> None:
         self._seen[key] = version
-        self._last[key] = _tombstone(obj)
+        metadata = fields.metadata(obj)
+        labels = tuple(self._share((sys.intern(k), sys.intern(v))) for k, v in (metadata.get("labels") or {}).items())
+        owners = self._share(
+            tuple(
+                tuple((sys.intern(k), sys.intern(v) if isinstance(v, str) else v) for k, v in ref.items())
+                for ref in metadata.get("ownerReferences") or ()
+            )
+        )
+        self._last[key] = (labels, owners)
 
     def _forget(self, key: Key) -> None:
         del self._seen[key]
         del self._last[key]
 
+    def _share(self, value: Any) -> Any:
+        """The one copy of `value` held (an owner list is the same for every pod of a job). The
+        table is emptied when full: what was shared stays shared, new values start a new table."""
+        shared = self._shared.get(value)
+        if shared is None:
+            if len(self._shared) >= _SHARED_MAX:
+                self._shared.clear()
+            shared = self._shared[value] = value
+        return shared
 
-def _tombstone(obj: Obj) -> Obj:
-    """What a delete found by a relist carries: the object's identity and its labels and owners,
-    enough for a consumer to find what it filed the object under (its job, its index)."""
-    metadata = fields.metadata(obj)
-    kept = ("name", "namespace", "uid", "resourceVersion", "labels", "ownerReferences")
-    return {"metadata": {field: metadata[field] for field in kept if field in metadata}}
+    def _tombstone(self, key: Key, version: _Version) -> Obj:
+        """What a delete found by a relist carries: the object's identity and its labels and
+        owners, enough for a consumer to find what it filed the object under (its job, its index)."""
+        labels, owners = self._last[key]
+        metadata: dict[str, Any] = {"name": key[1], "uid": version.uid, "resourceVersion": version.resource_version}
+        if key[0]:
+            metadata["namespace"] = key[0]
+        if labels:
+            metadata["labels"] = dict(labels)
+        if owners:
+            metadata["ownerReferences"] = [dict(ref) for ref in owners]
+        return {"metadata": metadata}
+
+
+_Last = tuple[tuple[tuple[str, str], ...], tuple[tuple[tuple[str, Any], ...], ...]]
+_SHARED_MAX = 65_536

@@ -92,6 +92,7 @@ class Executor:
                     # The view holds the pod released at once: the job's next look must not
                     # release it again before the watch shows it (a task array looks twice a second).
                     self.view.pods.read(released)
+                    self.view.drop_if_settled((namespace, fields.uid(job)), uid)
             case actions.SetDeadLetterLabel(dead_lettered=flag, dead_tasks=tasks_flag):
                 # Fenced as the status write or the read before it was: on the version it left.
                 rv = fields.resource_version(job)

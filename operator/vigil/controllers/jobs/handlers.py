@@ -134,6 +134,8 @@ class JobEvents:
             previous = view.pods.get(job_ref, uid)
             if not view.pods.watched(pod):
                 return  # older than what a direct read showed
+            if view.drop_if_settled(job_ref, uid):
+                return  # a task's pod finished and released: its outcome is in status already
             self._check_orphan(pod, job_ref)
             tracker = view.tracker
             beats = tracker.beats

@@ -19,16 +19,19 @@ job's pods: the namespace is part of the key, not a check a caller may forget.
 
 Size: one dict per pod of a job, as `podstate.strip_pod` leaves it (its identity, Vigil's own
 labels and annotations, bounded; of the spec only nodeName; of the status only what `podstate`
-reads): docs/capacity-planning.md has the figures.
+reads): docs/capacity-planning.md has the figures. A task array's pod that is settled (finished
+and released: its task's status holds its outcome, and it can say nothing more) is held as its
+UID and resourceVersion alone, so that an array of 100,000 tasks does not keep 100,000 pods:
+no decision reads such a pod, and the version still keeps a late event of it from coming back.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from vigil.core import fields
+from vigil.core import fields, podstate
 from vigil.core.fields import Pod
-from vigil.core.objects import is_older
+from vigil.core.objects import is_older, version_number
 from vigil.core.podstate import owning_job
 
 JobRef = tuple[str, str]  # (namespace, job UID)
@@ -42,9 +45,17 @@ class PodCache:
         self._by_job: dict[JobRef, dict[str, Pod]] = {}
         self._unseen: dict[str, float] = {}  # pod UID -> monotonic time this operator created it
         self._job_of: dict[str, JobRef] = {}  # pod UID -> its job: a heartbeat names the pod alone
+        self._settled: dict[JobRef, dict[str, int]] = {}  # settled task pods: UID -> resourceVersion
 
     def __len__(self) -> int:
-        return sum(len(pods) for pods in self._by_job.values())
+        return sum(len(pods) for pods in self._by_job.values()) + self.settled_count()
+
+    def settled_count(self) -> int:
+        return sum(len(uids) for uids in self._settled.values())
+
+    def is_settled(self, job: JobRef, uid: str) -> bool:
+        """Whether the pod of that UID is a settled task pod (held as its version alone)."""
+        return uid in self._settled.get(job, ())
 
     def of_job(self, job: JobRef) -> list[Pod]:
         return list(self._by_job.get(job, {}).values())
@@ -80,6 +91,7 @@ class PodCache:
     def gone(self, job: JobRef, uid: str) -> Pod | None:
         """The pod no longer exists (the watch's DELETED, a relist, or a direct 404)."""
         self._unseen.pop(uid, None)
+        self._unsettle(job, uid)
         pods = self._by_job.get(job)
         if pods is None:
             return None
@@ -97,12 +109,16 @@ class PodCache:
         dropped = [pod for uid, pod in self._by_job.get(job, {}).items() if uid not in truth]
         for pod in dropped:
             self.gone(job, fields.uid(pod))
+        for uid in [uid for uid in self._settled.get(job, {}) if uid not in truth]:
+            self._unsettle(job, uid)
         for pod in truth.values():
             self.read(pod)
         return dropped
 
     def drop_job(self, job: JobRef) -> list[Pod]:
-        """Forget a job's pods (the job is gone); returns them."""
+        """Forget a job's pods (the job is gone); returns them (not the settled ones: nothing
+        is left to do with those)."""
+        self._settled.pop(job, None)
         pods = list(self._by_job.pop(job, {}).values())
         for pod in pods:
             self._unseen.pop(fields.uid(pod), None)
@@ -120,10 +136,25 @@ class PodCache:
         if job is None:
             return False  # nobody's pod is never kept (podstate.owning_job)
         uid = fields.uid(pod)
+        version = version_number(fields.metadata(pod).get("resourceVersion"))
+        settled = self._settled.get(job)
+        if settled is not None and uid in settled:
+            # Settled is for good (a finalizer never comes back to a finished pod): only its version moves.
+            if version is not None and version > settled[uid]:
+                settled[uid] = version
+                return True
+            return False
         pods = self._by_job.setdefault(job, {})
         held = pods.get(uid)
         if held is not None and is_older(pod, held):
             return False
+        if _is_settled(pod):
+            pods.pop(uid, None)
+            if not pods:
+                del self._by_job[job]
+            self._job_of.pop(uid, None)
+            self._settled.setdefault(job, {})[uid] = version if version is not None else -1
+            return True
         pods[uid] = pod
         filed = self._job_of.setdefault(uid, job)
         if filed != job:  # its owner changed (only a forgery could do that): filed once, under the newest
@@ -132,3 +163,13 @@ class PodCache:
                 del self._by_job[filed]
             self._job_of[uid] = job
         return True
+
+    def _unsettle(self, job: JobRef, uid: str) -> None:
+        settled = self._settled.get(job)
+        if settled is not None and settled.pop(uid, None) is not None and not settled:
+            del self._settled[job]
+
+
+def _is_settled(pod: Pod) -> bool:
+    """A task's pod that finished and was released: its outcome is in its task's status."""
+    return podstate.task_of(pod) is not None and podstate.is_finished(pod) and not podstate.is_tracked(pod)

@@ -386,7 +386,7 @@ class JobReconciler:
         for pod in view.pods.replace_job(job, pods):
             view.tracker.forget(fields.uid(pod))
         for pod in pods:
-            if podstate.belongs_to(pod, *job):
+            if podstate.belongs_to(pod, *job) and not view.pods.is_settled(job, fields.uid(pod)):
                 view.tracker.observe(pod, now, wall)
 
     async def _settle_unseen(self, namespace: str, job_uid: str) -> None:

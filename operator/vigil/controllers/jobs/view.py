@@ -99,6 +99,15 @@ class ClusterView:
         self.strangers.pop(key, None)
         return job
 
+    def drop_if_settled(self, job: tuple[str, str], uid: str) -> bool:
+        """Whether the pod is a settled task pod (`PodCache`); if so, the detector forgets it too:
+        a finished task's pod is neither tracked nor looked at again."""
+        if not self.pods.is_settled(job, uid):
+            return False
+        self.tracker.forget(uid)
+        self.looked_at.discard(uid)
+        return True
+
     def pod_gone(self, job: tuple[str, str], uid: str) -> None:
         self.pods.gone(job, uid)
         self.tracker.forget(uid)
