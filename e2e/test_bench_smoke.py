@@ -151,3 +151,39 @@ def test_heartbeat_failover_finds_every_agent_at_the_new_leader_and_no_attempt_l
     assert figures["attempts_lost"] == 0 and figures["pods_of_a_later_attempt"] == 0
     assert figures["jobs_not_running_at_attempt_1"] == 0
     print(f"bench.heartbeat_failover smoke took {time.monotonic() - began:.0f} s")
+
+
+def test_arrays_runs_every_scenario_and_reports_every_figure(kube: Kube, tmp_path: Path) -> None:
+    from bench.arrays import REQUIRED
+
+    began = time.monotonic()
+    result = run_bench(
+        "bench.arrays",
+        ["--throughput", "--burst", "--big", "--tasks", "20", "--parallelism", "5"]
+        + ["--burst-arrays", "6", "--burst-tasks", "10", "--big-tasks", "1000", "--big-seconds", "5"]
+        + ["--kubeconfig", str(kube.kubeconfig), "--out", str(tmp_path)],
+        timeout=deadline(300),
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    (report,) = tmp_path.glob("arrays-20-burst-6x10-big-1000-*.json")
+    (table,) = tmp_path.glob("arrays-*.md")
+    results = json.loads(report.read_text())["results"]
+    for kind in ("native", "vigil"):
+        side = results["throughput"][kind]
+        assert side["succeeded_tasks"] == 20 and side["outcome"] == "Succeeded", side
+        assert side["tasks_with_a_pod"] == 20, kind
+        absent = [key for key in REQUIRED if missing(side.get(key))]
+        if not kube.on_testbed:  # the /proc and audit-log figures need the local test bed
+            absent = [k for k in absent if not any(w in k for w in ("cpu", "rss", "machine", "controller_writes"))]
+        assert not absent, f"{kind}: figures missing: {absent}"
+        burst = results["burst"][kind]
+        assert burst["acknowledged"] == 6 and burst["unreadable_after_ack"] == burst["lost"] == 0, burst
+        assert burst["seen_by_controller"] == 6, kind
+        big = results["big"][kind]
+        assert big["first_tasks"] and big["status_sizes"], kind
+        assert not missing(big["final_status_bytes"]), kind
+    # The paused queue holds every task of the burst, and none of them runs.
+    vigil_burst = results["burst"]["vigil"]
+    assert vigil_burst["queue_depth_final"] == 60 and vigil_burst["queue_running_max"] == 0, vigil_burst
+    assert "| **throughput, tasks/s** |" in table.read_text()
+    print(f"bench.arrays smoke took {time.monotonic() - began:.0f} s")
