@@ -190,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     tokens = workdir / "tokens"
     tokens.mkdir()
     replicas: dict[str, tuple[Operator, int]] = {}
-    for name in REPLICAS:
+
+    def start_replica(name: str) -> tuple[Operator, int]:
         port = free_port()
         extra = (
             "--beat-address", f"127.0.0.1:{port}",
@@ -202,7 +203,24 @@ def main(argv: list[str] | None = None) -> int:
             "--leader-elect", "--lease-namespace", namespace,
             *shlex.split(args.operator_args),
         )  # fmt: skip
-        replicas[name] = (Operator(kubeconfig, namespace, workdir / f"{name}.log", extra, {"POD_NAME": name}), port)
+        return Operator(kubeconfig, namespace, workdir / f"{name}.log", extra, {"POD_NAME": name}), port
+
+    for name in REPLICAS:
+        # A port free_port() found free may be taken before the operator binds it (other tests
+        # and benches pick ports on this machine too): a replica that exits at start is started
+        # again on new ports, and the run goes on only with both up.
+        for tries in range(3):
+            replicas[name] = start_replica(name)
+            try:
+                replicas[name][0].wait_ready()
+                break
+            except SystemExit as err:
+                replicas[name][0].stop()
+                if tries == 2:
+                    for operator, _ in replicas.values():
+                        operator.stop()
+                    raise
+                log(f"{name} did not come up ({err}); starting it again on other ports")
 
     def replica_of(identity: str | None) -> str | None:
         return next((n for n in replicas if identity and identity.startswith(n + "_")), None)

@@ -458,6 +458,10 @@ class Operator:
         )
 
 
+# How long a stopping operator waits for its watches to end once cancelled.
+STOP_WATCHES_SECONDS = 10.0
+
+
 class Manager:
     """Runs the always-on runnables, then the leader-only ones while this process leads."""
 
@@ -515,9 +519,17 @@ class Manager:
                 raise LeadershipLost(f"lost the lease ({campaign.result().value}): exiting to restart as a standby")
         finally:
             stop.cancel()
+            if campaign is not None and not leading:
+                # A process on its way out (a server that could not bind, say) must not take the
+                # Lease meanwhile: it would lead and run nothing until the Lease ran out.
+                campaign.cancel()
             for task in watches:
                 task.cancel()
-            await asyncio.gather(*watches, return_exceptions=True)
+            if watches:
+                _, stuck = await asyncio.wait(watches, timeout=STOP_WATCHES_SECONDS)
+                for task in stuck:  # never a reason to stay up: the process is ending
+                    name = task.get_name()
+                    log.warning("the watch %s did not stop within %.0f s; leaving it", name, STOP_WATCHES_SECONDS)
             for runnable in reversed(leading):
                 await runnable.stop()
             if campaign is not None and not campaign.done():
