@@ -740,3 +740,35 @@ def test_a_looks_pod_creations_go_side_by_side_bounded_and_in_order_with_the_res
     slow = asyncio.run(scenario())
     assert sorted(slow.order) == sorted(f"j-{i}-1" for i in range(40)), "every pod created once"
     assert 1 < slow.most <= CONCURRENT_WRITES
+
+
+@pytest.mark.parametrize("deleting", [False, True])
+def test_a_released_pod_whose_deletion_the_watch_showed_first_is_not_put_back(deleting: bool):
+    """The release's answer may come after the watch's DELETED of the same pod (a pod deleted
+    with grace 0 goes as soon as its finalizer does): put back, it would be a phantom that no
+    event ever removes, and NoOverlap would wait on it for ever."""
+
+    class Patches:
+        async def release_pod(self, namespace, name, uid):
+            answered = tracked_pod(12)
+            answered["metadata"]["finalizers"] = []
+            if deleting:
+                answered["metadata"]["deletionTimestamp"] = "2026-11-29T10:00:04Z"
+            return answered
+
+    async def scenario() -> list:
+        from vigil.core import actions
+
+        c = job_controller(Patches(), FakeClock(wall=WALL), workers=0)
+        c.handlers.job_seen(job())
+        c.handlers.pod_changed(tracked_pod(10))
+        if not deleting:
+            c.handlers.pod_changed(tracked_pod(11), deleted=True)  # the DELETED came first
+        await c.executor.execute(job(), actions.ReleasePod(name="j-1", uid="pod-uid"))
+        return c.view.pods.of_job(("ns", "job-uid"))
+
+    pods = asyncio.run(scenario())
+    if deleting:  # the view keeps what it had until the watch says the pod is gone
+        assert [p["metadata"].get("finalizers") for p in pods] == [["vigil.dev/attempt-tracking"]]
+    else:
+        assert pods == [], "a pod the watch showed deleted was put back"

@@ -88,11 +88,18 @@ class Executor:
                 await self.kube.annotate_pod(namespace, pod_name, uid, annotations)
             case actions.ReleasePod(name=pod_name, uid=uid):
                 released = await self.kube.release_pod(namespace, pod_name, uid)
-                if released is not None:
-                    # The view holds the pod released at once: the job's next look must not
-                    # release it again before the watch shows it (a task array looks twice a second).
+                owner = (namespace, fields.uid(job))
+                # The view holds the pod released at once: the job's next look must not release it
+                # again before the watch shows it (a task array looks twice a second). Only a pod
+                # the view still holds, and not one being deleted (released, it is gone at once):
+                # its DELETED may have come first, and a pod put back then is a phantom for ever.
+                if (
+                    released is not None
+                    and self.view.pods.get(owner, uid) is not None
+                    and not podstate.is_deleting(released)
+                ):
                     self.view.pods.read(released)
-                    self.view.drop_if_settled((namespace, fields.uid(job)), uid)
+                    self.view.drop_if_settled(owner, uid)
             case actions.SetDeadLetterLabel(dead_lettered=flag, dead_tasks=tasks_flag):
                 # Fenced as the status write or the read before it was: on the version it left.
                 rv = fields.resource_version(job)
