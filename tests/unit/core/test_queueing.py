@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.queueing import NS, QK, T0, Q, book_of, waiting
 from vigil.api import DEFAULT_QUEUE
 from vigil.core.queueing.book import (
     RELEASE_RECHECK_SECONDS,
@@ -38,14 +39,6 @@ from vigil.core.queueing.status import queue_status
 
 pytestmark = pytest.mark.unit
 
-NS, Q = "team", "batch"
-QK = (NS, Q)
-T0 = 1_700_000_000.0  # the wall clock, in seconds
-
-
-def waiting(name: str, priority: int = 0, created: float = 0.0, **kw: object) -> QueueEntry:
-    return QueueEntry(NS, name, kw.pop("queue", Q), priority, T0 + created, Standing.QUEUED, **kw)  # type: ignore[arg-type]
-
 
 def running(view: QueueEntry) -> QueueEntry:
     """The job as its status shows it once its reserved attempt is written."""
@@ -54,14 +47,6 @@ def running(view: QueueEntry) -> QueueEntry:
 
 def backing_off(view: QueueEntry, ready_at: float) -> QueueEntry:
     return replace(view, standing=Standing.BACKING_OFF, is_retry=True, ready_at=ready_at)
-
-
-def book_of(spec: QueueSpec, *views: QueueEntry, now: float = T0) -> QueueBook:
-    book = QueueBook()
-    book.set_queue(NS, Q, spec, now)
-    for view in views:
-        book.observe(view)
-    return book
 
 
 def names(dispatch_start: tuple[tuple[str, str], ...]) -> list[str]:

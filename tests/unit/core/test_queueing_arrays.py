@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.core.test_queueing import NS, QK, T0, Q, book_of, waiting
+from tests.support.queueing import NS, QK, T0, Q, book_of, waiting
 from vigil.core.queueing.book import QueueSpec, Standing, entry_of
 from vigil.core.queueing.status import queue_status
 
