@@ -333,10 +333,12 @@ class VigilJobSpec(WireModel):
         le=INT32_MAX,
         description="Higher runs first within a queue; an int32, as Kubernetes' own priorities.",
     )
-    template: dict[str, Any] = Field(
+    template: dict[str, Any] | None = Field(
+        None,
         description="A PodTemplateSpec, kept as given except restartPolicy: Never and Vigil's "
         "labels, owner reference and VIGIL_* environment. Immutable. Its labels, annotations and "
-        "finalizers must not use the vigil.dev/ prefix, which is Vigil's.",
+        "finalizers must not use the vigil.dev/ prefix, which is Vigil's. Required, except for a task "
+        "array on a pool (spec.pool), whose workers run its tasks.",
         json_schema_extra={
             # vigil.api.crd puts Kubernetes' PodTemplateSpec schema here (vigil.api.template_schema), with
             # TemplateMeta's rules on its metadata.
@@ -368,6 +370,13 @@ class VigilJobSpec(WireModel):
         None, ge=0, description="Delete the job this long after it finishes."
     )
     suspend: bool = Field(False, description="Start no attempts; stop a running one.")
+    pool: str | None = Field(
+        None,
+        max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="A VigilWorkerPool in the same namespace whose workers claim this task array's tasks "
+        "(docs/pull.md), instead of a pod per attempt. Needs spec.tasks, and no spec.template. Immutable.",
+    )
     tasks: TaskSpec | None = Field(
         None,
         description="Make the job a task array: many tasks of the same template, each with its own attempts, "
@@ -391,11 +400,29 @@ class VigilJobSpec(WireModel):
             "spec.tasks cannot be added to or removed from a VigilJob: create a new VigilJob instead",
             lambda spec: True,  # a transition rule: only the API server sees the old spec
         ),
+        Rule(
+            "has(self.pool) == has(oldSelf.pool) && (!has(self.pool) || self.pool == oldSelf.pool)",
+            "spec.pool is immutable: create a new VigilJob instead",
+            lambda spec: True,  # a transition rule
+        ),
+        Rule(
+            "!has(self.pool) || has(self.tasks)",
+            "spec.pool needs spec.tasks: a pool's workers run the tasks of task arrays",
+            lambda spec: spec.pool is None or spec.tasks is not None,
+        ),
+        Rule(
+            "has(self.pool) != has(self.template)",
+            "give spec.template (a pod per attempt) or spec.pool (a pool's workers run the tasks), not both "
+            "and not neither",
+            lambda spec: (spec.pool is not None) != (spec.template is not None),
+        ),
     )
 
     @field_validator("template")
     @classmethod
-    def _check_template_metadata(cls, template: dict[str, Any]) -> dict[str, Any]:
+    def _check_template_metadata(cls, template: dict[str, Any] | None) -> dict[str, Any] | None:
+        if template is None:
+            return None
         try:
             TemplateMeta.model_validate(template.get("metadata") or {})
         except ValidationError as err:  # said with the full path, as the API server says it

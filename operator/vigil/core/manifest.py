@@ -93,6 +93,7 @@ def task_name(job_name: str, index: int) -> str:
     return f"{job_name}-{index}"
 
 
+PULLED_TEMPLATE: dict[str, Any] = {"spec": {"containers": [{"name": "task"}]}}
 MAX_POD_NAME = 63  # a DNS label, so the name also works as the pod's hostname and in labels
 _HASH_LENGTH = 8
 
@@ -127,7 +128,9 @@ def attempt_pod_manifest(
     TaskRef): its index label and VIGIL_TASK_* environment, and the array as its owner."""
     meta, spec = job.metadata, job.spec
     owner = task.job_name if task is not None else meta.name
-    template = copy.deepcopy(spec.template)
+    # A pulled task (spec.pool) has no template: its "pod" is the virtual one of vigil.core.pull,
+    # of which only the name, labels, owner and environment are read.
+    template = copy.deepcopy(spec.template) if spec.template is not None else copy.deepcopy(PULLED_TEMPLATE)
     pod_meta = template.get("metadata") or {}
     pod_meta.pop("generateName", None)
     pod_spec = template.get("spec") or {}

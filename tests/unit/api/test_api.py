@@ -51,6 +51,7 @@ def test_an_empty_spec_gets_every_default_of_the_design() -> None:
         "activeDeadlineSeconds": None,
         "ttlSecondsAfterFinished": None,
         "suspend": False,
+        "pool": None,
         "tasks": None,
     }
 
@@ -68,6 +69,17 @@ def test_the_injected_agents_fields_are_accepted() -> None:
 def test_the_template_is_required() -> None:
     with pytest.raises(ValidationError, match="template"):
         api.VigilJobSpec.model_validate({})
+
+
+def test_a_pool_runs_task_arrays_without_a_template() -> None:
+    pulled = api.VigilJobSpec.model_validate({"pool": "etl", "tasks": {"count": 3}})
+    assert (pulled.pool, pulled.template) == ("etl", None)
+    with pytest.raises(ValidationError, match="spec.pool needs spec.tasks"):
+        api.VigilJobSpec.model_validate({"pool": "etl"})
+    with pytest.raises(ValidationError, match="not both"):
+        spec(pool="etl", tasks={"count": 3})
+    with pytest.raises(ValidationError, match="pool"):
+        api.VigilJobSpec.model_validate({"pool": "Not_A_Name", "tasks": {"count": 3}})
 
 
 def test_wire_names_are_camel_case_and_python_names_work_too() -> None:
