@@ -6,7 +6,8 @@ Field names are snake_case in Python and camelCase on the wire.
 
 The package is in parts: `names` (the group, kinds, labels, annotations, environment names,
 limits, phases and reasons), `wire` (the models' base, `WireModel` with its `Rule`s, and
-metav1.Condition), `job` (VigilJob) and `queue` (VigilQueue). Every public name of those is
+metav1.Condition), `job` (VigilJob), `queue` (VigilQueue) and `pool`
+(VigilWorkerPool). Every public name of those is
 re-exported here, so `from vigil import api; api.X` reaches each one.
 """
 
@@ -42,6 +43,7 @@ from vigil.api.names import (
     LABEL_DEAD_LETTER,
     LABEL_DEAD_TASKS,
     LABEL_JOB_UID,
+    LABEL_POOL,
     LABEL_QUEUE,
     LABEL_TASK_INDEX,
     LIVENESS_DIR,
@@ -51,6 +53,8 @@ from vigil.api.names import (
     MAX_CHECKPOINT_BYTES,
     MAX_CONDITION_MESSAGE,
     MAX_HEARTBEAT_CHARS,
+    MAX_POOL_REPLICAS,
+    MAX_POOL_SLOTS,
     MAX_SECONDS,
     MAX_TASK_ITEM_BYTES,
     MAX_TASK_ITEMS_BYTES,
@@ -58,6 +62,8 @@ from vigil.api.names import (
     MAX_TASKS,
     MIN_RETRY_SECONDS,
     PLURAL,
+    POOL_KIND,
+    POOL_PLURAL,
     QUEUE_KIND,
     QUEUE_PLURAL,
     REASON_AGENT_IMAGE_MISSING,
@@ -96,6 +102,13 @@ if TYPE_CHECKING:
         VigilJob,
         VigilJobSpec,
         VigilJobStatus,
+    )
+    from vigil.api.pool import (
+        PoolHeartbeat,
+        PoolMeta,
+        VigilWorkerPool,
+        VigilWorkerPoolSpec,
+        VigilWorkerPoolStatus,
     )
     from vigil.api.queue import (
         QueueMeta,
@@ -138,6 +151,16 @@ _LAZY = {
             "VigilQueueStatus",
         ),
         "queue",
+    ),
+    **dict.fromkeys(
+        (
+            "PoolHeartbeat",
+            "PoolMeta",
+            "VigilWorkerPool",
+            "VigilWorkerPoolSpec",
+            "VigilWorkerPoolStatus",
+        ),
+        "pool",
     ),
     **dict.fromkeys(
         (
@@ -207,6 +230,7 @@ __all__ = [
     "LABEL_DEAD_LETTER",
     "LABEL_DEAD_TASKS",
     "LABEL_JOB_UID",
+    "LABEL_POOL",
     "LABEL_QUEUE",
     "LIVENESS_DIR",
     "LIVENESS_FILE_PATTERN",
@@ -215,10 +239,16 @@ __all__ = [
     "MAX_CHECKPOINT_BYTES",
     "MAX_CONDITION_MESSAGE",
     "MAX_HEARTBEAT_CHARS",
+    "MAX_POOL_REPLICAS",
+    "MAX_POOL_SLOTS",
     "MAX_SECONDS",
     "MIN_RETRY_SECONDS",
     "Outcome",
     "PLURAL",
+    "POOL_KIND",
+    "POOL_PLURAL",
+    "PoolHeartbeat",
+    "PoolMeta",
     "Phase",
     "QUEUE_KIND",
     "QUEUE_PLURAL",
@@ -239,5 +269,8 @@ __all__ = [
     "VigilQueue",
     "VigilQueueSpec",
     "VigilQueueStatus",
+    "VigilWorkerPool",
+    "VigilWorkerPoolSpec",
+    "VigilWorkerPoolStatus",
     "WireModel",
 ]

@@ -24,11 +24,16 @@ QUEUE_KIND = "VigilQueue"
 QUEUE_PLURAL = "vigilqueues"
 DEFAULT_QUEUE = "default"  # a job's queue when it names none; absent, such jobs run unlimited
 HEAD_OF_LINE_LIMIT = 10  # the most names of waiting jobs a queue's status may hold (the schema's maxItems)
+POOL_KIND = "VigilWorkerPool"  # long-lived workers that pull a task array's tasks (docs/pull.md)
+POOL_PLURAL = "vigilworkerpools"
+MAX_POOL_REPLICAS = 10_000  # the most workers a pool may keep (spec.maxReplicas)
+MAX_POOL_SLOTS = 1_000  # the most tasks one worker runs at once (spec.slotsPerWorker)
 
 # Names Vigil puts on objects (docs/design.md, "Names on objects").
 LABEL_JOB_UID = "vigil.dev/job-uid"
 LABEL_ATTEMPT = "vigil.dev/attempt"
 LABEL_QUEUE = "vigil.dev/queue"
+LABEL_POOL = "vigil.dev/pool"  # on a worker pool's pods: the pool's name
 LABEL_DEAD_LETTER = "vigil.dev/dead-letter"
 # On a task array some of whose tasks are dead-lettered, whatever its phase: what `kubectl vigil
 # dlq` selects beside vigil.dev/dead-letter, rather than listing every job.

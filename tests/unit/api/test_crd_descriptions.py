@@ -29,7 +29,7 @@ def properties(node: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str,
 
 
 def described_versions() -> Iterator[tuple[str, dict[str, Any]]]:
-    for name in (crd.CRD_FILE_NAME, crd.QUEUE_CRD_FILE_NAME):
+    for name in (crd.CRD_FILE_NAME, crd.QUEUE_CRD_FILE_NAME, crd.POOL_CRD_FILE_NAME):
         definition = yaml.safe_load(crd.render_crd(name))
         for version in definition["spec"]["versions"]:
             if version.get("deprecated"):
@@ -41,7 +41,7 @@ VERSIONS = dict(described_versions())
 
 
 def test_a_current_version_of_each_kind_is_checked():
-    assert {key.split()[0] for key in VERSIONS} == {"VigilJob", "VigilQueue"}
+    assert {key.split()[0] for key in VERSIONS} == {"VigilJob", "VigilQueue", "VigilWorkerPool"}
     for key, schema in VERSIONS.items():
         assert {"spec", "status"} <= set(schema["properties"]), key
 
