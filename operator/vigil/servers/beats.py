@@ -59,6 +59,15 @@ OVER_BUDGET = Reply.error(503, str(beats.OverBudget()), headers={"Retry-After": 
 Keys = Callable[[str | None], Awaitable[beats.IssuerKeys | None]]
 
 
+class Unavailable(Exception):
+    """No verdict for now (503): too many requests wait for the keys, or there are none yet.
+    `outcome` is its name in vigil_heartbeat_posts_total."""
+
+    def __init__(self, outcome: str, message: str) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
 def outcome_counter(posts: Counter) -> Callable[[str], None]:
     """`count` for a Counter labelled by outcome: each outcome's series looked up once (labels()
     takes a lock and a lookup, on every beat otherwise), so each is exported from the start, at 0."""
@@ -114,46 +123,62 @@ class BeatEndpoint:
         try:
             token = beats.bearer(headers.get("authorization"))
             claimed = beats.read_body(body)
-            keys = self.held()
-            if keys is None:
-                return self._awaited(token, claimed, None, peer)
-            try:
-                identity = self.verified.verify(
-                    token, keys, self.clock.wall().timestamp(), self.audience, self._may_check(peer)
-                )
-            except beats.UnknownKey as unknown:
-                return self._awaited(token, claimed, unknown.kid, peer)
-            return self._counted(identity, claimed)
-        except beats.OverBudget:
+            identity = self.identify(token, peer)
+            if isinstance(identity, beats.PodIdentity):
+                return self._counted(identity, claimed)
+            return self._counted_later(identity, claimed)
+        except (beats.OverBudget, beats.Refused, Unavailable) as refused:
+            return self.refusal(refused)
+
+    def identify(self, token: str, peer: str) -> beats.PodIdentity | Awaitable[beats.PodIdentity]:
+        """The pod `token` was made for: at once when it verifies against the keys held, else
+        awaited (the keys fetched first). Raises (or the awaitable raises) beats.Refused,
+        beats.OverBudget or Unavailable; `refusal` is the answer to each. Shared by every route
+        of the beat server that pods call (the beats, and the workers' pulls)."""
+        keys = self.held()
+        if keys is None:
+            return self._identified_later(token, None, peer)
+        try:
+            return self.verified.verify(
+                token, keys, self.clock.wall().timestamp(), self.audience, self._may_check(peer)
+            )
+        except beats.UnknownKey as unknown:
+            return self._identified_later(token, unknown.kid, peer)
+
+    def refusal(self, refused: Exception) -> Reply:
+        """The answer to what `identify` raised, counted."""
+        if isinstance(refused, beats.OverBudget):
             self.count("over-budget")
             return OVER_BUDGET
-        except beats.Refused as refused:
-            return self._refused_by(refused)
+        if isinstance(refused, Unavailable):
+            return self._refuse(refused.outcome, 503, str(refused))
+        assert isinstance(refused, beats.Refused)
+        return self._refused_by(refused)
 
     def _may_check(self, peer: str) -> Callable[[], bool]:
         """Asked only for a token neither verified nor refused before: a pod whose token is
         known never spends (nor waits for) the budget."""
         return lambda: self.budget.take(peer or None, self.clock.monotonic())
 
-    async def _awaited(self, token: str, claimed: beats.PodIdentity, kid: str | None, peer: str) -> Reply:
+    async def _identified_later(self, token: str, kid: str | None, peer: str) -> beats.PodIdentity:
         if self.in_flight >= MAX_IN_FLIGHT:
-            return self._refuse("busy", 503, f"{MAX_IN_FLIGHT} beats waiting for the issuer's keys already; retry")
+            raise Unavailable("busy", f"{MAX_IN_FLIGHT} requests waiting for the issuer's keys already; retry")
         self.in_flight += 1
         try:
             keys = await self.keys(kid)  # a rotated key: fetched at most every few seconds
             if keys is None:
-                return self._refuse("no-keys", 503, "the issuer's keys are not fetched yet; retry")
-            identity = self.verified.verify(
+                raise Unavailable("no-keys", "the issuer's keys are not fetched yet; retry")
+            return self.verified.verify(
                 token, keys, self.clock.wall().timestamp(), self.audience, self._may_check(peer)
             )
-            return self._counted(identity, claimed)
-        except beats.OverBudget:
-            self.count("over-budget")
-            return OVER_BUDGET
-        except beats.Refused as refused:
-            return self._refused_by(refused)
         finally:
             self.in_flight -= 1
+
+    async def _counted_later(self, identity: Awaitable[beats.PodIdentity], claimed: beats.PodIdentity) -> Reply:
+        try:
+            return self._counted(await identity, claimed)
+        except (beats.OverBudget, beats.Refused, Unavailable) as refused:
+            return self.refusal(refused)
 
     def _counted(self, identity: beats.PodIdentity, claimed: beats.PodIdentity) -> Reply:
         beats.check_claimed(identity, claimed)

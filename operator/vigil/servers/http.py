@@ -28,7 +28,7 @@ import resource
 import ssl
 from asyncio import sslproto
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from http import HTTPStatus
 from typing import Any
@@ -199,7 +199,7 @@ async def serve(
 
 
 async def serve_fast(
-    route: FastRoute,
+    route: FastRoute | Sequence[FastRoute],
     address: str,
     *,
     bounds: Bounds,
@@ -207,11 +207,13 @@ async def serve_fast(
     random: Callable[[], float] = _random.random,
     on_refused: Callable[[str], None] = lambda reason: None,
 ) -> Server:
-    """One fast route on HOST:PORT, behind the gate. Its `bounds.spare` connections past
-    `bounds.max_connections` are admitted, and their beats answered 503 with a Retry-After."""
-    bounds = replace(bounds, head_seconds=min(bounds.head_seconds, route.read_seconds))
+    """Fast routes (one, or a few by path) on HOST:PORT, behind the gate. Its `bounds.spare`
+    connections past `bounds.max_connections` are admitted, and their requests answered 503 with
+    a Retry-After."""
+    routes = {r.path: r for r in ([route] if isinstance(route, FastRoute) else route)}
+    bounds = replace(bounds, head_seconds=min([bounds.head_seconds, *(r.read_seconds for r in routes.values())]))
     listener = _Listener(
-        bounds, ssl_context, lambda lst, peer, held: _FastConnection(lst, route, peer, held, random), on_refused
+        bounds, ssl_context, lambda lst, peer, held: _FastConnection(lst, routes, peer, held, random), on_refused
     )
     await listener.listen(address)
     return Server(listener)
@@ -575,9 +577,15 @@ class _FastConnection(asyncio.Protocol, _Deadlines):
     request. One admitted past the limit (`held` False) answers its request 503 and closes."""
 
     def __init__(
-        self, listener: _Listener, route: FastRoute, peer: str, held: bool, random: Callable[[], float]
+        self,
+        listener: _Listener,
+        routes: Mapping[str, FastRoute],
+        peer: str,
+        held: bool,
+        random: Callable[[], float],
     ) -> None:
-        self.listener, self.route, self.peer, self.held, self.random = listener, route, peer, held, random
+        self.listener, self.routes, self.peer, self.held, self.random = listener, routes, peer, held, random
+        route = self.route = next(iter(routes.values()))  # the request's, once its path is read
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.closing = False
@@ -657,9 +665,11 @@ class _FastConnection(asyncio.Protocol, _Deadlines):
     def on_headers_complete(self) -> None:
         self.in_body = True
         path = self.url.partition(b"?")[0].decode("latin-1")
-        if self.parser.get_method() != b"POST" or path != self.route.path:
-            self.refuse(404, f"this server serves only POST {self.route.path}")
+        route = self.routes.get(path)
+        if self.parser.get_method() != b"POST" or route is None:
+            self.refuse(404, f"this server serves only POST {' and POST '.join(self.routes)}")
             raise _Stop
+        self.route, self.read_seconds = route, route.read_seconds
         if self.headers.get("expect", "").lower() == "100-continue":
             assert self.transport is not None
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
