@@ -24,13 +24,16 @@ from vigil.controllers.dispatcher import Dispatcher
 from vigil.controllers.jobs.executor import Executor
 from vigil.controllers.jobs.handlers import POD_BATCH_SECONDS, JobEvents
 from vigil.controllers.jobs.orphans import Releaser
+from vigil.controllers.jobs.pulled import Pulled
 from vigil.controllers.jobs.reconciler import JobReconciler
 from vigil.controllers.jobs.view import ClusterView
 from vigil.controllers.worker import Worker
+from vigil.core import fields
 from vigil.core.liveness import STAMP_WRITES_PER_SECOND
 from vigil.core.manifest import BeatChannel
 from vigil.core.objects import Key
 from vigil.core.orphans import SWEEP_SECONDS
+from vigil.core.pull import PoolTiming
 from vigil.kube.events import EventRecorder
 from vigil.kube.operations import Kube
 from vigil.metrics import CONTROLLER, Metrics
@@ -74,6 +77,7 @@ class JobController:
         beat_channel: BeatChannel | None = None,
         agent_image: str | None = None,
         stamp_writes_per_second: float = STAMP_WRITES_PER_SECOND,
+        pool_timing: Callable[[str, str], PoolTiming] = lambda namespace, pool: PoolTiming(),
     ) -> None:
         self.kube, self.dispatcher, self.events, self.metrics = kube, dispatcher, events, metrics
         self.clock = clock
@@ -105,6 +109,8 @@ class JobController:
         self.executor = Executor(
             kube, self.view, self.queue, events, job_seen=self.handlers.job_seen, clock=clock, metrics=metrics
         )
+        # The leases of pulled arrays (spec.pool): the leader's alone, made anew when it starts.
+        self.pulled = Pulled(clock, self.queue.add, pool_timing)
         self.reconciler = JobReconciler(
             kube,
             self.view,
@@ -120,6 +126,7 @@ class JobController:
             beat_channel=beat_channel,
             agent_image=agent_image,
             task_outcomes=metrics.task_outcome,
+            pulled=self.pulled,
         )
         self.worker = Worker(
             CONTROLLER, self.queue, self.reconciler, workers=workers, clock=clock, metrics=metrics, rng=rng
@@ -130,6 +137,7 @@ class JobController:
         job = self.view.drop(key)
         if job is not None:
             self.dispatcher.job_gone(*key)
+            self.pulled.forget(fields.uid(job))
         self.queue.forget(key)
         self.reconciler.forget(key)
         self.executor.forget(key)
@@ -142,6 +150,7 @@ class JobController:
         self.handlers.listed = True
         # Before this, beats posted to the leader went to another process: silence counts from now.
         self.view.tracker.took_over(self.clock.monotonic())
+        self.pulled.start()  # before the looks: a pulled array's first look adopts
         self.reconciling = True
         self.releaser.start()  # before the looks, which hand it releases
         self.worker.start()
@@ -153,6 +162,7 @@ class JobController:
         """In the reverse order of `start`: the looks end before the releases they hand over."""
         self.reconciling = False
         await self.worker.stop()
+        self.pulled.stop()
         await self.releaser.stop()
         self.queue.shutdown()
         self.reconciler.shutdown()

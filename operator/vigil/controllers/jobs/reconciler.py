@@ -33,6 +33,7 @@ from vigil.controllers.dispatcher import Dispatcher
 from vigil.controllers.jobs.alarms import SilenceAlarms
 from vigil.controllers.jobs.executor import UNSEEN_CHECK_SECONDS, Executor, PodCreateRefused
 from vigil.controllers.jobs.handlers import JobEvents
+from vigil.controllers.jobs.pulled import Pulled
 from vigil.controllers.jobs.rechecks import StartingRechecks
 from vigil.controllers.jobs.view import ClusterView
 from vigil.controllers.worker import AfterFailure
@@ -134,6 +135,7 @@ class JobReconciler:
         beat_channel: BeatChannel | None = None,
         agent_image: str | None = None,
         task_outcomes: Callable[[str, str, str, int], None] = lambda *outcome: None,
+        pulled: Pulled | None = None,
     ) -> None:
         """`task_outcomes(namespace, queue, outcome, count)` hears what each task array's look did
         with its tasks (Succeeded, DeadLettered, Retried): `Metrics.task_outcome`."""
@@ -148,6 +150,7 @@ class JobReconciler:
         self.array_look_seconds = ARRAY_LOOK_SECONDS
         self._next_array_look: dict[Key, float] = {}  # per array that wrote, the soonest next look
         self.task_outcomes = task_outcomes
+        self.pulled = pulled or Pulled(clock, queue.add)
 
     def forget(self, key: Key) -> None:
         self.alarms.cancel(key)
@@ -176,6 +179,9 @@ class JobReconciler:
                 self.queue.add_after(key, due - now)  # this look comes at its time, with all that ended by then
                 return False
         logs.bind(attempt=(job.get("status") or {}).get("attempts") or None)  # the latest attempt, if any
+        if fields.spec(job).get("pool"):
+            await self._look_pulled(key, job)
+            return False
         namespace, job_uid = key[0], fields.uid(job)
         await self._settle_unseen(namespace, job_uid)
         job = await self._recheck_starting(key, job)
@@ -228,6 +234,40 @@ class JobReconciler:
                 self.task_outcomes(key[0], queue, outcome, count)
         self._schedule(key, decided.states, held_back)
         return read_whole
+
+    async def _look_pulled(self, key: Key, job: Job) -> None:
+        """One look at a pulled array (spec.pool): its pods are the virtual ones of its leases,
+        which are the leader's own memory, not a rumour (no direct read, no template); the
+        decision's actions on them go to the lease state after the write that fences them."""
+        pulled = self.pulled
+        wall = self.clock.wall()
+        pods = pulled.pods_of(key, job)
+        permit = self.dispatcher.permit(*key, wants_now(job, pods, wall))
+        array = decide_array(
+            job,
+            pods,
+            wall,
+            rng=self.rng,
+            starts=permit.starts if permit.may_start else 0,
+            waiting=(permit.reason, permit.message),
+            liveness=pulled.liveness(job),
+        )
+        self.dispatcher.decided(job, permit, array.decision, used=array.starts_used)
+        wait = self.dispatcher.pace(job, permit, array.decision)
+        if wait is not None:
+            self.queue.add_after(key, wait)
+            return
+        for action in array.decision.actions:
+            if not pulled.carry_out(job, action):
+                job = await self.executor.execute(job, action)
+        if array.decision.of_type(actions.PatchStatus):
+            self._next_array_look[key] = self.clock.monotonic() + self.array_look_seconds
+        queue = fields.spec(job).get("queue") or api.DEFAULT_QUEUE
+        for outcome, count in array.outcomes.items():
+            self.task_outcomes(key[0], queue, outcome, count)
+        delay = pulled.next_change(job)
+        if delay is not None:  # a silent worker's leases turn Uncertain, then Lost, with no event
+            self.queue.add_after(key, delay)
 
     async def _execute_together(self, job: Job, batch: list[actions.Action]) -> None:
         """Runs releases (or creations) of one decision side by side, at most CONCURRENT_WRITES at
