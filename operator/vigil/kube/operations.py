@@ -12,11 +12,12 @@ import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-from vigil.api import FINALIZER_ATTEMPT_TRACKING, GROUP, LABEL_JOB_UID, PLURAL, QUEUE_PLURAL, VERSION
+from vigil.api import FINALIZER_ATTEMPT_TRACKING, GROUP, LABEL_JOB_UID, PLURAL, POOL_PLURAL, QUEUE_PLURAL, VERSION
 from vigil.core import fields
 from vigil.core.events import Write
 from vigil.core.objects import strip, strip_job
 from vigil.core.podstate import strip_pod
+from vigil.core.pools import keep_pool_pod
 from vigil.kube.client import JSON, MERGE_PATCH, METADATA_LIST, STRATEGIC_MERGE_PATCH, ApiClient, resource_path
 from vigil.kube.errors import ApiError, Conflict, NotFound
 from vigil.metrics import Metrics
@@ -28,6 +29,7 @@ MAX_EVENT_MESSAGE = 1024  # as events.k8s.io/v1 bounds an event's note
 JOBS = f"/apis/{GROUP}/{VERSION}/namespaces/{{namespace}}/{PLURAL}"
 QUEUES = f"/apis/{GROUP}/{VERSION}/namespaces/{{namespace}}/{QUEUE_PLURAL}"
 PODS = "/api/v1/namespaces/{namespace}/pods"
+POOLS = f"/apis/{GROUP}/{VERSION}/namespaces/{{namespace}}/{POOL_PLURAL}"
 
 
 class Kube:
@@ -211,6 +213,29 @@ class Kube:
         patch = {"metadata": {"resourceVersion": resource_version}, "status": status}
         try:
             return await self._patch("vigilqueues/status", f"{QUEUES.format(namespace=namespace)}/{name}/status", patch)
+        except NotFound:
+            return None
+
+    # --- worker pools (vigil.controllers.pools) ---------------------------------------------
+
+    async def create_pool_pod(self, namespace: str, manifest: Mapping[str, Any]) -> dict | None:
+        """Creates a worker pod of a VigilWorkerPool; None when a pod of that name exists already
+        (the pool's next look, which sees it, picks another name). Returns the pod as the pool
+        pods' watch keeps it (`core.pools.keep_pool_pod`)."""
+        try:
+            pod = await self._call("create", "pods", "POST", PODS.format(namespace=namespace), body=manifest)
+        except Conflict:
+            return None
+        return keep_pool_pod(pod) if isinstance(pod, dict) else None
+
+    async def patch_pool_status(self, namespace: str, name: str, resource_version: str, status: dict) -> dict | None:
+        """Merges `status` into a VigilWorkerPool's status, only if the pool is still at
+        resource_version (else Conflict: a decision on an older spec is void); None if the pool is
+        gone."""
+        patch = {"metadata": {"resourceVersion": resource_version}, "status": status}
+        path = f"{POOLS.format(namespace=namespace)}/{name}/status"
+        try:
+            return await self._patch("vigilworkerpools/status", path, patch)
         except NotFound:
             return None
 
