@@ -285,8 +285,10 @@ class PullState:
         started_at: float,
         timing: Callable[[str, str], PoolTiming] = lambda namespace, pool: PoolTiming(),
         adoption_seconds: float | None = None,
+        claimed: Callable[[float], None] = lambda waited: None,
     ) -> None:
-        self.started_at = started_at
+        """`claimed(seconds)` hears, for each lease given, how long its task waited for a worker."""
+        self.started_at, self.claimed = started_at, claimed
         self.timing = timing
         self.adoption_seconds = adoption_seconds
         self.leases: dict[LeaseKey, Lease] = {}
@@ -538,6 +540,7 @@ class PullState:
             lease.worker, lease.granted_seq, lease.granted_boot, lease.claimed_wall = worker.name, seq, boot, wall
             worker.leases.add(key)
             given.append(lease)
+            self.claimed(max(0.0, now - lease.offered_at))
         return given
 
     def worker_gone(self, namespace: str, name: str, wall: datetime) -> set[str]:

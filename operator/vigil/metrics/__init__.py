@@ -174,6 +174,19 @@ class Metrics:
             ["namespace", "queue", "outcome"],
             registry=r,
         )
+        # outcome: answered, or why not (bounded: see vigil.servers.pull.OUTCOMES).
+        self.pull_requests = Counter(
+            "vigil_pull_requests_total",
+            "Requests of pools' workers (POST /v1/pull: beats, claims and results), by outcome.",
+            ["outcome"],
+            registry=r,
+        )
+        self.pull_claim_latency = Histogram(
+            "vigil_pull_claim_latency_seconds",
+            "From a pulled task's offer (its start written) to a worker's claim of it.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.queue_refusals = Counter(
             "vigil_queue_admission_refusals_total",
             "New jobs refused by admission because their queue was full (maxQueued).",

@@ -37,8 +37,9 @@ class Pulled:
         clock: Clock,
         poke: Callable[[Key], None],
         timing: Callable[[str, str], PoolTiming] = lambda namespace, pool: PoolTiming(),
+        claimed: Callable[[float], None] = lambda waited: None,
     ) -> None:
-        self.clock, self.poke, self.timing = clock, poke, timing
+        self.clock, self.poke, self.timing, self.claimed = clock, poke, timing, claimed
         self.state: PullState | None = None
         self.keys: dict[str, Key] = {}  # job UID -> key, for the pulled jobs looked at
         self.waiting: dict[tuple[str, str], set[asyncio.Future[None]]] = {}
@@ -48,7 +49,7 @@ class Pulled:
 
     def start(self) -> None:
         """This process leads from now: its lease state starts empty (and adopts, docs/pull.md)."""
-        self.state = PullState(started_at=self.clock.monotonic(), timing=self.timing)
+        self.state = PullState(started_at=self.clock.monotonic(), timing=self.timing, claimed=self.claimed)
 
     def stop(self) -> None:
         self.state = None
