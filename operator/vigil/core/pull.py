@@ -501,6 +501,13 @@ class PullState:
             if lease is None:
                 lease = self._adopt(key, worker, wall)
                 touched.add(key[0])
+            elif lease.worker is None and lease.vanished is None and lease.cancelled_wall is None:
+                # Offered again by a new leader, and named by the worker the old one gave it to
+                # before anyone claimed it: it stays with that worker.
+                self.ready.get((lease.namespace, lease.pool), OrderedDict()).pop(key, None)
+                lease.worker, lease.granted_boot, lease.claimed_wall = worker.name, worker.boot, wall
+                worker.leases.add(key)
+                touched.add(key[0])
             if lease.worker != worker.name or lease.vanished is not None:
                 cancel.append(list(key))  # someone else's, or ended: this worker must not run it
             elif lease.cancelled_wall is not None:

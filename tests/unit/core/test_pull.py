@@ -392,6 +392,18 @@ def test_a_new_leader_offers_again_at_once_what_no_worker_had_claimed() -> None:
     assert sorted((key[1], key[2]) for key in worker.running) == [(0, 1), (1, 1)]
 
 
+def test_a_task_offered_again_by_a_new_leader_stays_with_the_worker_that_names_it() -> None:
+    bed = Bed(pulled_job(1))
+    first, second = Worker("w-a", 1), Worker("w-b", 1)
+    bed.look()
+    bed.ask(first)  # claimed; the leader crashes before any look sees it running
+    bed.state = pull.PullState(started_at=bed.now, timing=lambda ns, pool: TIMING)
+    bed.look()  # never seen running: offered again at once
+    bed.ask(first, claim=False)  # its worker names it first: it stays there
+    bed.ask(second)
+    assert len(first.running) == 1 and not second.running and not first.cancelled
+
+
 def test_two_workers_naming_one_lease_the_second_is_told_to_stop() -> None:
     bed = Bed(pulled_job(1))
     a, b = Worker("w-a", 1), Worker("w-b", 1)
