@@ -134,7 +134,7 @@ def own_cluster(name: str, port_base: int, nodes: int, needs_bench_stages: bool)
 def install_crds(api: Api) -> None:
     api.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
     ext = client.ApiextensionsV1Api(api.client)
-    for name in ("vigiljobs.vigil.dev", "vigilqueues.vigil.dev"):
+    for name in ("vigiljobs.vigil.dev", "vigilqueues.vigil.dev", "vigilworkerpools.vigil.dev"):
         deadline = time.monotonic() + 60
         while not any(
             c.type == "Established" and c.status == "True"

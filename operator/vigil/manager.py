@@ -2,11 +2,11 @@
 
 Two kinds of runnables, as in controller-runtime's manager:
 
-- always on, in every replica: the watches (jobs, queues and Vigil's pods, one informer per
-  watched scope), and the health, metrics and admission servers;
+- always on, in every replica: the watches (jobs, queues, worker pools and Vigil's pods, one
+  informer per watched scope), and the health, metrics and admission servers;
 - leader-only, while this process leads (`--leader-elect`) or always (without election): the
-  queue dispatcher, the event recorder, the VigilJob and VigilQueue controllers, and the leader
-  mark on this pod. A standby keeps its watches warm and writes nothing.
+  queue dispatcher, the event recorder, the VigilJob, VigilQueue and VigilWorkerPool controllers,
+  and the leader mark on this pod. A standby keeps its watches warm and writes nothing.
 
 Leader-only runnables start once every watch has listed (before, a job whose pods are not
 listed yet would look as if its pods had vanished) and stop in reverse order, before the Lease
@@ -35,6 +35,7 @@ from vigil import api
 from vigil.controllers.dispatcher import Dispatcher
 from vigil.controllers.jobs import JobController, job_queue
 from vigil.controllers.jobs.orphans import RELEASE_WORKERS
+from vigil.controllers.pools import PoolController, no_load
 from vigil.controllers.queues import QueueStatusController
 from vigil.core import beats
 from vigil.core.certs import Managed
@@ -43,6 +44,7 @@ from vigil.core.liveness import STAMP_WRITES_PER_SECOND
 from vigil.core.manifest import BeatChannel
 from vigil.core.objects import strip, strip_job
 from vigil.core.podstate import keep_job_pod
+from vigil.core.pools import keep_pool_pod
 from vigil.core.queueing.book import QueueBook, QueueSpec, Standing
 from vigil.kube import events
 from vigil.kube.client import ApiClient, pool_size, resource_path, user_agent
@@ -186,6 +188,49 @@ def build_watches(
     )
 
 
+def build_pool_watches(
+    client: ApiClient,
+    namespaces: Collection[str],
+    metrics: Metrics,
+    clock: Clock = SYSTEM,
+    pod_watch_pace: float = POD_WATCH_PACE_SECONDS,
+) -> tuple[Watches, Watches]:
+    """(worker pools, their pods), one informer of each per watched scope, as `build_watches`
+    builds the others. Pods are filtered by the API server to those labelled vigil.dev/pool, and
+    then to those a pool controls, trimmed to what the pool's decision reads
+    (`core.pools.keep_pool_pod`)."""
+    scopes, accept = watch_scopes(namespaces)
+
+    def watches(name: str, group: str, version: str, plural: str, **options: object) -> Watches:
+        return Watches(
+            [
+                Informer(
+                    client,
+                    resource_path(group, version, plural, scope),
+                    name=f"{name} in {scope or 'all namespaces'}",
+                    accept=accept,
+                    on_relist=metrics.watch_relists.labels(plural).inc,
+                    clock=clock,
+                    **options,  # type: ignore[arg-type]
+                )
+                for scope in scopes
+            ]
+        )
+
+    return (
+        watches("worker pools", api.GROUP, api.VERSION, api.POOL_PLURAL, trim=strip),
+        watches(
+            "worker pods",
+            "",
+            "v1",
+            "pods",
+            params={"labelSelector": api.LABEL_POOL},
+            pace=pod_watch_pace,
+            trim=keep_pool_pod,
+        ),
+    )
+
+
 # The metrics' server: a few Prometheus replicas, a port-forward. More is a flood, not a scrape.
 METRICS_SERVER = Bounds(max_connections=64, per_source=16)
 # The probes': the operator's own node alone (the chart's NetworkPolicy), whose kubelet opens a
@@ -284,7 +329,11 @@ class Operator:
         self.jobs_watch, self.queues_watch, self.pods_watch = build_watches(
             watch, settings.namespaces, metrics, clock, settings.pod_watch_pace
         )
+        self.pools_watch, self.pool_pods_watch = build_pool_watches(
+            watch, settings.namespaces, metrics, clock, settings.pod_watch_pace
+        )
         self.informers = [*self.jobs_watch.informers, *self.queues_watch.informers, *self.pods_watch.informers]
+        self.informers += [*self.pools_watch.informers, *self.pool_pods_watch.informers]
 
         book = QueueBook(settings.default_queue)
         queue = job_queue(clock, metrics)
@@ -317,6 +366,19 @@ class Operator:
         self.queues_watch.add_handler(self.dispatcher.queue_delta)
         self.queues_watch.add_handler(self.queues.queue_delta)
         self.pods_watch.add_handler(self.jobs.handlers.pod_delta)
+        # Each VigilWorkerPool's workers. Its load (tasks waiting and leased) is the lease state's
+        # to give: until it does, `no_load` (no backlog: each pool keeps its minReplicas, or its
+        # spec.replicas); it sets `self.pools.pool_load` and calls `self.pools.poke`.
+        self.pools = PoolController(
+            kube,
+            clock=clock,
+            metrics=metrics,
+            beat_channel=settings.beat_channel,
+            pool_load=no_load,
+            pods_fresh=self.pool_pods_watch.fresh,
+        )
+        self.pools_watch.add_handler(self.pools.pool_delta)
+        self.pool_pods_watch.add_handler(self.pools.pod_delta)
         metrics.collect_from(StateCollector(lambda: self.jobs.view.phases, self.dispatcher.queue_numbers))
         metrics.collect_from(MemoryLimitCollector(memory_limit))  # beside process_resident_memory_bytes
 
@@ -441,10 +503,11 @@ class Operator:
             metrics.leader.labels("vigil").set(1)  # no election: this process acts
         # Started in this order, stopped in the reverse: the controllers' in-flight writes end,
         # then their last events are posted, then the mark goes, then the Lease.
-        self.leader_only: list[Runnable] = [*mark, self.dispatcher, self.events, self.queues, self.jobs]
+        self.leader_only: list[Runnable] = [*mark, self.dispatcher, self.events, self.queues, self.pools, self.jobs]
 
     def _health_routes(self) -> list:
         checks = [self.jobs.worker.health, self.jobs.releaser.worker.health, self.queues.worker.health]
+        checks.append(self.pools.worker.health)
         return health.routes(self.informers, checks=checks)
 
     def manager(self) -> Manager:

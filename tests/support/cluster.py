@@ -90,7 +90,7 @@ def install_crds(kube: Kube) -> None:
         conditions = extensions.read_custom_resource_definition(name).status.conditions or []
         return any(c.type == "Established" and c.status == "True" for c in conditions)
 
-    for name in ("vigiljobs.vigil.dev", "vigilqueues.vigil.dev"):
+    for name in ("vigiljobs.vigil.dev", "vigilqueues.vigil.dev", "vigilworkerpools.vigil.dev"):
         wait_until(lambda name=name: established(name), 60, f"CRD {name} to be established")
 
 

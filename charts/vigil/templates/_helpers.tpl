@@ -128,9 +128,23 @@ namespaces (RBAC has no patterns: a Role needs a namespace's name), so the grant
 - apiGroups: ["vigil.dev"]
   resources: ["vigilqueues/status"]
   verbs: ["patch"]
+# Worker pools: listed and watched (their template, bounds and scale); their status (replicas,
+# the backlog, conditions: the /scale subresource reads status.replicas and status.selector) is
+# written through the subresource, merge patches fenced by resourceVersion. Their worker pods
+# carry the pool as owner with blockOwnerDeletion, hence the finalizers' update, as for jobs.
+- apiGroups: ["vigil.dev"]
+  resources: ["vigilworkerpools"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["vigil.dev"]
+  resources: ["vigilworkerpools/status"]
+  verbs: ["patch"]
+- apiGroups: ["vigil.dev"]
+  resources: ["vigilworkerpools/finalizers"]
+  verbs: ["update"]
 # One pod per attempt: created; listed, watched and read directly before anything destructive;
 # patched to mark a Lost attempt superseded and to remove the vigil.dev/attempt-tracking
 # finalizer once its outcome is recorded; deleted on Lost, deadlines and suspend.
+# A pool's worker pods: created, listed and watched; deleted when idle and no longer wanted, or ended.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]

@@ -55,12 +55,13 @@ def test_a_glob_keeps_the_cluster_role_and_says_why(tmp_path: Path):
 def test_the_crds_are_said_as_the_values_handle_them(tmp_path: Path):
     default = notes(tmp_path)
     assert (
-        "CRDs vigiljobs.vigil.dev and vigilqueues.vigil.dev, upgraded with the release and kept on uninstall" in default
+        "CRDs vigiljobs.vigil.dev, vigilqueues.vigil.dev and vigilworkerpools.vigil.dev, upgraded with the release "
+        "and kept on uninstall" in default
     )
     assert "\n\nUpgrading: `helm upgrade` upgrades the CRDs with the release" in default
     assert "charts/vigil/crds" not in default  # the chart has no crds/ directory
     unkept = notes(tmp_path, "crds.keep=false")
-    assert "deleted on uninstall with every job and queue (crds.keep=false)" in unkept
+    assert "deleted on uninstall with every job, queue and worker pool (crds.keep=false)" in unkept
     off = notes(tmp_path, "crds.enabled=false")
     assert "CRDs vigiljobs" not in off
     assert "apply them yourself, server-side" in off and "kubectl apply --server-side -f crds/" in off

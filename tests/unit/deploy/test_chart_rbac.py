@@ -145,3 +145,16 @@ def test_a_grant_to_patch_pods_never_ships_without_the_policy_that_narrows_it():
     assert result.returncode != 0
     assert "heartbeat.namespaces grants the job accounts patch" in result.stderr
     assert "keep heartbeat.policy.create=true" in result.stderr
+
+
+def test_the_operator_keeps_worker_pools_with_the_least_it_needs():
+    # VigilWorkerPools read and watched, their status patched, their finalizers updated (the
+    # worker pods' blockOwnerDeletion), wherever the operator works; no write to the spec, which
+    # is the user's (and /scale's).
+    for docs in (helm_template(), helm_template("operator.watchNamespaces={team-a,team-b}")):
+        for role in operator_roles(docs):
+            assert grants(role["rules"], "vigilworkerpools") == {"get", "list", "watch"}, role["metadata"]
+            assert grants(role["rules"], "vigilworkerpools/status") == {"patch"}
+            assert grants(role["rules"], "vigilworkerpools/finalizers") == {"update"}
+            assert {"create", "delete", "list", "watch"} <= grants(role["rules"], "pods")
+            assert not [rule for rule in role["rules"] if "*" in rule["resources"] or "*" in rule["verbs"]]

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "charts" / "vigil"
 CHART_YAML = yaml.safe_load((CHART / "Chart.yaml").read_text())
 VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
-CRD_NAMES = ["vigiljobs.vigil.dev.yaml", "vigilqueues.vigil.dev.yaml"]
+CRD_NAMES = ["vigiljobs.vigil.dev.yaml", "vigilqueues.vigil.dev.yaml", "vigilworkerpools.vigil.dev.yaml"]
 KEEP = "helm.sh/resource-policy"
 
 
