@@ -103,8 +103,6 @@ class VigilWorkerPoolSpec(WireModel):
             "self.minReplicas <= self.maxReplicas",
             "spec.minReplicas must not be greater than spec.maxReplicas",
             lambda spec: spec.min_replicas <= spec.max_replicas,
-            message_expression="'spec.minReplicas (' + string(self.minReplicas) + ') must not be greater than "
-            "spec.maxReplicas (' + string(self.maxReplicas) + ')'",
             explain=lambda spec: (
                 f"spec.minReplicas ({spec.min_replicas}) must not be greater than "
                 f"spec.maxReplicas ({spec.max_replicas})"
