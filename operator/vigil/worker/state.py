@@ -34,8 +34,9 @@ Lease = tuple[str, int, int]  # [job uid, task index, attempt]: the fence of one
 MAX_BODY_BYTES = 256 * 1024  # a request's body: the results that do not fit go with the next one
 MAX_MESSAGE_CHARS = 1024  # a result's message (its exception, its signal) is cut to this
 MAX_CHECKPOINT_CHARS = 2048  # a checkpoint, as the pod annotation's (vigil.api.MAX_CHECKPOINT_BYTES)
-MAX_UID_CHARS = 128  # a job's UID (36 characters in Kubernetes): bounds what `held` costs
+MAX_UID_CHARS = 64  # a job's UID (36 characters in Kubernetes), as the leader bounds it (vigil.core.pull)
 MAX_SLOTS = 1000  # `held` lists every lease: with this many it is ~60 KiB of a request
+MAX_ENTRIES = 1000  # checkpoints, and results, one request carries (the leader's bound, vigil.core.pull)
 MAX_WAIT_SECONDS = 20.0  # the protocol's bound on `waitSeconds`
 MAX_REST_SECONDS = 60.0  # a 503's Retry-After is honoured up to this (and never past self-fencing)
 DEFAULT_BEAT_SECONDS = 5.0  # until the first answer says the pool's
@@ -133,7 +134,7 @@ def _grant(value: Any) -> Grant:
         index=index,
         attempt=attempt,
         grace_seconds=DEFAULT_GRACE_SECONDS if grace is None else _seconds(grace, "graceSeconds", positive=False),
-        deadline_seconds=None if deadline is None else _seconds(deadline, "deadlineSeconds", positive=True),
+        deadline_seconds=None if deadline is None else _seconds(deadline, "deadlineSeconds", positive=False),
         env=dict(env),
     )
 
@@ -334,14 +335,18 @@ class WorkerState:
         return True
 
     def finished(self, lease: Lease, exit_code: int, message: str = "") -> bool:
-        """The task's process ended (or its handler returned) with `exit_code`: its slot is free.
-        True if a result is to be reported (not for a fenced or unknown lease)."""
+        """The task's process ended (or its handler returned) with `exit_code` (outside 0-255:
+        255, the message saying so): its slot is free. True if a result is to be reported (not
+        for a fenced or unknown lease)."""
         task = self.tasks.pop(lease, None)
         if task is None:
             return False
         if task.state == "fenced":
             self.checkpoints.pop(lease, None)
             return False
+        if not 0 <= exit_code <= 255:  # the leader takes an exit status of a process, nothing else
+            message = f"exit code {exit_code} is not from 0 to 255" + (f": {message}" if message else "")
+            exit_code = 255
         self.results[lease] = Result(exit_code, _cut(message))
         self.unsent.add(lease)
         return True
@@ -394,28 +399,38 @@ class WorkerState:
         size = len(start) + len(b',"checkpoints":[],"results":[]}')
         checkpoints: list[bytes] = []
         sent_checkpoints: list[tuple[Lease, int]] = []
-        left_out: set[Lease] = set()
-        for lease, cp in self.checkpoints.items():
-            if cp.confirmed >= cp.version:
-                continue
-            entry = _dump({"lease": list(lease), "value": cp.value})
-            if size + len(entry) + 1 > MAX_BODY_BYTES:
-                left_out.add(lease)  # its result waits with it: a checkpoint never comes after its result
-                continue
-            size += len(entry) + (1 if checkpoints else 0)
-            checkpoints.append(entry)
-            sent_checkpoints.append((lease, cp.version))
         results: list[bytes] = []
         carried: list[Lease] = []
+
+        def pending(lease: Lease) -> bytes | None:
+            cp = self.checkpoints.get(lease)
+            if cp is None or cp.confirmed >= cp.version:
+                return None
+            return _dump({"lease": list(lease), "value": cp.value})
+
+        # The results first, oldest first, each with its task's last checkpoint (never after it);
+        # those that do not fit go with the next request.
         for lease, result in self.results.items():
-            if lease in left_out:
-                continue
             entry = _dump({"lease": list(lease), "exitCode": result.exit_code, "message": result.message})
-            if size + len(entry) + 1 > MAX_BODY_BYTES:
-                break  # the oldest go first; the rest with the next request
-            size += len(entry) + (1 if results else 0)
+            checkpoint = pending(lease)
+            need = len(entry) + 1 + (len(checkpoint) + 1 if checkpoint is not None else 0)
+            if size + need > MAX_BODY_BYTES or len(results) >= MAX_ENTRIES or len(checkpoints) >= MAX_ENTRIES:
+                break
+            size += need
             results.append(entry)
             carried.append(lease)
+            if checkpoint is not None:
+                checkpoints.append(checkpoint)
+                sent_checkpoints.append((lease, self.checkpoints[lease].version))
+        # Then the running tasks' checkpoints, as many as fit.
+        for lease in self.tasks:
+            checkpoint = pending(lease)
+            if checkpoint is None or size + len(checkpoint) + 1 > MAX_BODY_BYTES or len(checkpoints) >= MAX_ENTRIES:
+                continue
+            size += len(checkpoint) + 1
+            checkpoints.append(checkpoint)
+            sent_checkpoints.append((lease, self.checkpoints[lease].version))
+        size -= (1 if results else 0) + (1 if checkpoints else 0)  # n entries, n - 1 commas
         body = start + b',"checkpoints":[' + b",".join(checkpoints) + b'],"results":[' + b",".join(results) + b"]}"
         assert len(body) == size <= MAX_BODY_BYTES, (len(body), size)
         self.unsent.difference_update(carried)

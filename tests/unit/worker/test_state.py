@@ -184,9 +184,18 @@ def test_a_messages_length_is_bounded():
     assert len(message) == MAX_MESSAGE_CHARS and message.endswith("...")
 
 
+@pytest.mark.parametrize(("code", "reported"), [(0, 0), (255, 255), (256, 255), (-1, 255)])
+def test_an_exit_code_outside_0_to_255_is_reported_as_255(code: int, reported: int):
+    state = new()
+    run_leases(state, 1000.0, L1)
+    state.finished(L1, code, "why")
+    result = body(state.request(1001.0, claim=False))["results"][0]
+    assert result["exitCode"] == reported and (result["message"] == "why") == (code == reported)
+
+
 def test_a_body_is_bounded_and_the_oldest_results_go_first():
     state = new(slots=1000)
-    leases = [("u" * 100, i, 1) for i in range(400)]
+    leases = [("u" * 64, i, 1) for i in range(400)]
     run_leases(state, 1000.0, *leases)
     for lease in leases:
         state.finished(lease, 1, "é" * MAX_MESSAGE_CHARS)  # 6 bytes each in the body's JSON

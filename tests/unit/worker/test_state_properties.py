@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.clock import FakeClock
+from vigil.core import pull
 from vigil.worker.state import MAX_BODY_BYTES, Forget, Start, Stop, WorkerState
 
 pytestmark = pytest.mark.unit
@@ -69,6 +70,7 @@ class Model:
         out = self.state.request(self.now(), claim=claim, wait_seconds=10)
         body = json.loads(out.body)
         assert len(out.body) <= MAX_BODY_BYTES
+        pull.read_request(out.body)  # the leader reads it (vigil.core.pull)
         assert body["seq"] == self.last_seq + 1, "seq grows by one"
         assert self.last_seen <= body["seen"] < body["seq"], "seen never goes back"
         assert all(body["seen"] < seq for seq in inflight), "seen stays below every request in flight"
@@ -126,7 +128,7 @@ class Model:
 step = st.one_of(
     st.tuples(st.just("send"), st.booleans()),
     st.tuples(st.just("answer"), st.integers(0, 3), st.sampled_from(["ok", "ok", "ok", "fail", "503", "malformed"])),
-    st.tuples(st.just("finish"), st.integers(0, 10), st.sampled_from([0, 1, 143])),
+    st.tuples(st.just("finish"), st.integers(0, 10), st.sampled_from([0, 1, 143, 256, -1])),
     st.tuples(st.just("checkpoint"), st.integers(0, 10), st.integers(0, 3)),
     st.tuples(st.just("advance"), st.sampled_from([0.1, 1.0, 5.0, 12.0, 31.0])),
     st.tuples(st.just("tick"), st.none()),
