@@ -37,7 +37,7 @@ from vigil.controllers.jobs import JobController, job_queue
 from vigil.controllers.jobs.orphans import RELEASE_WORKERS
 from vigil.controllers.pools import PoolController, no_load
 from vigil.controllers.queues import QueueStatusController
-from vigil.core import beats
+from vigil.core import beats, fields, podstate
 from vigil.core.certs import Managed
 from vigil.core.election import ElectionConfig
 from vigil.core.liveness import STAMP_WRITES_PER_SECOND
@@ -45,6 +45,7 @@ from vigil.core.manifest import BeatChannel
 from vigil.core.objects import strip, strip_job
 from vigil.core.podstate import keep_job_pod
 from vigil.core.pools import keep_pool_pod
+from vigil.core.pull import timing_of
 from vigil.core.queueing.book import QueueBook, QueueSpec, Standing
 from vigil.kube import events
 from vigil.kube.client import ApiClient, pool_size, resource_path, user_agent
@@ -75,6 +76,7 @@ from vigil.servers.http import (
     serve,
     serve_fast,
 )
+from vigil.servers.pull import PullEndpoint
 from vigil.servers.tls import ServingCertificate
 from vigil.servers.webhook import WebhookServer
 
@@ -361,6 +363,7 @@ class Operator:
             agent_image=settings.agent_image,
             stamp_writes_per_second=settings.stamp_writes_per_second,
             accept=watch_scopes(settings.namespaces)[1],
+            pool_timing=lambda namespace, pool: timing_of(self.pools.pools.get((namespace, pool))),
         )
         self.jobs_watch.add_handler(self.jobs.handlers.job_delta)
         self.queues_watch.add_handler(self.dispatcher.queue_delta)
@@ -379,6 +382,18 @@ class Operator:
         )
         self.pools_watch.add_handler(self.pools.pool_delta)
         self.pool_pods_watch.add_handler(self.pools.pod_delta)
+        # The pools and the lease state of pulled arrays (docs/pull.md): a pool scales by its
+        # backlog, and a worker pod that goes takes its leases with it.
+        pulled = self.jobs.pulled
+        self.pools.pool_load = pulled.load
+        pulled.backlog_changed = self.pools.poke
+        self.pool_pods_watch.add_handler(
+            lambda delta: (
+                pulled.worker_gone(fields.namespace(delta.obj), fields.name(delta.obj))
+                if delta.kind == "delete" or podstate.is_finished(delta.obj)
+                else None
+            )
+        )
         metrics.collect_from(StateCollector(lambda: self.jobs.view.phases, self.dispatcher.queue_numbers))
         metrics.collect_from(MemoryLimitCollector(memory_limit))  # beside process_resident_memory_bytes
 
@@ -473,6 +488,15 @@ class Operator:
                     source_burst=max(beats.SOURCE_CHECK_BURST, settings.beat_connections_per_source)
                 ),
             )
+            # The workers of pools pull on the same port (docs/pull.md): the same token check and budget.
+            self.pull = PullEndpoint(
+                self.beats,
+                leading=self.beats.leading,
+                request=jobs.pulled.request,
+                pool_of=self.pools.worker_pod,
+                requests=metrics.pull_requests,
+            )
+            routes = [*self.beats.routes(), *self.pull.routes()]
             address = beat_server[0]
             bounds = Bounds(
                 max_connections=settings.beat_connections or process_connection_limit(),
@@ -483,7 +507,7 @@ class Operator:
                 "beats (https)",
                 address,
                 lambda context: serve_fast(
-                    self.beats.routes()[0], address, bounds=bounds, ssl_context=context, on_refused=refused("beats")
+                    routes, address, bounds=bounds, ssl_context=context, on_refused=refused("beats")
                 ),
                 (beat_server[1], beat_server[2]),
                 clock,

@@ -25,10 +25,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from vigil.controllers.worker import AfterFailure, Worker
-from vigil.core import fields
+from vigil.core import fields, podstate
 from vigil.core.manifest import BeatChannel
 from vigil.core.objects import is_older
 from vigil.core.pools import EMPTY_LOAD, PoolLoad, ScaleMemory, decide_pool, pool_of, random_suffix
+from vigil.core.pull import PoolPod
 from vigil.kube.errors import ApiError, Conflict
 from vigil.kube.operations import Kube
 from vigil.kube.seen import Delta
@@ -117,6 +118,18 @@ class PoolController:
             if fields.deletion_timestamp(delta.obj):
                 self._deleted.get(key, set()).discard(uid)
         self._look(key, EVENT_BATCH_SECONDS)
+
+    def worker_pod(self, namespace: str, name: str) -> PoolPod | None:
+        """The pool pod of that name as the watch holds it, for the pull endpoint: which pool it
+        works for, its UID, and whether it is being deleted or has ended (it claims nothing)."""
+        for (ns, pool), pods in self.pods.items():
+            if ns != namespace:
+                continue
+            pod = pods.get(name)
+            if pod is not None:
+                ended = bool(fields.deletion_timestamp(pod)) or podstate.is_finished(pod)
+                return PoolPod(pool, fields.uid(pod), ended)
+        return None
 
     def poke(self, namespace: str, name: str) -> None:
         """The pool's load changed (the lease state says so): a look soon, batched."""

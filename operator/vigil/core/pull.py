@@ -40,6 +40,7 @@ from vigil.core import fields
 from vigil.core.actions import AnnotatePod, CreatePod, DeletePod, ReleasePod
 from vigil.core.liveness import Liveness
 from vigil.core.manifest import attempt_pod_name, task_name
+from vigil.core.pools import PoolLoad
 
 LeaseKey = tuple[str, int, int]  # (job UID, task index, attempt number)
 
@@ -53,6 +54,26 @@ MAX_BODY_BYTES = 256 * 1024
 VIRTUAL_UID_PREFIX = "pull-"
 DEFAULT_GRACE_SECONDS = 30
 WORKER_CONTAINER = "task"
+
+
+@dataclass(frozen=True)
+class PoolPod:
+    """A pod of a VigilWorkerPool as the leader's watch holds it: the pool it works for, its UID,
+    and whether it has ended or is being deleted (it claims nothing more)."""
+
+    pool: str
+    uid: str
+    deleting: bool
+
+
+def timing_of(pool: Mapping[str, Any] | None) -> PoolTiming:
+    """A VigilWorkerPool's spec.heartbeat (the defaults for a pool not known)."""
+    heartbeat = (fields.spec(pool).get("heartbeat") or {}) if pool is not None else {}
+    default = PoolTiming()
+    return PoolTiming(
+        float(heartbeat.get("intervalSeconds") or default.interval),
+        float(heartbeat.get("timeoutSeconds") or default.timeout),
+    )
 
 
 class BadRequest(ValueError):
@@ -142,15 +163,6 @@ class Answer:
     body: dict[str, Any]
     touched: frozenset[str]  # job UIDs with news (a result, a lease lost)
     claimed: int  # leases given
-
-
-@dataclass(frozen=True)
-class PoolLoadFigures:
-    """A pool's backlog as the leases show it (the pool controller's PoolLoad is made of it)."""
-
-    queued: int
-    running: int
-    busy: dict[str, int]
 
 
 def lease_key(value: Any) -> LeaseKey:
@@ -444,7 +456,9 @@ class PullState:
                     due.append(at)
         return min(due, default=None)
 
-    def load(self, namespace: str, pool: str) -> PoolLoadFigures:
+    def load(self, namespace: str, pool: str) -> PoolLoad:
+        """The pool's backlog, as its controller scales by it: tasks offered and not claimed,
+        tasks running on its workers, and how many on each."""
         busy: dict[str, int] = {}
         running = 0
         for (ns, _), worker in self.workers.items():
@@ -452,7 +466,7 @@ class PullState:
                 count = sum(1 for key in worker.leases if self.leases[key].result is None)
                 busy[worker.name] = count
                 running += count
-        return PoolLoadFigures(len(self.ready.get((namespace, pool), ())), running, busy)
+        return PoolLoad(len(self.ready.get((namespace, pool), ())), running, busy)
 
     def has_ready(self, namespace: str, pool: str) -> bool:
         return bool(self.ready.get((namespace, pool)))

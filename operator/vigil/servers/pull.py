@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 
 from prometheus_client import Counter
 
 from vigil.core import beats, pull
+from vigil.core.pull import PoolPod
 from vigil.servers.beats import BeatEndpoint, Unavailable
 from vigil.servers.http import FastRoute, Reply
 
@@ -24,15 +24,6 @@ PATH = "/v1/pull"
 READ_SECONDS = 5.0  # for a body of up to 256 KiB to arrive
 NOT_LEADING_RETRY_SECONDS = 1
 OUTCOMES = ("answered", "bad-request", "refused", "not-leader", "unavailable")
-
-
-@dataclass(frozen=True)
-class PoolPod:
-    """A pod of a VigilWorkerPool as the leader's watch holds it."""
-
-    pool: str
-    uid: str
-    deleting: bool
 
 
 class PullEndpoint:

@@ -21,9 +21,10 @@ from vigil import api
 from vigil.controllers.jobs.pulled import Pulled
 from vigil.core import beats
 from vigil.core.actions import CreatePod
+from vigil.core.pull import PoolPod
 from vigil.servers.beats import BeatEndpoint
 from vigil.servers.http import Bounds, serve_fast
-from vigil.servers.pull import PATH, PoolPod, PullEndpoint
+from vigil.servers.pull import PATH, PullEndpoint
 
 pytestmark = pytest.mark.unit
 

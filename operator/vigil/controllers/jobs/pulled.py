@@ -18,7 +18,8 @@ from typing import Any
 
 from vigil.core import fields
 from vigil.core.objects import Key
-from vigil.core.pull import Answer, PoolLoadFigures, PoolTiming, PullRequest, PullState, carry_out
+from vigil.core.pools import EMPTY_LOAD, PoolLoad
+from vigil.core.pull import Answer, PoolTiming, PullRequest, PullState, carry_out
 from vigil.runtime.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,9 @@ class Pulled:
         claimed: Callable[[float], None] = lambda waited: None,
     ) -> None:
         self.clock, self.poke, self.timing, self.claimed = clock, poke, timing, claimed
+        # Told (namespace, pool) when a pool's backlog may have changed (an offer, a claim, a
+        # result): the pool controller's `poke`, which batches them.
+        self.backlog_changed: Callable[[str, str], None] = lambda namespace, pool: None
         self.state: PullState | None = None
         self.keys: dict[str, Key] = {}  # job UID -> key, for the pulled jobs looked at
         self.waiting: dict[tuple[str, str], set[asyncio.Future[None]]] = {}
@@ -93,8 +97,10 @@ class Pulled:
             return False
         pool = str(fields.spec(job).get("pool") or "")
         done = carry_out(self.state, action, pool, self.clock.monotonic(), self.clock.wall())
-        if done and self.state.has_ready(fields.namespace(job), pool):
-            self._wake(fields.namespace(job), pool)
+        if done:
+            self.backlog_changed(fields.namespace(job), pool)
+            if self.state.has_ready(fields.namespace(job), pool):
+                self._wake(fields.namespace(job), pool)
         return done
 
     def forget(self, job_uid: str) -> None:
@@ -103,9 +109,9 @@ class Pulled:
         if self.state is not None:
             self.state.forget_job(job_uid)
 
-    def load(self, namespace: str, pool: str) -> PoolLoadFigures:
+    def load(self, namespace: str, pool: str) -> PoolLoad:
         if self.state is None:
-            return PoolLoadFigures(0, 0, {})
+            return EMPTY_LOAD
         return self.state.load(namespace, pool)
 
     def worker_gone(self, namespace: str, name: str) -> None:
@@ -123,6 +129,8 @@ class Pulled:
             raise RuntimeError("not leading")
         answer = state.request(pool, request, self.clock.monotonic(), self.clock.wall())
         self._touch(answer.touched)
+        if answer.claimed or request.results:
+            self.backlog_changed(request.namespace, pool)
         if answer.claimed or not request.free or request.wait_seconds <= 0 or self.waiters >= MAX_WAITING:
             return answer
         where = (request.namespace, pool)
@@ -150,6 +158,8 @@ class Pulled:
             self.clock.wall(),
         )
         self._touch(again.touched)
+        if again.claimed:
+            self.backlog_changed(request.namespace, pool)
         body = dict(again.body)
         body["acked"] = answer.body["acked"] + again.body["acked"]
         body["cancel"] = [*answer.body["cancel"], *(c for c in again.body["cancel"] if c not in answer.body["cancel"])]
