@@ -6,7 +6,8 @@ over half a second), when the lease state pokes it (`poke`: its backlog changed;
 `POKE_BATCH_SECONDS`), and at least every `RESYNC_SECONDS` (its load is asked for, not watched).
 A look writes the status first when it changed (a merge patch fenced by the pool's
 resourceVersion: a conflict voids the look, and the watch brings the newer pool), then creates
-and deletes pods (each delete fenced by the pod's UID). No pod is created or deleted while the pod
+and deletes pods (each delete fenced by the pod's UID, and a worker chosen as idle kept if the lease state says it
+took a task meanwhile). No pod is created or deleted while the pod
 watch cannot be believed (`pods_fresh`).
 
 Remembers, per pool: the object as last seen (its template makes the pods), its pods (trimmed by
@@ -28,7 +29,7 @@ from vigil.controllers.worker import AfterFailure, Worker
 from vigil.core import fields, podstate
 from vigil.core.manifest import BeatChannel
 from vigil.core.objects import is_older
-from vigil.core.pools import EMPTY_LOAD, PoolLoad, ScaleMemory, decide_pool, pool_of, random_suffix
+from vigil.core.pools import EMPTY_LOAD, PoolLoad, ScaleMemory, decide_pool, has_ended, pool_of, random_suffix
 from vigil.core.pull import PoolPod
 from vigil.kube.errors import ApiError, Conflict
 from vigil.kube.operations import Kube
@@ -194,11 +195,23 @@ class PoolController:
                 self.pools[key] = updated
         await self._create(key, [action.manifest for action in decision.create])
         for action in decision.delete:
+            if self._claimed_since(key, action.name):
+                log.debug("the worker pod %s of VigilWorkerPool %s/%s took a task: kept", action.name, namespace, name)
+                continue
             await self.kube.delete_pod(namespace, action.name, action.uid)
             self._deleted.setdefault(key, set()).add(action.uid)
             log.info("deleted the worker pod %s of VigilWorkerPool %s/%s", action.name, namespace, name)
         again = RESYNC_SECONDS if decision.requeue_after is None else min(RESYNC_SECONDS, decision.requeue_after)
         self.queue.add_after(key, again)
+
+    def _claimed_since(self, key: PoolKey, pod_name: str) -> bool:
+        """Whether a worker the look chose to remove as idle has taken a task since (a claim
+        may have been answered while the look awaited its writes): asked again right before its
+        deletion. A pod that ended runs nothing, whatever the load says."""
+        pod = self.pods.get(key, {}).get(pod_name)
+        if pod is None or has_ended(pod):
+            return False
+        return self.pool_load(*key).busy.get(pod_name, 0) > 0
 
     async def _create(self, key: PoolKey, manifests: list[dict[str, Any]]) -> None:
         """The pods, CREATES_AT_ONCE at a time; each created goes into this controller's pods at

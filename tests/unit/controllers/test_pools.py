@@ -242,3 +242,25 @@ def test_a_pool_deleted_is_forgotten():
         await controller.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_worker_that_took_a_task_while_the_look_wrote_is_kept():
+    calls = {"n": 0}
+
+    def load(namespace: str, name: str) -> PoolLoad:
+        calls["n"] += 1  # the two looks' own reads find every worker idle; the one before the delete, busy
+        return PoolLoad() if calls["n"] <= 2 else PoolLoad(running=1, busy={pod: 1 for pod in names})
+
+    names: list[str] = []
+
+    async def scenario() -> None:
+        clock, kube, controller, _ = await started({"minReplicas": 1, "replicas": 2}, pool_load=load)
+        await clock.advance(0.1)
+        names.extend(p["metadata"]["name"] for p in kube.created)
+        echo(controller, kube)
+        controller.pool_delta(Delta("upsert", kube.set_pool(pool("500", minReplicas=1, replicas=1))))
+        await clock.advance(1.0)
+        assert kube.deleted == [], "asked again before the delete: it is busy now"
+        await controller.stop()
+
+    asyncio.run(scenario())
