@@ -114,7 +114,7 @@ def outcome(handler: Handler, task: Task) -> tuple[int, str]:
     except SystemExit as err:
         code = err.code if isinstance(err.code, int) else (0 if err.code is None else 1)
         return code, "" if isinstance(err.code, int | None) else str(err.code)
-    except Exception as err:
+    except BaseException as err:  # KeyboardInterrupt too: the task's end is reported, the thread lives on
         log.exception("task %s: the handler raised %s", lease_text(task.lease), type(err).__name__)
         return 1, f"{type(err).__name__}: {err}"
     return 0, ""

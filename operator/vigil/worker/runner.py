@@ -279,8 +279,8 @@ class Worker:
 
     def run(self) -> int:
         threads = [
-            threading.Thread(target=self._beat_loop, name="vigil-worker-beat", daemon=True),
-            threading.Thread(target=self._claim_loop, name="vigil-worker-claim", daemon=True),
+            threading.Thread(target=self._guarded(self._beat_loop), name="vigil-worker-beat", daemon=True),
+            threading.Thread(target=self._guarded(self._claim_loop), name="vigil-worker-claim", daemon=True),
         ]
         log.info(
             "worker of pool %s started: pod %s/%s, %d slot(s), leader at %s",
@@ -374,6 +374,9 @@ class Worker:
         except StartFailed as err:
             log.error("task %s not started: %s", lease_text(lease), err)
             self._ended(lease, err.exit_code, str(err))
+        except Exception as err:
+            log.exception("task %s not started", lease_text(lease))
+            self._ended(lease, EXIT_CANNOT_RUN, f"not started: {type(err).__name__}: {err}")
 
     def _stop(self, lease: Lease, grace: float, reason: str) -> None:
         if lease in self.kill_at or lease not in self.started_at:
@@ -442,9 +445,11 @@ class Worker:
             timeout = request_timeout(self.state.lease_seconds) + out.wait_seconds
         try:
             reply = self.client.post(out.body, timeout)
-        except PullFailed as err:
+        except Exception as err:  # a bug too: the request must leave the flight, or `seen` would stall
+            if not isinstance(err, PullFailed):
+                log.exception("request %d failed unexpectedly", out.seq)
             with self.lock:
-                verdict = self.state.failed(out.seq, self.clock(), str(err))
+                verdict = self.state.failed(out.seq, self.clock(), str(err) or type(err).__name__)
         else:
             with self.lock:
                 verdict = self.state.answered(
@@ -470,6 +475,21 @@ class Worker:
         with self.lock:
             beat, lease = self.state.beat_seconds, self.state.lease_seconds
         return retry_delay(failures, beat, lease, random.random())
+
+    def _guarded(self, loop: Callable[[], None]) -> Callable[[], None]:
+        """`loop`, started again after a delay if a bug ends it: a thread that died would leave the
+        worker silent, and its tasks fenced for nothing."""
+
+        def run() -> None:
+            while not self.halt.is_set():
+                try:
+                    loop()
+                    return
+                except Exception:
+                    log.exception("the %s failed unexpectedly: starting it again", loop.__name__.strip("_"))
+                    self.halt.wait(LOOP_SECONDS)
+
+        return run
 
     def _beat_loop(self) -> None:
         failures, retry_at = 0, -1.0

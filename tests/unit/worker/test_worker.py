@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ import pytest
 from tests.unit.worker.leader import JOB_UID, FakeLeader, leader, lease_of
 from vigil.servers.webhook import make_self_signed
 from vigil.worker import TaskFailed
-from vigil.worker.client import ConfigError, Settings
+from vigil.worker.client import ConfigError, Reply, Settings
 from vigil.worker.handlers import HandlerRunner, Task
 from vigil.worker.runner import ProcessRunner, Worker
 
@@ -387,3 +388,42 @@ def test_the_workers_entry_points_import_no_aiohttp_nor_the_kubernetes_client():
         "sys.exit(int(any(m.split('.')[0] in ('aiohttp', 'kubernetes') for m in sys.modules)))"
     )
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_a_request_that_fails_unexpectedly_leaves_the_flight_and_the_worker_goes_on(tmp_path, caplog):
+    class Client:
+        def __init__(self) -> None:
+            self.bodies: list[dict] = []
+
+        def post(self, body: bytes, timeout: float) -> Reply:
+            self.bodies.append(json.loads(body))
+            if len(self.bodies) <= 2:
+                raise RuntimeError("a bug")
+            answer = {"leases": [], "cancel": [], "acked": [], "beatSeconds": 0.05, "leaseSeconds": 30}
+            return Reply(200, json.dumps(answer).encode(), None)
+
+        def close(self) -> None:
+            pass
+
+    env = {
+        "VIGIL_PULL_URL": "https://leader:8443/v1/pull",
+        "VIGIL_PULL_CA": "",
+        "VIGIL_PULL_TOKEN_FILE": str(tmp_path / "token"),
+        "VIGIL_POD_NAME": "p",
+        "VIGIL_POD_NAMESPACE": "n",
+        "VIGIL_POD_UID": "u",
+        "VIGIL_POOL_SLOTS": "1",
+    }
+    client = Client()
+    worker = Worker(
+        Settings.from_env(env),
+        HandlerRunner(lambda task: None, 1),
+        client=client,
+        wait_seconds=0,  # type: ignore[arg-type]
+    )
+    with running(worker):
+        wait_until = time.monotonic() + 20
+        while not any(b["seen"] >= 2 for b in list(client.bodies)):
+            assert time.monotonic() < wait_until, client.bodies
+            time.sleep(0.02)
+    assert "failed unexpectedly" in caplog.text
