@@ -59,7 +59,17 @@ CLOSED_QUEUE = "closed"  # examples/queue.yaml: maxQueued 0, so the webhook refu
 # for a cluster with real nodes: their work is their containers' (a real image's output, a
 # checkpoint the agent carries), which kwok does not run; the API server checks them
 # (tests/integration/test_validation.py) and tests/unit/api/test_examples.py validates them.
-DEMO_EXAMPLES = ("flaky", "hello", "poison", "queue", "array")
+DEMO_EXAMPLES = ("flaky", "hello", "poison", "queue", "array", "pool")
+# kwok runs no container, so the workers of examples/pool.yaml's VigilWorkerPool run here: a
+# `vigil-worker` process per worker pod, with the pod's identity (a token of its ServiceAccount
+# bound to it, audience vigil.dev) and the pull environment the pool gave the pod, whose task
+# sleeps a moment. They are the bed's extras (`make down` stops them); a pod the pool adds after
+# `make up` has ended gets none.
+POOL_WORKER = "pool-worker-"  # the prefix of their names among the bed's processes
+POOL_TASK = (
+    "import os, time; time.sleep(0.3); "
+    "print('resized image', os.environ['VIGIL_TASK_INDEX'], 'attempt', os.environ['VIGIL_ATTEMPT'], flush=True)"
+)
 # The examples name no node: the demo places their pods on the kwok nodes (tainted so that only
 # pods that tolerate it land there) as it applies them.
 KWOK_PLACEMENT = {
@@ -237,11 +247,53 @@ def demo_manifests() -> list[dict]:
     objects = []
     for name in DEMO_EXAMPLES:
         for body in yaml.safe_load_all((ROOT / "examples" / f"{name}.yaml").read_text()):
-            if body and body["kind"] == "VigilJob":
+            if body and body["kind"] in ("VigilJob", "VigilWorkerPool") and body["spec"].get("template"):
                 body["spec"]["template"].setdefault("spec", {}).update(copy.deepcopy(KWOK_PLACEMENT))
             if body:
                 objects.append(body)
     return objects
+
+
+def keep_pool_workers(cluster: testbed.Cluster) -> None:
+    """A `vigil-worker` process for each worker pod of the demo's pools that is up, none for a pod
+    that is gone (see POOL_WORKER)."""
+    pods = json.loads(testbed.kubectl(cluster, "get", "pods", "-l", api.LABEL_POOL, "-o", "json"))["items"]
+    wanted = {}
+    for pod in pods:
+        meta, spec = pod["metadata"], pod["spec"]
+        if meta.get("deletionTimestamp") or not spec.get("nodeName"):
+            continue
+        wanted[POOL_WORKER + meta["name"]] = pod
+    running = {p.stem for p in cluster.pids.glob(f"{POOL_WORKER}*.pid")} if cluster.pids.exists() else set()
+    for component in running - set(wanted):
+        testbed.stop(cluster, component)
+    for component, pod in wanted.items():
+        if testbed.running_pid(cluster, component):
+            continue
+        meta = pod["metadata"]
+        env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0].get("env") or [] if "value" in e}
+        token = testbed.kubectl(
+            cluster,
+            "create", "token", pod["spec"].get("serviceAccountName") or "default", "-n", meta["namespace"],
+            "--audience", "vigil.dev", "--duration", "24h",
+            "--bound-object-kind", "Pod", "--bound-object-name", meta["name"], "--bound-object-uid", meta["uid"],
+        ).strip()  # fmt: skip
+        token_file = cluster.dir / f"{component}.token"
+        token_file.write_text(token)
+        token_file.chmod(0o600)
+        worker = Path(sys.executable).with_name("vigil-worker")
+        testbed.start(
+            cluster,
+            component,
+            [str(worker), "--", sys.executable, "-c", POOL_TASK],
+            env={
+                **{k: env[k] for k in ("VIGIL_PULL_URL", "VIGIL_PULL_CA", "VIGIL_POOL", "VIGIL_POOL_SLOTS")},
+                "VIGIL_PULL_TOKEN_FILE": str(token_file),
+                "VIGIL_POD_NAME": meta["name"],
+                "VIGIL_POD_NAMESPACE": meta["namespace"],
+                "VIGIL_POD_UID": meta["uid"],
+            },
+        )
 
 
 def run_examples(cluster: testbed.Cluster, timeout: float) -> bool:
@@ -256,6 +308,7 @@ def run_examples(cluster: testbed.Cluster, timeout: float) -> bool:
     testbed.kubectl(cluster, "apply", "-f", "-", input=examples)
     deadline, shown = time.monotonic() + timeout, ""
     while time.monotonic() < deadline:
+        keep_pool_workers(cluster)
         # The objects first, then the tables: a table read after the objects shows at least their
         # state (a final phase stays final), so the last table printed is a finished one.
         jobs = json.loads(testbed.kubectl(cluster, "get", "vj", "-o", "json"))["items"]

@@ -69,12 +69,18 @@ def test_the_examples_are_found():
 def test_each_example_is_valid_against_the_api(key: str):
     body = dict(OBJECTS)[key]
     assert body["apiVersion"] == api.API_VERSION, f"{key}: apiVersion {body['apiVersion']}, not {api.API_VERSION}"
-    assert body["kind"] in (api.KIND, api.QUEUE_KIND), f"{key}: {body['kind']} is not Vigil's"
+    assert body["kind"] in (api.KIND, api.QUEUE_KIND, api.POOL_KIND), f"{key}: {body['kind']} is not Vigil's"
     if body["kind"] == api.QUEUE_KIND:
         api.VigilQueueSpec.model_validate(body.get("spec") or {})
         return
-    spec = api.VigilJobSpec.model_validate(body["spec"])
-    template = spec.template
+    if body["kind"] == api.POOL_KIND:
+        template = api.VigilWorkerPoolSpec.model_validate(body["spec"]).template
+    else:
+        spec = api.VigilJobSpec.model_validate(body["spec"])
+        if spec.pool is not None:
+            return  # pulled: the pool's template runs its tasks
+        template = spec.template
+    assert template is not None
     assert not unknown_fields(template, template_schema.template_schema(), "spec.template"), (
         f"{key}: fields a PodTemplateSpec does not have: "
         f"{unknown_fields(template, template_schema.template_schema(), 'spec.template')}"
@@ -82,9 +88,12 @@ def test_each_example_is_valid_against_the_api(key: str):
     assert template["spec"]["containers"], key
 
 
-@pytest.mark.parametrize("key", sorted(JOBS))
+TEMPLATED = {key: body for key, body in OBJECTS if (body.get("spec") or {}).get("template")}
+
+
+@pytest.mark.parametrize("key", sorted(TEMPLATED))
 def test_no_example_is_pinned_to_the_test_beds_kwok_nodes(key: str):
-    pod = JOBS[key]["spec"]["template"].get("spec") or {}
+    pod = TEMPLATED[key]["spec"]["template"].get("spec") or {}
     assert "kwok" not in yaml.safe_dump(pod.get("nodeSelector") or {}), f"{key} is placed on kwok nodes"
     assert not any("kwok" in str(t.get("key", "")) for t in pod.get("tolerations") or []), (
         f"{key} tolerates kwok's taint: on a real cluster that means nothing; the demo places its pods"

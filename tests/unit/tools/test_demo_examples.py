@@ -32,7 +32,7 @@ def test_the_demo_places_the_jobs_pods_on_kwok_nodes_and_changes_nothing_else():
         (b["kind"], b["metadata"]["name"]) for b in written
     ]
     for before, after in zip(written, applied, strict=True):
-        if before["kind"] != "VigilJob":
+        if not before["spec"].get("template"):  # a queue, or a pulled array (its pool's pods run it)
             assert after == before
             continue
         pod = after["spec"]["template"]["spec"]
@@ -45,7 +45,7 @@ def test_the_demo_places_the_jobs_pods_on_kwok_nodes_and_changes_nothing_else():
 
 
 def test_the_demo_runs_only_examples_kwok_can_finish():
-    jobs = [body for body in as_written() if body["kind"] == "VigilJob"]
+    jobs = [body for body in as_written() if body["kind"] == "VigilJob" and "pool" not in body["spec"]]
     assert {job["metadata"]["name"] for job in jobs} == {
         "hello",
         "flaky",
@@ -62,9 +62,22 @@ def test_the_demo_runs_only_examples_kwok_can_finish():
 
 
 def test_the_demo_runs_a_task_array_whose_tasks_kwok_finishes():
-    (array,) = [body for body in as_written() if body["kind"] == "VigilJob" and "tasks" in body["spec"]]
+    (array,) = [
+        body
+        for body in as_written()
+        if body["kind"] == "VigilJob" and "template" in body["spec"] and "tasks" in body["spec"]
+    ]
     tasks = array["spec"]["tasks"]
     assert tasks["count"] == 50 and tasks["parallelism"] == 10  # the README's TASKS 50/50
     assert array["spec"]["template"]["metadata"]["annotations"]["sim.vigil.dev/exit-code"] == "0"
     command = " ".join(array["spec"]["template"]["spec"]["containers"][0]["command"])
     assert "$VIGIL_TASK_INDEX" in command and "$VIGIL_IDEMPOTENCY_KEY" in command
+
+
+def test_the_demo_runs_a_pulled_array_on_a_pool_whose_workers_it_starts():
+    pools = [body for body in as_written() if body["kind"] == "VigilWorkerPool"]
+    (pulled,) = [body for body in as_written() if body["kind"] == "VigilJob" and "pool" in body["spec"]]
+    assert [pool["metadata"]["name"] for pool in pools] == [pulled["spec"]["pool"]]
+    assert pulled["spec"]["tasks"]["count"] == 100  # the README's TASKS 100/100
+    assert pools[0]["spec"]["template"]["spec"]["containers"][0]["command"][0] == "vigil-worker"
+    assert "VIGIL_TASK_INDEX" in demo.POOL_TASK
