@@ -57,7 +57,7 @@ from vigil.kube.operations import Kube
 from vigil.leaderelection.elector import LeaderElector, default_identity
 from vigil.leaderelection.mark import LeaderMark, OwnPod
 from vigil.metrics import Metrics
-from vigil.metrics.collectors import MemoryLimitCollector, StateCollector
+from vigil.metrics.collectors import MemoryLimitCollector, PoolCollector, StateCollector
 from vigil.runtime.background import Background
 from vigil.runtime.clock import SYSTEM, Clock
 from vigil.runtime.heap import LongLivedHeap
@@ -395,6 +395,15 @@ class Operator:
             )
         )
         metrics.collect_from(StateCollector(lambda: self.jobs.view.phases, self.dispatcher.queue_numbers))
+        # Each pool's workers (every replica watches them) and its load (the leader's lease state;
+        # a replica standing by has none and shows the pool's status).
+        metrics.collect_from(
+            PoolCollector(
+                lambda: self.pools.pools,
+                lambda namespace, pool: self.pools.pods.get((namespace, pool), {}).values(),
+                lambda namespace, pool: None if pulled.state is None else pulled.load(namespace, pool),
+            )
+        )
         metrics.collect_from(MemoryLimitCollector(memory_limit))  # beside process_resident_memory_bytes
 
         # The loop's lag and the collector's pauses, whether or not this process leads; the

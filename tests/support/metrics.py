@@ -7,8 +7,9 @@ import re
 
 from prometheus_client import CollectorRegistry
 
+from vigil.core.pools import PoolLoad
 from vigil.metrics import Metrics
-from vigil.metrics.collectors import MemoryLimitCollector, StateCollector
+from vigil.metrics.collectors import MemoryLimitCollector, PoolCollector, StateCollector
 
 # Metrics every Prometheus has for a target, besides what Vigil exports.
 STANDARD_METRICS = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
@@ -42,14 +43,16 @@ def metric_names(expr: str) -> set[str]:
 
 def exported_metric_names() -> set[str]:
     """Every series name the operator can export, from a fresh Metrics and its state collector
-    (given one job, one queue and an array's tasks, and a memory limit, so that every family shows; the process
-    collector's on Linux). Counters end in _total, histograms
+    (given one job, one queue and an array's tasks, one worker pool, and a memory limit, so that
+    every family shows; the process collector's on Linux). Counters end in _total, histograms
     give _bucket, _count and _sum."""
     metrics = Metrics(CollectorRegistry())
     numbers = {"queued": 1, "running": 1, "backingOff": 0, "oldestQueuedSeconds": 3, "maxRunning": 2}
     tasks = {"pending": 1, "running": 1}  # the arrays' tasks by state (vigil_tasks)
     metrics.collect_from(StateCollector(lambda: {"Running": 1}, lambda: [("ns", "q", numbers)], lambda: tasks))
     metrics.collect_from(MemoryLimitCollector(lambda: 512 * 2**20))  # in a container with a limit
+    pools = {("ns", "p"): {"metadata": {"uid": "u"}, "spec": {}, "status": {"desiredReplicas": 1}}}  # one pool
+    metrics.collect_from(PoolCollector(lambda: pools, lambda ns, name: [], lambda ns, name: PoolLoad(queued=1)))
     names = set()
     for family in metrics.registry.collect():
         if family.type == "counter":

@@ -3,12 +3,15 @@
 Generic controller metrics under the names dashboards for Kubernetes controllers already use
 (client-go's workqueue, controller-runtime's reconcile, leader election), and Vigil's own under
 `vigil_`. No label ever has unbounded cardinality: never a job or pod name; queues are labelled
-by namespace and queue name (a handful per namespace, chosen by people).
+by namespace and queue name, VigilWorkerPools by namespace and pool name (a handful per
+namespace, chosen by people).
 
 `Metrics` holds every metric on its own registry, so that two operators in one process (tests)
 do not collide. Counts that are states (jobs by phase, queue depth) are kept by the caches as
 they change and read at scrape time by collectors (never a walk over every job), so they can
-never drift from what the operator holds. A queue's series go with the queue (`forget_queue`).
+never drift from what the operator holds. A queue's series go with the queue (`forget_queue`);
+a pool's gauges are read from the pool controller and the lease state (`collectors.PoolCollector`),
+so they go with the pool.
 Counts of events are incremented where they happen (the outcomes of an array's tasks by
 `task_outcome`); `collectors.count_transition` derives them from a job's status before and after
 a write, purely. Beside them, `vigil_build_info` (1, labelled with the version) and the process's

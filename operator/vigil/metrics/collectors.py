@@ -1,8 +1,10 @@
 """The counts of Vigil's own metrics that are derived rather than incremented where they
 happen: gauges read at scrape time from counts the caches keep as they change (`StateCollector`:
 the jobs by phase from the view's tally, the arrays' tasks by state from the same, the queues'
-numbers from the queue book, O(queues), never a walk over every job), and the counters a job's
-status write moves (`count_transition`, from the status before and after, purely)."""
+numbers from the queue book, O(queues), never a walk over every job; `PoolCollector`: each
+VigilWorkerPool's workers from the pool controller's pods and its load from the leader's lease
+state, O(pools and their workers)), and the counters a job's status write moves
+(`count_transition`, from the status before and after, purely)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from vigil import api
+from vigil.core import fields
+from vigil.core.pools import PoolLoad, has_ended, is_ready
 from vigil.metrics import Metrics
 
 # The counts of an array's status.tasks, and the `state` label each is exported under (vigil_tasks).
@@ -77,6 +81,96 @@ class StateCollector(Collector):
             for field, family in families.items():
                 if field in numbers:
                     family.add_metric([namespace, queue], numbers[field])
+        yield from families.values()
+
+
+# The gauges of each VigilWorkerPool, labelled {namespace, pool} (pools are chosen by people, as
+# queues are): the key of `pool_numbers`, the family's name and its help.
+POOL_GAUGES = (
+    (
+        "workers",
+        "vigil_pool_workers",
+        "Worker pods of the VigilWorkerPool that exist, are not being deleted and have not ended.",
+    ),
+    ("workersReady", "vigil_pool_workers_ready", "Worker pods of the VigilWorkerPool that are Ready."),
+    (
+        "slots",
+        "vigil_pool_slots",
+        "Tasks the pool's Ready workers can run at once: Ready workers x spec.slotsPerWorker.",
+    ),
+    ("slotsUsed", "vigil_pool_slots_used", "Tasks leased to the pool's workers (running)."),
+    ("backlog", "vigil_pool_backlog", "Tasks offered to the pool's workers and not claimed yet."),
+    ("desiredWorkers", "vigil_pool_desired_workers", "The workers the pool wants now (status.desiredReplicas)."),
+    ("maxWorkers", "vigil_pool_max_workers", "The most workers the pool keeps (spec.maxReplicas)."),
+)
+_POOL_SPEC = api.VigilWorkerPoolSpec.model_fields
+
+
+def _count(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _worker_of(pod: Mapping[str, Any], uid: str | None) -> bool:
+    """Whether the pod's controller reference is the pool of that UID (a pod of an older pool of
+    the same name, going with it, is not this one's)."""
+    refs = (pod.get("metadata") or {}).get("ownerReferences") or []
+    return any(ref.get("controller") is True and ref.get("uid") == uid for ref in refs)
+
+
+def pool_numbers(pool: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], load: PoolLoad | None) -> dict[str, int]:
+    """A pool's gauges (the keys of POOL_GAUGES), from the pool as held, its pods as the watch has
+    them and its load from the lease state, None where there is none (a replica standing by):
+    then the tasks leased and waiting are the pool's status as the leader last wrote it, absent
+    before its first write. desiredWorkers is the status's (the leader's figure, its scale-down
+    window included), absent before the first write."""
+    spec, status = fields.spec(pool), fields.status(pool)
+    uid = (pool.get("metadata") or {}).get("uid")
+    live = [
+        pod
+        for pod in pods
+        if _worker_of(pod, uid) and not (pod.get("metadata") or {}).get("deletionTimestamp") and not has_ended(pod)
+    ]
+    ready = sum(1 for pod in live if is_ready(pod))
+    slots_per_worker = _count(spec.get("slotsPerWorker"), _POOL_SPEC["slots_per_worker"].default)
+    numbers = {
+        "workers": len(live),
+        "workersReady": ready,
+        "slots": ready * slots_per_worker,
+        "maxWorkers": _count(spec.get("maxReplicas"), _POOL_SPEC["max_replicas"].default),
+    }
+    if load is not None:
+        numbers["slotsUsed"], numbers["backlog"] = max(0, load.running), max(0, load.queued)
+    else:
+        for key in ("slotsUsed", "backlog"):
+            if isinstance(status.get(key), int):
+                numbers[key] = status[key]
+    if isinstance(status.get("desiredReplicas"), int):
+        numbers["desiredWorkers"] = status["desiredReplicas"]
+    return numbers
+
+
+class PoolCollector(Collector):
+    """Gauges of every VigilWorkerPool held (POOL_GAUGES), read at each scrape: `pools` gives the
+    pools by (namespace, name), as the pool controller holds them (a deleted pool, and its
+    series, are gone at once); `pods(namespace, name)` that pool's pods, as the pool controller
+    holds them; `load(namespace, name)` its load from the leader's lease state, None on a replica
+    that holds none."""
+
+    def __init__(
+        self,
+        pools: Callable[[], Mapping[tuple[str, str], Mapping[str, Any]]],
+        pods: Callable[[str, str], Iterable[Mapping[str, Any]]],
+        load: Callable[[str, str], PoolLoad | None],
+    ) -> None:
+        self.pools, self.pods, self.load = pools, pods, load
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        families = {key: GaugeMetricFamily(name, text, labels=["namespace", "pool"]) for key, name, text in POOL_GAUGES}
+        for (namespace, name), pool in sorted(self.pools().items()):
+            numbers = pool_numbers(pool, self.pods(namespace, name), self.load(namespace, name))
+            for key, family in families.items():
+                if key in numbers:
+                    family.add_metric([namespace, name], numbers[key])
         yield from families.values()
 
 

@@ -13,8 +13,9 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 
 import vigil
 from vigil.controllers.jobs.view import ClusterView
+from vigil.core.pools import PoolLoad
 from vigil.metrics import TASK_OUTCOMES, Metrics
-from vigil.metrics.collectors import MemoryLimitCollector, StateCollector, count_transition
+from vigil.metrics.collectors import MemoryLimitCollector, PoolCollector, StateCollector, count_transition
 
 pytestmark = pytest.mark.unit
 
@@ -195,6 +196,8 @@ def every_series(m: Metrics) -> Metrics:
     numbers = {"queued": 1, "running": 1, "backingOff": 0, "oldestQueuedSeconds": 3, "maxRunning": 2}
     m.collect_from(StateCollector(lambda: {"Uncertain": 1}, lambda: [("ns", "q", numbers)], lambda: {"running": 1}))
     m.collect_from(MemoryLimitCollector(lambda: 512 * 2**20))
+    pools = {("ns", "p"): {"metadata": {"uid": "u"}, "spec": {}, "status": {"desiredReplicas": 1}}}
+    m.collect_from(PoolCollector(lambda: pools, lambda ns, name: [], lambda ns, name: PoolLoad(queued=1)))
     return m
 
 
@@ -211,6 +214,7 @@ def test_the_exposition_is_valid_openmetrics_each_family_named_once():
     assert kinds["vigil_uncertain_attempts"] == "gauge" and kinds["vigil_attempts_uncertain"] == "counter"
     assert kinds["vigil_build"] == "info" and kinds["process_resident_memory_bytes"] == "gauge"
     assert kinds["vigil_tasks"] == "gauge" and kinds["vigil_task_outcomes"] == "counter"
+    assert kinds["vigil_pool_workers"] == "gauge" and kinds["vigil_pool_workers_ready"] == "gauge"
 
 
 def test_build_info_names_the_running_version_once():
