@@ -3,13 +3,14 @@ results (docs/pull.md), on the beat server's port.
 
 A request is checked as a beat is, and with the same budget (`BeatEndpoint.identify`): the body's
 size and arrival time before anything, then the token (verified locally, once per token), which
-must name the pod the body names; that pod must be a pod of a pool this leader knows, not being
-deleted, and its pool's namespace is the only one whose tasks it gets. Only then does it cost the
-lease state anything. A replica that does not lead answers 503 with a Retry-After.
+must name the pod the body names; that pod must be a pod of a pool this leader knows (one being
+deleted still beats and reports while it drains, and claims nothing), and its pool's namespace is
+the only one whose tasks it gets. Only then does it cost the lease state anything. A replica that does not lead answers 503 with a Retry-After.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Awaitable, Callable, Mapping
 
@@ -85,7 +86,9 @@ class PullEndpoint:
                 Reply.error(404, f"pod {identity.namespace}/{identity.name} is not a worker of a VigilWorkerPool"),
             )
         if pod.deleting:
-            return self._no("refused", Reply.error(410, "this worker's pod is being deleted: claim nothing more"))
+            # Draining: its beats and results still count (its tasks finish and are recorded
+            # once), but it is given nothing more.
+            request = dataclasses.replace(request, free=0)
         try:
             answer = await self.request(pod.pool, request)
         except RuntimeError:  # stopped leading meanwhile
