@@ -27,7 +27,20 @@ RUNBOOK = ROOT / "docs" / "alerts.md"
 
 # Labels a rule may aggregate by (and so alert on): none of unbounded cardinality, never a job's,
 # pod's or instance's. (Joins may match on instance: that names no alert.)
-BOUNDED_LABELS = {"job", "namespace", "queue", "pool", "reason", "outcome", "phase", "verb", "resource", "code", "name", "le"}
+BOUNDED_LABELS = {
+    "job",
+    "namespace",
+    "queue",
+    "pool",
+    "reason",
+    "outcome",
+    "phase",
+    "verb",
+    "resource",
+    "code",
+    "name",
+    "le",
+}
 
 
 def rule_groups() -> list[dict]:
