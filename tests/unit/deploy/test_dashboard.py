@@ -36,13 +36,13 @@ def queries() -> Iterator[tuple[str, str]]:
             yield panel["title"], target["expr"]
 
 
-def test_the_dashboard_is_grafana_json_with_a_datasource_and_namespace_queue_variables():
+def test_the_dashboard_is_grafana_json_with_a_datasource_and_namespace_queue_pool_variables():
     board = dashboard()
     assert board["uid"] == "vigil-overview" and board["title"] == "Vigil"
     assert board["schemaVersion"] >= 36
     variables = {v["name"]: v for v in board["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
-    assert {"namespace", "queue"} <= set(variables)
+    assert {"namespace", "queue", "pool"} <= set(variables)
     ids = [panel["id"] for panel in all_panels(board["panels"])]
     assert len(ids) == len(set(ids)), "panel ids are unique"
     for panel in all_panels(board["panels"]):
@@ -87,6 +87,14 @@ def test_the_queue_panels_follow_the_namespace_and_queue_variables():
             assert 'namespace=~"$namespace"' in expr and 'queue=~"$queue"' in expr, title
 
 
+def test_the_pool_panels_follow_the_namespace_and_pool_variables():
+    pool_queries = [(title, expr) for title, expr in queries() if "vigil_pool_" in expr]
+    assert pool_queries, "no panel shows the pools"
+    for title, expr in pool_queries:
+        assert 'namespace=~"$namespace"' in expr and 'pool=~"$pool"' in expr, title
+        assert "by (namespace, pool)" in expr, f"{title}: the replicas' gauges are maxed per pool"
+
+
 def test_the_dashboard_has_the_panels_on_call_looks_at_first():
     used = set().union(*(metric_names(expr) for _, expr in queries()))
     first_looks = {
@@ -112,6 +120,16 @@ def test_the_dashboard_has_the_panels_on_call_looks_at_first():
         "vigil_memory_limit_bytes",
         "vigil_task_outcomes_total",  # the arrays' tasks: outcomes and dead letters by queue
         "vigil_tasks",  # and by state
+        # the worker pools: workers against desired and max, slots used against slots, the backlog
+        "vigil_pool_workers",
+        "vigil_pool_workers_ready",
+        "vigil_pool_desired_workers",
+        "vigil_pool_max_workers",
+        "vigil_pool_slots",
+        "vigil_pool_slots_used",
+        "vigil_pool_backlog",
+        "vigil_pull_claim_latency_seconds_bucket",
+        "vigil_pull_requests_total",
     }
     assert first_looks <= used, f"no panel shows {sorted(first_looks - used)}"
 
