@@ -288,3 +288,113 @@ def test_vigil_agent_in_the_jobs_own_image_beats_passes_exit_codes_and_carries_a
     assert followed.startswith(f"--- attempt 1: pod {first} on {real_node.name} ---\n"), followed
     retry = followed.index(f"--- attempt 2: pod {second} on {real_node.name} ---\n")
     assert followed.index("attempt starts from None") < retry < followed.index("resumed at step 7"), followed
+
+
+# A pulled task on the real node: appends "<index> <attempt> <idempotency key> <exit code>" to the
+# ledger (a hostPath the test reads) and exits 3 for the poison index 13, else 0.
+POOL_TASK = r"""
+import os, sys, time
+index = int(os.environ["VIGIL_TASK_INDEX"])
+time.sleep(0.1)
+code = 3 if index == 13 else 0
+with open("/ledger/ledger.txt", "a") as ledger:
+    ledger.write(f"{index} {os.environ['VIGIL_ATTEMPT']} {os.environ['VIGIL_IDEMPOTENCY_KEY']} {code}\n")
+sys.exit(code)
+"""
+
+
+def test_a_pool_of_real_worker_pods_runs_an_array_and_a_worker_deleted_mid_run_runs_no_task_twice(
+    kube: Kube, real_node: RealNode, own_namespace: str, tmp_path: Path, request
+):
+    """Issue 45 on the kubelet: a VigilWorkerPool of two worker pods from Vigil's image
+    (`vigil-worker -- python3 -c ...`), pulling over the node's bridge with their projected
+    tokens, runs a pulled array of 200 tasks; one worker pod is deleted mid-run (its worker drains:
+    its tasks finish and are reported, and the pool replaces it), the poison task is dead-lettered
+    after its attempts, and the ledger shows every other task succeeded exactly once."""
+    ns = own_namespace
+    install_crds(kube)
+    address = real_node_bed.gateway(SUITE_CLUSTER)
+    certs = tmp_path / "certs"
+    make_self_signed(certs, ip_addresses=("127.0.0.1", address))
+    port = free_port()
+    beats = beat_args(certs, port, f"https://{address}:{port}/v1/heartbeat", address=address)
+    process = OperatorProcess(kube, [ns], tmp_path / "operator.log", extra_args=beats)
+    ledger = Path(f"/tmp/vigil-ledger-{ns}")  # under /tmp itself: the pods' user may reach it
+    ledger.mkdir(mode=0o777, exist_ok=True)
+    ledger.chmod(0o777)
+    failed_before = request.session.testsfailed
+    process.start()
+    try:
+        worker = {
+            "name": "worker",
+            "image": real_node.vigil_image,
+            "imagePullPolicy": "Never",
+            "command": ["vigil-worker", "--grace", "20", "--", "python3", "-c", POOL_TASK],
+            "volumeMounts": [{"name": "ledger", "mountPath": "/ledger"}],
+        }
+        pool = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "VigilWorkerPool",
+            "metadata": {"name": "real"},
+            "spec": {
+                "minReplicas": 2,
+                "maxReplicas": 2,
+                "slotsPerWorker": 4,
+                "heartbeat": {"intervalSeconds": 2, "timeoutSeconds": 10},
+                "template": {
+                    "spec": {
+                        **real_node.placement,
+                        "securityContext": {"runAsUser": 65532, "runAsNonRoot": True},
+                        "terminationGracePeriodSeconds": 40,
+                        "containers": [worker],
+                        "volumes": [{"name": "ledger", "hostPath": {"path": str(ledger), "type": "Directory"}}],
+                    }
+                },
+            },
+        }
+        kube.custom.create_namespaced_custom_object(GROUP, VERSION, ns, "vigilworkerpools", pool)
+
+        def running_workers() -> list:
+            pods = kube.core.list_namespaced_pod(ns, label_selector="vigil.dev/pool=real").items
+            return [p for p in pods if p.status.phase == "Running" and p.metadata.deletion_timestamp is None]
+
+        wait_until(lambda: len(running_workers()) == 2, 120, "two worker pods running on the real node")
+        array = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "VigilJob",
+            "metadata": {"name": "real-array"},
+            "spec": {
+                "pool": "real",
+                "tasks": {"count": 200, "parallelism": 8},
+                "retry": {"maxAttempts": 2, "backoff": {"initialSeconds": 1, "jitter": 0.0}},
+            },
+        }
+        uid = create(kube, ns, array)["metadata"]["uid"]
+        record = ledger / "ledger.txt"
+
+        def runs() -> list[tuple[int, int, str, int]]:
+            text = record.read_text() if record.exists() else ""
+            return [(int(i), int(a), k, int(c)) for i, a, k, c in (line.split() for line in text.splitlines() if line)]
+
+        wait_until(lambda: len(runs()) >= 40, 120, "40 tasks run")
+        victim = running_workers()[0].metadata.name
+        kube.core.delete_namespaced_pod(victim, ns)  # gracefully: its worker drains
+        wait_until(lambda: status(kube, ns, "real-array").get("phase") == "DeadLettered", 240, "the array's end")
+        tasks = status(kube, ns, "real-array")["tasks"]
+        assert tasks["deadLetteredIndexes"] == "13" and tasks["succeeded"] == 199, tasks
+        successes: dict[int, int] = {}
+        for index, _, key, code in runs():
+            assert key == f"{uid}-{index}"
+            if code == 0:
+                successes[index] = successes.get(index, 0) + 1
+        assert successes == {index: 1 for index in range(200) if index != 13}, sorted(
+            (i, n) for i, n in successes.items() if n != 1
+        )
+        assert sum(1 for index, _, _, code in runs() if index == 13 and code == 3) == 2  # both attempts
+        assert victim not in [p.metadata.name for p in running_workers()]
+        assert len(running_workers()) == 2, "the pool replaced the deleted worker"
+    finally:
+        process.stop()
+        if request.session.testsfailed > failed_before:
+            show_log(process.log_path)
+        subprocess.run(["rm", "-rf", str(ledger)], check=False)
