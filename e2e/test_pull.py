@@ -185,3 +185,23 @@ def test_a_new_leader_adopts_what_the_workers_hold_and_runs_no_task_twice(
     assert all(attempt == 1 for _, attempt, _, _ in workers.runs()), "no task was retried"
     pool = read_pool(kube, ns, "etl")
     assert pool["status"]["replicas"] == 2
+
+
+def test_a_queues_max_running_holds_across_a_pools_tasks(
+    kube: Kube, own_namespace: str, pulling, workers: Workers
+) -> None:
+    """Pulled tasks take their starts from their queue as pods do: a queue of maxRunning 3 runs at
+    most 3 of an array's tasks at once on a pool of 10 slots, and the array still finishes."""
+    ns = own_namespace
+    pulling()
+    kube.custom.create_namespaced_custom_object(
+        GROUP, VERSION, ns, "vigilqueues", {"apiVersion": f"{GROUP}/{VERSION}", "kind": "VigilQueue",
+                                            "metadata": {"name": "narrow"}, "spec": {"maxRunning": 3}}
+    )  # fmt: skip
+    for pod in make_pool(kube, ns, "etl", replicas=2, slots=5):
+        workers.start(pod, task_seconds=1.0)
+    create(kube, ns, pulled_array("narrow-array", "etl", 15, parallelism=10, queue="narrow"))
+    wait_phase(kube, ns, "narrow-array", "Succeeded", timeout=90)
+    assert workers.successes() == {index: 1 for index in range(15)}
+    assert workers.most_at_once() <= 3, workers.runs()
+    assert workers.most_at_once() == 3, "the queue's three were used"

@@ -31,15 +31,17 @@ from tests.support.jobs import GROUP, VERSION
 POOLS = "vigilworkerpools"
 WORKER = Path(sys.executable).with_name("vigil-worker")
 
-# A task: sleeps `VIGIL_TEST_TASK_SECONDS`, appends "<index> <attempt> <idempotency key> <code>" to
-# the ledger, and exits with the code `VIGIL_TEST_POISON` gives its index (3), else 0.
+# A task: sleeps `VIGIL_TEST_TASK_SECONDS`, appends "<index> <attempt> <idempotency key> <code>
+# <began> <ended>" (epoch seconds) to the ledger, and exits with the code `VIGIL_TEST_POISON` gives
+# its index (3), else 0.
 TASK = r"""
 import os, sys, time
 index = int(os.environ["VIGIL_TASK_INDEX"])
+began = time.time()
 time.sleep(float(os.environ.get("VIGIL_TEST_TASK_SECONDS", "0.2")))
 poison = {int(i) for i in os.environ.get("VIGIL_TEST_POISON", "").split(",") if i}
 code = 3 if index in poison else 0
-line = f"{index} {os.environ['VIGIL_ATTEMPT']} {os.environ['VIGIL_IDEMPOTENCY_KEY']} {code}\n"
+line = f"{index} {os.environ['VIGIL_ATTEMPT']} {os.environ['VIGIL_IDEMPOTENCY_KEY']} {code} {began} {time.time()}\n"
 with open(os.environ["VIGIL_TEST_LEDGER"], "a") as ledger:
     ledger.write(line)
 sys.exit(code)
@@ -146,7 +148,17 @@ class Workers:
     def runs(self) -> list[tuple[int, int, str, int]]:
         """Every task run the ledger records: (index, attempt, idempotency key, exit code)."""
         lines = [line.split() for line in self.ledger.read_text().splitlines() if line.strip()]
-        return [(int(i), int(a), key, int(code)) for i, a, key, code in lines]
+        return [(int(i), int(a), key, int(code)) for i, a, key, code, *_ in lines]
+
+    def most_at_once(self) -> int:
+        """The most tasks that ran at the same instant, by the ledger's times."""
+        lines = [line.split() for line in self.ledger.read_text().splitlines() if line.strip()]
+        edges = sorted((float(t), step) for *_, began, ended in lines for t, step in ((began, 1), (ended, -1)))
+        most = now = 0
+        for _, step in edges:
+            now += step
+            most = max(most, now)
+        return most
 
     def successes(self) -> Counter[int]:
         return Counter(index for index, _, _, code in self.runs() if code == 0)
