@@ -47,7 +47,7 @@ def parser() -> argparse.ArgumentParser:
             "the dead-letter queue: jobs labelled vigil.dev/dead-letter=true, and task arrays with dead-lettered "
             "tasks (their index ranges)",
         ),
-        ("top", "the queues at a glance: depth, running, oldest wait, retry budget, paused"),
+        ("top", "the queues and worker pools at a glance: depth, running, oldest wait; workers, slots, backlog"),
     ):
         sub = command(name, help)
         sub.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")

@@ -26,6 +26,7 @@ from vigil.api import (
     LABEL_DEAD_TASKS,
     LABEL_JOB_UID,
     PLURAL,
+    POOL_PLURAL,
     QUEUE_PLURAL,
     VERSION,
 )
@@ -50,7 +51,8 @@ class Failed(Exception):
 
 
 class Api:
-    """The plugin's reads and writes of VigilJobs, VigilQueues and pods, through the one client."""
+    """The plugin's reads and writes of VigilJobs, VigilQueues and pods, and its reads of
+    VigilWorkerPools, through the one client."""
 
     def __init__(self, http: ApiClient) -> None:
         self.http = http
@@ -81,6 +83,10 @@ class Api:
 
     async def queues(self, namespace: str | None) -> list[dict]:
         items, _ = await self.http.list_all(resource_path(GROUP, VERSION, QUEUE_PLURAL, namespace), {})
+        return items
+
+    async def pools(self, namespace: str | None) -> list[dict]:
+        items, _ = await self.http.list_all(resource_path(GROUP, VERSION, POOL_PLURAL, namespace), {})
         return items
 
     async def patch_job(self, namespace: str, name: str, patch: dict) -> dict:
@@ -177,7 +183,17 @@ async def dlq(api: Api, namespace: str | None, args: argparse.Namespace, clock: 
 
 async def top(api: Api, namespace: str | None, args: argparse.Namespace, clock: Clock) -> tuple[int, str]:
     rows = report.queue_rows(await api.queues(namespace))
-    return EXIT_OK, render.top(rows, args.output, namespaces=namespace is None)
+    # The worker pools beside the queues; a Vigil without them (the CRD not served: no pools to
+    # show) or a user who may not list them still sees the queues.
+    pools: list[dict[str, Any]] | None = None
+    unread = None
+    try:
+        pools = report.pool_rows(await api.pools(namespace))
+    except NotFound:
+        pools = []
+    except Refused as err:
+        unread = f"{'forbidden' if err.status == 403 else 'refused'}: {err.message}"
+    return EXIT_OK, render.top(rows, args.output, namespaces=namespace is None, pools=pools, pools_unread=unread)
 
 
 async def redrive(api: Api, namespace: str, args: argparse.Namespace, clock: Clock) -> tuple[int, str]:

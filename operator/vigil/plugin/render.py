@@ -27,6 +27,7 @@ from vigil.plugin import jsonpath, report
 FORMATS = ("table", "wide", "name", "json", "yaml", "jsonpath=TEMPLATE", "custom-columns=SPEC")
 JOB_RESOURCE = f"vigiljob.{GROUP}"  # as `kubectl get -o name` prints a VigilJob
 QUEUE_RESOURCE = f"vigilqueue.{GROUP}"
+POOL_RESOURCE = f"vigilworkerpool.{GROUP}"
 Column = tuple[str, str]  # (header, key of the row)
 
 
@@ -122,6 +123,24 @@ TOP_COLUMNS: list[Column] = [
     ("SATURATED", "saturated"),
 ]
 TOP_WIDE: list[Column] = [*TOP_COLUMNS, ("HEAD-OF-LINE", "headOfLine")]
+# `top`'s second table, the worker pools: WORKERS ready/desired, MAX maxReplicas, SLOTS used/total,
+# BACKLOG tasks waiting for a worker, CONDITIONS those in trouble (not Ready, AtMaximum).
+POOL_COLUMNS: list[Column] = [
+    ("POOL", "name"),
+    ("WORKERS", "workers"),
+    ("MAX", "maxReplicas"),
+    ("SLOTS", "slotsShown"),
+    ("BACKLOG", "backlog"),
+    ("CONDITIONS", "trouble"),
+]
+POOL_WIDE: list[Column] = [
+    *POOL_COLUMNS,
+    ("REPLICAS", "replicas"),
+    ("MIN", "minReplicas"),
+    ("SLOTS-PER-WORKER", "slotsPerWorker"),
+    ("SCALED-BY", "scaledBy"),
+    ("MESSAGE", "messages"),
+]
 REDRIVE_COLUMNS: list[Column] = [("NAME", "name"), ("RESULT", "result"), ("DETAIL", "detail")]
 NAMESPACE_COLUMN: Column = ("NAMESPACE", "namespace")
 
@@ -207,11 +226,56 @@ def dead_letters(rows: Sequence[Mapping[str, Any]], fmt: Output | str, namespace
     return listing(rows, DLQ_COLUMNS, out, namespaces, wide=DLQ_WIDE)
 
 
-def top(rows: Sequence[Mapping[str, Any]], fmt: Output | str, namespaces: bool = False) -> str:
+def top(
+    rows: Sequence[Mapping[str, Any]],
+    fmt: Output | str,
+    namespaces: bool = False,
+    pools: Sequence[Mapping[str, Any]] | None = None,
+    pools_unread: str | None = None,
+) -> str:
+    """`kubectl vigil top`: the queues, then the worker pools (`report.pool_rows`; None: not
+    read, `pools_unread` says why). A table of each, a blank line between (the queues' alone,
+    headers included, when there are no pools; the pools' alone when there are no queues); the
+    documents hold the queues as `items` and the pools as `pools`; -o name lists both."""
     out = as_output(fmt)
-    if out.tabular:
-        rows = [{**row, "oldestWait": report.duration(row["oldestWaitSeconds"])} for row in rows]
-    return listing(rows, TOP_COLUMNS, out, namespaces, wide=TOP_WIDE, resource=QUEUE_RESOURCE)
+    shown_pools = list(pools or [])
+    if out.kind == "name":
+        return "\n".join(filter(None, [names(rows, QUEUE_RESOURCE), names(shown_pools, POOL_RESOURCE)]))
+    if not out.tabular:
+        document: dict[str, Any] = {"items": [with_metadata(row) for row in rows]}
+        if pools is not None:
+            document["pools"] = [with_metadata(row) for row in pools]
+        return dump(document, out)
+    parts = []
+    if rows or not shown_pools:
+        queues = [{**row, "oldestWait": report.duration(row["oldestWaitSeconds"])} for row in rows]
+        parts.append(listing(queues, TOP_COLUMNS, out, namespaces, wide=TOP_WIDE))
+    if shown_pools:
+        parts.append(listing([pool_cells(row) for row in shown_pools], POOL_COLUMNS, out, namespaces, wide=POOL_WIDE))
+    if pools_unread and not out.no_headers:
+        parts.append(f"(worker pools not shown: {pools_unread})")
+    return "\n\n".join(part for part in parts if part)
+
+
+def _fraction(part: Any, whole: Any) -> str | None:
+    """`part/whole`, as kubectl's READY column; None when neither is known (status not written)."""
+    return None if part is None and whole is None else f"{cell(part)}/{cell(whole)}"
+
+
+def pool_cells(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A pool's row as its table shows it: workers ready/desired, slots used/total, its conditions
+    in trouble in a word each ("Ready=False (WorkersNotReady)", "AtMaximum") and their messages."""
+    trouble = [
+        c["type"] if c["type"] == c["reason"] or not c["reason"] else f"{c['type']}={c['status']} ({c['reason']})"
+        for c in row["conditions"]
+    ]
+    return {
+        **row,
+        "workers": _fraction(row["readyReplicas"], row["desiredReplicas"]),
+        "slotsShown": _fraction(row["slotsUsed"], row["slots"]),
+        "trouble": ", ".join(trouble),
+        "messages": "; ".join(c["message"] for c in row["conditions"] if c["message"]),
+    }
 
 
 def job_status(summary: Mapping[str, Any], now: datetime, fmt: Output | str) -> str:

@@ -6,7 +6,8 @@ A task array (a job with `spec.tasks`) adds its tasks to what `status` shows (th
 index ranges succeeded and dead-lettered, the dead-lettered tasks' details, the active ones),
 stands in the dead-letter queue as soon as one of its tasks is dead-lettered, and has its
 dead-lettered tasks redriven by index (`vigil.dev/redrive-tasks`); a job without tasks shows and
-redrives as it always did."""
+redrives as it always did. `top` shows the VigilWorkerPools beside the queues (`pool_rows`), from
+their status as Vigil writes it."""
 
 from __future__ import annotations
 
@@ -337,6 +338,55 @@ def queue_rows(queues: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "retryBudget": budget_state(queue),
                 "saturated": (condition(queue, "Saturated") or {}).get("status"),
                 "headOfLine": list(status.get("headOfLine") or []),
+            }
+        )
+    return sorted(rows, key=lambda row: (row["namespace"] or "", row["name"] or ""))
+
+
+# The conditions of a VigilWorkerPool `top` shows, at the values that say something is wrong or
+# limits it: not Ready (workers missing, a pod not created, no pull endpoint), or at its maximum
+# (the backlog asks for more workers than maxReplicas).
+POOL_TROUBLE = {"Ready": ("False", "Unknown"), "AtMaximum": ("True",)}
+POOL_DEFAULTS = {"minReplicas": 1, "maxReplicas": 10, "slotsPerWorker": 1}  # the CRD's defaults
+
+
+def pool_conditions(pool: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The pool's conditions in trouble (POOL_TROUBLE), in the order status has them."""
+    return [
+        {
+            "type": item["type"],
+            "status": item.get("status", ""),
+            "reason": item.get("reason", ""),
+            "message": item.get("message", ""),
+        }
+        for item in fields.status(pool).get("conditions") or []
+        if item.get("status") in POOL_TROUBLE.get(item.get("type", ""), ())
+    ]
+
+
+def pool_rows(pools: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """`kubectl vigil top`: each VigilWorkerPool at a glance, from its spec and the status Vigil
+    writes when it changes (workers, slots, backlog: the leader's figures as of its last look, at
+    most a few seconds old); a pool Vigil has not written yet shows no counts."""
+    rows = []
+    for pool in pools:
+        meta, spec, status = _meta(pool), fields.spec(pool), fields.status(pool)
+        rows.append(
+            {
+                "name": meta.get("name"),
+                "namespace": meta.get("namespace"),
+                "replicas": status.get("replicas"),
+                "readyReplicas": status.get("readyReplicas"),
+                "desiredReplicas": status.get("desiredReplicas"),
+                "minReplicas": spec.get("minReplicas", POOL_DEFAULTS["minReplicas"]),
+                "maxReplicas": spec.get("maxReplicas", POOL_DEFAULTS["maxReplicas"]),
+                "scaledBy": "spec.replicas" if spec.get("replicas") is not None else "backlog",
+                "slotsPerWorker": spec.get("slotsPerWorker", POOL_DEFAULTS["slotsPerWorker"]),
+                "slots": status.get("slots"),
+                "slotsUsed": status.get("slotsUsed"),
+                "backlog": status.get("backlog"),
+                "ready": (condition(pool, "Ready") or {}).get("status"),
+                "conditions": pool_conditions(pool),
             }
         )
     return sorted(rows, key=lambda row: (row["namespace"] or "", row["name"] or ""))

@@ -5,6 +5,7 @@ codes, down to an API server that does not answer."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 from tests.support.clock import WALL_START, FakeClock
 from tests.support.plugin import KeptOut as Out
 from tests.support.plugin import array_job, array_tasks, dead_job, queue, sample_job
+from tests.unit.plugin.test_top_pools import worker_pool
 from vigil.kube.errors import Conflict, NotFound, Refused, Unauthorized, Unreachable, from_status
 from vigil.plugin import cli, render
 
@@ -24,10 +26,11 @@ pytestmark = pytest.mark.unit
 class Api:
     """The plugin's calls, answered from objects in memory; each write recorded with its time."""
 
-    def __init__(self, clock: FakeClock, jobs=(), queues=(), pods=(), log: bytes | Exception = b"") -> None:
+    def __init__(self, clock: FakeClock, jobs=(), queues=(), pods=(), log: bytes | Exception = b"", pools=()) -> None:
         self.clock = clock
         self.jobs_ = {j["metadata"]["name"]: j for j in jobs}
         self.queues_ = {q["metadata"]["name"]: q for q in queues}
+        self.pools_: list[dict] | Exception = list(pools)
         self.pods_ = list(pods)
         self.log_ = log
         self.writes: list[tuple[float, str, dict]] = []
@@ -48,6 +51,11 @@ class Api:
 
     async def queues(self, namespace):
         return list(self.queues_.values())
+
+    async def pools(self, namespace):
+        if isinstance(self.pools_, Exception):
+            raise self.pools_
+        return self.pools_
 
     async def patch_job(self, namespace, name, patch):
         if name in self.refuse:
@@ -236,6 +244,32 @@ def test_dlq_and_top_across_namespaces():
     assert code == 0 and out.splitlines()[1].startswith("nightly")
 
 
+def test_top_shows_the_worker_pools_after_the_queues_and_the_queues_when_pools_cannot_be_read():
+    clock = FakeClock()
+    status = {"replicas": 2, "readyReplicas": 2, "desiredReplicas": 2, "slots": 8, "slotsUsed": 3, "backlog": 0}
+    etl = worker_pool("etl", spec={"slotsPerWorker": 4}, status=status)
+    api = Api(clock, queues=[queue("nightly")], pools=[etl])
+    code, out = run(api, clock, "top")
+    queues, pools = out.split("\n\n")
+    assert code == 0 and queues.splitlines()[1].startswith("nightly")
+    assert pools.splitlines()[0].split() == ["POOL", "WORKERS", "MAX", "SLOTS", "BACKLOG", "CONDITIONS"]
+    assert pools.splitlines()[1].split() == ["etl", "2/2", "10", "3/8", "0", "-"]
+    code, out = run(api, clock, "top", "-A", "-o", "json")
+    assert [p["name"] for p in json.loads(out)["pools"]] == ["etl"]
+    # A Vigil without worker pools (the CRD not served): nothing to show, nothing to say.
+    api.pools_ = NotFound("the server could not find the requested resource", status=404)
+    code, out = run(api, clock, "top")
+    assert code == 0 and "\n\n" not in out and "pool" not in out.lower()
+    assert json.loads(run(api, clock, "top", "-o", "json")[1])["pools"] == []
+    # A user who may list queues but not pools sees the queues, and why the pools are missing.
+    api.pools_ = from_status(403, {"reason": "Forbidden", "message": "cannot list vigilworkerpools"})
+    code, out = run(api, clock, "top")
+    assert code == 0 and out.splitlines()[1].startswith("nightly")
+    assert out.splitlines()[-1] == "(worker pools not shown: forbidden: cannot list vigilworkerpools)"
+    assert "pools" not in json.loads(run(api, clock, "top", "-o", "json")[1]), "not read: not said to be none"
+    assert run(api, clock, "top", "--no-headers")[1].split() == ["nightly", "false", *"------", "0.2", "ok", "-"]
+
+
 def test_pause_and_resume_patch_spec_paused_once():
     clock = FakeClock()
     api = Api(clock, queues=[queue("nightly", spec={"paused": False})])
@@ -371,6 +405,11 @@ class Racing(Api):
         if job is not None:
             job["metadata"]["resourceVersion"] = str(100 + self.reads)
         return job
+
+    async def pools(self, namespace):
+        if isinstance(self.pools_, Exception):
+            raise self.pools_
+        return self.pools_
 
     async def patch_job(self, namespace, name, patch):
         self.writes.append((self.clock.monotonic(), name, patch))
