@@ -39,6 +39,7 @@ from vigil import api
 from vigil.core import fields
 from vigil.core.actions import AnnotatePod, CreatePod, DeletePod, ReleasePod
 from vigil.core.liveness import Liveness
+from vigil.core.lru import Lru
 from vigil.core.manifest import attempt_pod_name, task_name
 from vigil.core.pools import PoolLoad
 
@@ -53,6 +54,7 @@ MAX_WAIT_SECONDS = 20.0  # the longest long poll
 MAX_BODY_BYTES = 256 * 1024
 VIRTUAL_UID_PREFIX = "pull-"
 DEFAULT_GRACE_SECONDS = 30
+GONE_JOBS = 10_000  # deleted jobs remembered (a UID each), for their workers' late requests
 WORKER_CONTAINER = "task"
 
 
@@ -307,6 +309,9 @@ class PullState:
         self.ready: dict[tuple[str, str], OrderedDict[LeaseKey, None]] = {}  # per pool, oldest offer first
         self.workers: dict[tuple[str, str], Worker] = {}  # by (namespace, pod name)
         self.by_job: dict[str, set[LeaseKey]] = {}
+        # Jobs deleted while this process led: what a worker still holds or reports of one is
+        # stopped and acknowledged, never adopted (it would wait for a look that never comes).
+        self.gone: Lru[str, bool] = Lru(GONE_JOBS)
 
     # --- the job controller's side (after the write that fences each) ---------------------
 
@@ -375,16 +380,11 @@ class PullState:
         return True
 
     def forget_job(self, job_uid: str) -> None:
-        """A job deleted: its leases are dropped; a worker still running one is told to stop."""
+        """A job deleted: its leases are dropped; a worker still running one of its tasks is told
+        to stop it when it next names it, and its results are acknowledged unrecorded."""
+        self.gone.put(job_uid, True)
         for key in list(self.by_job.get(job_uid, ())):
-            lease = self.leases[key]
-            worker = self.workers.get((lease.namespace, lease.worker)) if lease.worker else None
-            if worker is not None:
-                if lease.result is None:
-                    worker.acks.discard(key)
-                else:
-                    worker.acks.add(key)
-            self._drop(lease, keep_on_worker=lease.result is None)
+            self._drop(self.leases[key])
 
     # --- what a decision reads ---------------------------------------------------------------
 
@@ -495,7 +495,11 @@ class PullState:
         worker.last_seen, worker.last_seen_wall = now, wall
         cancel: list[list[Any]] = []
         held = set(request.held)
+        acked: list[list[Any]] = []
         for key, code, message in request.results:
+            if self.gone.get(key[0]):
+                acked.append(list(key))  # its job is deleted: nothing to record it in
+                continue
             lease = self.leases.get(key)
             if lease is None:
                 lease = self._adopt(key, worker, wall)
@@ -511,6 +515,9 @@ class PullState:
                 lease.checkpoint = value
                 touched.add(key[0])
         for key in held:
+            if self.gone.get(key[0]):
+                cancel.append(list(key))
+                continue
             lease = self.leases.get(key)
             if lease is None:
                 lease = self._adopt(key, worker, wall)
@@ -537,7 +544,7 @@ class PullState:
                 and request.seen >= lease.granted_seq
             ):
                 touched.add(self._vanish(lease, "LeaseDropped", wall))  # docs/pull.md: held is the truth
-        acked = [list(key) for key in sorted(worker.acks)]
+        acked += [list(key) for key in sorted(worker.acks)]
         worker.acks.clear()
         given = self.claim(worker, request.free, request.seq, request.boot, now, wall) if request.free else []
         timing = self.timing(request.namespace, pool)
@@ -584,7 +591,7 @@ class PullState:
         self.leases[lease.key] = lease
         self.by_job.setdefault(lease.key[0], set()).add(lease.key)
 
-    def _drop(self, lease: Lease, keep_on_worker: bool = False) -> None:
+    def _drop(self, lease: Lease) -> None:
         self.leases.pop(lease.key, None)
         keys = self.by_job.get(lease.key[0])
         if keys is not None:

@@ -404,6 +404,20 @@ def test_a_task_offered_again_by_a_new_leader_stays_with_the_worker_that_names_i
     assert len(first.running) == 1 and not second.running and not first.cancelled
 
 
+def test_a_deleted_jobs_running_tasks_are_stopped_and_their_results_acknowledged() -> None:
+    bed = Bed(pulled_job(2, parallelism=2))
+    worker = Worker("w-a", 2)
+    bed.look()
+    bed.ask(worker)
+    first, second = sorted(worker.running)
+    worker.finish(first, 0)
+    bed.state.forget_job(bed.job["metadata"]["uid"])  # the job is deleted
+    bed.ask(worker, claim=False)
+    assert worker.cancelled == [second] and worker.unacked == {second: 143}
+    bed.ask(worker, claim=False)
+    assert worker.unacked == {} and bed.state.leases == {}  # nothing kept, nothing adopted
+
+
 def test_two_workers_naming_one_lease_the_second_is_told_to_stop() -> None:
     bed = Bed(pulled_job(1))
     a, b = Worker("w-a", 1), Worker("w-b", 1)
