@@ -110,7 +110,13 @@ class JobController:
             kube, self.view, self.queue, events, job_seen=self.handlers.job_seen, clock=clock, metrics=metrics
         )
         # The leases of pulled arrays (spec.pool): the leader's alone, made anew when it starts.
-        self.pulled = Pulled(clock, self.queue.add, pool_timing, metrics.pull_claim_latency.observe)
+        self.pulled = Pulled(
+            clock,
+            self.queue.add,
+            pool_timing,
+            metrics.pull_claim_latency.observe,
+            knows_job=lambda namespace, uid: self.view.knows_job((namespace, uid)),
+        )
         self.reconciler = JobReconciler(
             kube,
             self.view,
