@@ -1,12 +1,12 @@
 """`kubectl vigil` end to end: the plugin as a process, as a user runs it, against the real
 operator (its own, for a namespace of its own) on the bed: a job's status and why it waits, the
-dead-letter queue, a redrive that gives the job a new attempt, pause and resume, top, an
-attempt's log (kwok runs no containers: the plugin must say there is none, and why; a real pod's
-log, followed across a retry, is e2e/test_real_node.py's), the output formats kubectl users type
-(-o name, wide, jsonpath, custom-columns, --no-headers) and `kubectl vigil <TAB>` completed by
-kubectl itself through kubectl_complete-vigil, with names from the cluster; and a task array's
-day two: its tasks in `status`, its dead-lettered tasks in `dlq` while it runs, and redrives of
-some of its tasks by index and of all of them."""
+dead-letter queue, a redrive that gives the job a new attempt, pause and resume, top (the queues
+and a worker pool), an attempt's log (kwok runs no containers: the plugin must say there is none,
+and why; a real pod's log, followed across a retry, is e2e/test_real_node.py's), the output
+formats kubectl users type (-o name, wide, jsonpath, custom-columns, --no-headers) and
+`kubectl vigil <TAB>` completed by kubectl itself through kubectl_complete-vigil, with names from
+the cluster; and a task array's day two: its tasks in `status`, its dead-lettered tasks in `dlq`
+while it runs, and redrives of some of its tasks by index and of all of them."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from tests.support.jobs import (
     wait_phase,
 )
 from tests.support.plugin import kubectl_binary, plugin_command, plugin_environment
+from tests.support.pools import POOLS, worker_pool
 from tests.support.waits import deadline, wait_until
 
 pytestmark = pytest.mark.e2e  # the operator end to end, as a process, on a real cluster
@@ -123,6 +124,21 @@ def test_kubectl_vigil_day_two(kube: Kube, own_namespace: str, own_operator, tmp
     assert (row["name"], row["maxRunning"], row["paused"], row["retryBudget"]) == ("nightly", 1, False, "0.2 ok")
     assert row["oldestWaitSeconds"] is not None and row["headOfLine"] == ["waiter"]
     assert plugin(kube, ns, "top").stdout.splitlines()[0].split()[:3] == ["QUEUE", "PAUSED", "QUEUED"]
+
+    # top: the namespace's worker pools after its queues, from their status as Vigil writes it
+    # (minReplicas 0 and nothing pulled: no worker is made, whether or not this operator pulls)
+    kube.custom.create_namespaced_custom_object(
+        GROUP, VERSION, ns, POOLS, worker_pool("etl", minReplicas=0, maxReplicas=3)
+    )
+
+    def etl() -> dict:
+        return next(iter(as_json(plugin(kube, ns, "top", "-o", "json"))["pools"]), {})
+
+    wait_until(lambda: etl().get("ready") is not None, 20, "Vigil to write the pool etl's status")
+    assert (etl()["name"], etl()["desiredReplicas"], etl()["maxReplicas"], etl()["backlog"]) == ("etl", 0, 3, 0)
+    pools = plugin(kube, ns, "top").stdout.split("\n\n")[1].splitlines()
+    assert pools[0].split() == ["POOL", "WORKERS", "MAX", "SLOTS", "BACKLOG", "CONDITIONS"]
+    assert pools[1].split()[:5] == ["etl", "0/0", "3", "0/0", "0"]
 
     # pause and resume: spec.paused
     def paused() -> bool:
