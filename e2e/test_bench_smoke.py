@@ -187,3 +187,48 @@ def test_arrays_runs_every_scenario_and_reports_every_figure(kube: Kube, tmp_pat
     assert vigil_burst["queue_depth_final"] == 60 and vigil_burst["queue_running_max"] == 0, vigil_burst
     assert "| **throughput, tasks/s** |" in table.read_text()
     print(f"bench.arrays smoke took {time.monotonic() - began:.0f} s")
+
+
+def test_pull_runs_every_scenario_and_loses_no_task(kube: Kube, tmp_path: Path) -> None:
+    from bench.pull import REQUIRED
+
+    began = time.monotonic()
+    result = run_bench(
+        "bench.pull",
+        ["--throughput", "--in-flight", "--burst", "--faults", "--workers", "3", "--slots", "50"]
+        + ["--tasks", "200", "--arrays", "2", "--parallelism", "100", "--native-tasks", "10"]
+        + ["--native-parallelism", "10", "--in-flight-tasks", "150", "--in-flight-seconds", "2"]
+        + ["--in-flight-rounds", "1", "--burst-arrays", "4", "--burst-tasks", "50", "--burst-over", "1"]
+        + ["--fault-tasks", "150", "--fault-seconds", "2", "--fault-rounds", "2", "--fault-heartbeat", "1,4"]
+        + ["--fault-worker-after", "1", "--kubeconfig", str(kube.kubeconfig), "--out", str(tmp_path)],
+        timeout=deadline(300),
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    (report,) = tmp_path.glob("pull-200-inflight-150-burst-4x50-faults-150-*.json")
+    (table,) = tmp_path.glob("pull-*.md")
+    results = json.loads(report.read_text())["results"]
+    for scenario in ("throughput", "in-flight", "burst", "faults"):
+        vigil = results[scenario]["vigil"]
+        assert vigil["arrays_by_phase"] == {"Succeeded": vigil["arrays_acknowledged"]}, (scenario, vigil)
+        assert vigil["tasks_lost"] == 0 and vigil["tasks_not_succeeded"] == 0, scenario
+        assert vigil["succeeded_tasks"] == vigil["tasks"], scenario
+        assert vigil["worker_requests"] > 0, scenario
+    throughput = results["throughput"]
+    absent = [key for key in REQUIRED if missing(throughput["vigil"].get(key))]
+    if not kube.on_testbed:  # the /proc and audit-log figures need the local test bed
+        absent = [k for k in absent if not any(w in k for w in ("cpu", "rss", "controller_writes"))]
+    assert not absent, f"figures missing: {absent}"
+    assert throughput["native"]["succeeded_tasks"] == 10 and throughput["native"]["outcome"] == "Succeeded"
+    # Nothing went Uncertain or Lost, and every worker request was answered, with the leader up throughout.
+    in_flight = results["in-flight"]["vigil"]
+    assert in_flight["in_flight_max"] > 0 and in_flight["worker_requests_not_200"] == 0, in_flight
+    assert in_flight["tasks_seen_uncertain"] == in_flight["vigil_attempts_uncertain_total"] == 0, in_flight
+    burst = results["burst"]
+    assert burst["vigil"]["acknowledged"] == 4 and burst["vigil"]["lost"] == 0
+    assert burst["native"]["acknowledged"] == 4 and burst["native"]["lost"] == 0
+    assert burst["vigil"]["queue_depth_max"] >= 0
+    faults = results["faults"]["vigil"]
+    assert faults["fault"]["worker_killed"] and faults["fault"]["in_flight_at_leader_kill"] > 0, faults["fault"]
+    assert faults["twice_unexplained"] == 0, faults
+    assert "| **throughput, tasks/s** |" in table.read_text() and "| faults | measured |" in table.read_text()
+    print(f"bench.pull smoke took {time.monotonic() - began:.0f} s")
