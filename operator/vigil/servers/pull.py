@@ -5,7 +5,8 @@ A request is checked as a beat is, and with the same budget (`BeatEndpoint.ident
 size and arrival time before anything, then the token (verified locally, once per token), which
 must name the pod the body names; that pod must be a pod of a pool this leader knows (one being
 deleted still beats and reports while it drains, and claims nothing), and its pool's namespace is
-the only one whose tasks it gets. Only then does it cost the lease state anything. A replica that does not lead answers 503 with a Retry-After.
+the only one whose tasks it gets. Only then does it cost the lease state anything. A replica that
+does not lead answers 503 with a Retry-After.
 """
 
 from __future__ import annotations
