@@ -16,36 +16,15 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.support.cluster import Kube, free_port, install_crds, simulated_pod_spec
+from tests.support.cluster import Kube, free_port, install_crds
 from tests.support.jobs import GROUP, VERSION
+from tests.support.operators import beat_args
+from tests.support.pools import POOLS, pool_pods, read_pool, worker_pool
 from tests.support.waits import wait_until
 from vigil.core.manifest import BEAT_TOKEN_DIR, BEAT_TOKEN_VOLUME
 from vigil.servers.webhook import make_self_signed
 
 pytestmark = pytest.mark.e2e
-
-POOLS = "vigilworkerpools"
-
-
-def worker_pool(name: str, **spec: Any) -> dict[str, Any]:
-    _, pod_spec = simulated_pod_spec(exit_code=None)  # Running and Ready until deleted
-    pod_spec["containers"][0]["command"] = ["vigil-worker", "--", "python", "task.py"]
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "VigilWorkerPool",
-        "metadata": {"name": name},
-        "spec": {"template": {"metadata": {"labels": {"app": "etl"}}, "spec": pod_spec}, **spec},
-    }
-
-
-def pool_pods(kube: Kube, namespace: str, name: str) -> list[client.V1Pod]:
-    """The pool's pods that are not being deleted."""
-    pods = kube.core.list_namespaced_pod(namespace, label_selector=f"vigil.dev/pool={name}").items
-    return [pod for pod in pods if pod.metadata.deletion_timestamp is None]
-
-
-def read_pool(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
-    return kube.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, POOLS, name)
 
 
 @pytest.fixture
@@ -53,15 +32,7 @@ def pulling_operator(own_operator, tmp_path: Path) -> int:
     """An operator for own_namespace with a beat server, so with a pull endpoint; its port."""
     make_self_signed(tmp_path / "certs")
     port = free_port()
-    own_operator(
-        extra_args=(
-            "--beat-address", f"127.0.0.1:{port}",
-            "--beat-cert-file", str(tmp_path / "certs" / "tls.crt"),
-            "--beat-key-file", str(tmp_path / "certs" / "tls.key"),
-            "--heartbeat-url", f"https://127.0.0.1:{port}/v1/heartbeat",
-            "--heartbeat-ca-file", str(tmp_path / "certs" / "ca.crt"),
-        )
-    )  # fmt: skip
+    own_operator(extra_args=beat_args(tmp_path / "certs", port, f"https://127.0.0.1:{port}/v1/heartbeat"))
     return port
 
 

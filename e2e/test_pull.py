@@ -29,6 +29,7 @@ import pytest
 from tests.support.agents import pod_token
 from tests.support.cluster import Kube, free_port, simulated_pod_spec
 from tests.support.jobs import GROUP, PLURAL, VERSION, create, status, wait_phase
+from tests.support.operators import beat_args
 from tests.support.pools import POOLS, Workers, pool_pods, pulled_array, read_pool, worker_pool
 from tests.support.waits import deadline, wait_until
 from vigil.servers.webhook import make_self_signed
@@ -46,15 +47,9 @@ def pulling(own_operator, tmp_path: Path):
 
     def start(**options):
         return own_operator(
-            extra_args=(
-                "--beat-address", f"127.0.0.1:{port}",
-                "--beat-cert-file", str(tmp_path / "certs" / "tls.crt"),
-                "--beat-key-file", str(tmp_path / "certs" / "tls.key"),
-                "--heartbeat-url", f"https://127.0.0.1:{port}/v1/heartbeat",
-                "--heartbeat-ca-file", str(tmp_path / "certs" / "ca.crt"),
-            ),
+            extra_args=beat_args(tmp_path / "certs", port, f"https://127.0.0.1:{port}/v1/heartbeat"),
             **options,
-        )  # fmt: skip
+        )
 
     start.port = port  # type: ignore[attr-defined]
     start.ca = tmp_path / "certs" / "ca.crt"  # type: ignore[attr-defined]
@@ -195,9 +190,17 @@ def test_a_queues_max_running_holds_across_a_pools_tasks(
     ns = own_namespace
     pulling()
     kube.custom.create_namespaced_custom_object(
-        GROUP, VERSION, ns, "vigilqueues", {"apiVersion": f"{GROUP}/{VERSION}", "kind": "VigilQueue",
-                                            "metadata": {"name": "narrow"}, "spec": {"maxRunning": 3}}
-    )  # fmt: skip
+        GROUP,
+        VERSION,
+        ns,
+        "vigilqueues",
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "VigilQueue",
+            "metadata": {"name": "narrow"},
+            "spec": {"maxRunning": 3},
+        },
+    )
     for pod in make_pool(kube, ns, "etl", replicas=2, slots=5):
         workers.start(pod, task_seconds=1.0)
     create(kube, ns, pulled_array("narrow-array", "etl", 15, parallelism=10, queue="narrow"))

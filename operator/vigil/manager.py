@@ -144,19 +144,11 @@ def watch_scopes(patterns: Collection[str]) -> tuple[list[str | None], Callable[
     return [None], matches
 
 
-def build_watches(
-    client: ApiClient,
-    namespaces: Collection[str],
-    metrics: Metrics,
-    clock: Clock = SYSTEM,
-    pod_watch_pace: float = POD_WATCH_PACE_SECONDS,
-) -> tuple[Watches, Watches, Watches]:
-    """(jobs, queues, pods), one informer of each per watched scope. Pods are filtered by the API
-    server to those labelled with a job's UID, and then by the operator as each arrives: only
-    pods that belong to a VigilJob are kept, and of those only what Vigil reads
-    (`podstate.keep_job_pod`; anyone who may create pods can put the label on one). Every list
-    comes in pages sized by bytes, each trimmed as it arrives; the pod watches rest
-    `pod_watch_pace` seconds after each read."""
+def _watcher(
+    client: ApiClient, namespaces: Collection[str], metrics: Metrics, clock: Clock
+) -> Callable[..., Watches]:
+    """`watches(name, group, version, plural, **options)`: one informer of that resource per
+    watched scope, keeping what the scopes' filter accepts."""
     scopes, accept = watch_scopes(namespaces)
 
     def watches(name: str, group: str, version: str, plural: str, **options: object) -> Watches:
@@ -175,6 +167,23 @@ def build_watches(
             ]
         )
 
+    return watches
+
+
+def build_watches(
+    client: ApiClient,
+    namespaces: Collection[str],
+    metrics: Metrics,
+    clock: Clock = SYSTEM,
+    pod_watch_pace: float = POD_WATCH_PACE_SECONDS,
+) -> tuple[Watches, Watches, Watches]:
+    """(jobs, queues, pods), one informer of each per watched scope. Pods are filtered by the API
+    server to those labelled with a job's UID, and then by the operator as each arrives: only
+    pods that belong to a VigilJob are kept, and of those only what Vigil reads
+    (`podstate.keep_job_pod`; anyone who may create pods can put the label on one). Every list
+    comes in pages sized by bytes, each trimmed as it arrives; the pod watches rest
+    `pod_watch_pace` seconds after each read."""
+    watches = _watcher(client, namespaces, metrics, clock)
     return (
         watches("jobs", api.GROUP, api.VERSION, api.PLURAL, trim=strip_job),
         watches("queues", api.GROUP, api.VERSION, api.QUEUE_PLURAL, trim=strip),
@@ -201,24 +210,7 @@ def build_pool_watches(
     builds the others. Pods are filtered by the API server to those labelled vigil.dev/pool, and
     then to those a pool controls, trimmed to what the pool's decision reads
     (`core.pools.keep_pool_pod`)."""
-    scopes, accept = watch_scopes(namespaces)
-
-    def watches(name: str, group: str, version: str, plural: str, **options: object) -> Watches:
-        return Watches(
-            [
-                Informer(
-                    client,
-                    resource_path(group, version, plural, scope),
-                    name=f"{name} in {scope or 'all namespaces'}",
-                    accept=accept,
-                    on_relist=metrics.watch_relists.labels(plural).inc,
-                    clock=clock,
-                    **options,  # type: ignore[arg-type]
-                )
-                for scope in scopes
-            ]
-        )
-
+    watches = _watcher(client, namespaces, metrics, clock)
     return (
         watches("worker pools", api.GROUP, api.VERSION, api.POOL_PLURAL, trim=strip),
         watches(
