@@ -8,7 +8,7 @@ a stale view of the job fails there, before it touches a pod.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 
@@ -130,6 +130,10 @@ class Decision:
     """The actions for one look at a job, in the order they must be executed."""
 
     actions: tuple[Action, ...] = ()
+    # A task's decision (vigil.core.tasks.array projects each task onto a job): the status the
+    # task goes to, as a model, so that the array neither writes nor reads it as JSON. None for a
+    # job's decision, whose status is its PatchStatus.
+    status: Any = field(default=None, compare=False)
 
     def of_type(self, kind: type[ActionT]) -> list[ActionT]:
         """The actions of one kind, in order."""

@@ -115,6 +115,8 @@ class Draft:
         return self.liveness.get(fields.uid(pod)) or _NO_VERDICT
 
     def decision(self) -> Decision:
+        if self.task is not None:
+            return self._task_decision()
         if self._only_starts():
             self.status = self.job.status  # the next look records the attempt, on finding its pod
         self._refresh_conditions()
@@ -146,6 +148,21 @@ class Draft:
         if self.requeue_after and not self.delete_job:
             actions.append(RequeueAfter(min(self.requeue_after)))
         return Decision(tuple(actions))
+
+    def _task_decision(self) -> Decision:
+        """A task's decision, for its array (`core.tasks.array`): the status it goes to as a model
+        (the array keeps some of its fields in its own status, and no condition), the pods'
+        actions, and the events; no fence of its own (the array's write is the fence)."""
+        mutations = [
+            *(action for action in self.pod_actions if not isinstance(action, CreatePod)),
+            *self.releases,
+            *(action for action in self.pod_actions if isinstance(action, CreatePod)),
+        ]
+        self._stamp_last_beat(written_anyway=bool(mutations or self.events) or self.status != self.job.status)
+        actions: list[Action] = [*mutations, *self.events]
+        if self.requeue_after:
+            actions.append(RequeueAfter(min(self.requeue_after)))
+        return Decision(tuple(actions), status=self.status)
 
     def _only_starts(self) -> bool:
         """Whether this decision does nothing but start the attempt it reserved: then it creates

@@ -228,11 +228,13 @@ def attempt_pod_manifest(
     if sidecar and heartbeat.liveness_port:
         vigil_env.append({"name": "VIGIL_LIVENESS_PORT", "value": str(heartbeat.liveness_port)})
     ours = {entry["name"] for entry in vigil_env}
+    first = True  # the first container takes vigil_env itself, each other a copy (a task array makes thousands)
     for key in ("initContainers", "containers"):
         for container in pod_spec.get(key) or []:
             # Vigil's values replace the user's of the same name: a wrong token would be unsafe.
             theirs = [e for e in container.get("env") or [] if e.get("name") not in ours]
-            container["env"] = theirs + copy.deepcopy(vigil_env)
+            container["env"] = theirs + (list(vigil_env) if first else copy.deepcopy(vigil_env))
+            first = False
             if mounts:
                 drop = {m["name"] for m in mounts}
                 kept = [m for m in container.get("volumeMounts") or [] if m.get("name") not in drop]

@@ -261,6 +261,7 @@ class _Array:
         self.requeue: list[float] = []
         self.starts_used = 0
         self.outcomes: dict[str, int] = {}
+        self._spec_made: tuple[bool, api.VigilJobSpec] | None = None
 
     # --- what is observed ---------------------------------------------------------------------
 
@@ -439,14 +440,7 @@ class _Array:
                     generation=meta.generation,
                     resource_version=meta.resource_version,
                 ),
-                "spec": job.spec.model_copy(
-                    update={
-                        "tasks": None,
-                        "active_deadline_seconds": None,
-                        "ttl_seconds_after_finished": None,
-                        "suspend": job.spec.suspend or self.stopped is not None,
-                    }
-                ),
+                "spec": self._task_spec(),
                 "status": _as_job_status(record),
             }
         )
@@ -465,7 +459,7 @@ class _Array:
             agent_image=self.agent_image,
             task=TaskRef(meta.name, index, self.total, item),
         )
-        after = record
+        after = _as_task(index, decision.status) if decision.status is not None else record
         for action in decision.actions:
             if isinstance(action, PatchStatus):
                 after = _as_task(index, VigilJobStatus.model_validate(action.status))
@@ -486,6 +480,23 @@ class _Array:
         if after.attempts > record.attempts:
             self.starts_used += after.attempts - record.attempts
         self._file(index, record, after)
+
+    def _task_spec(self) -> api.VigilJobSpec:
+        """The spec of the job each task is projected onto: the array's, without what is the
+        whole array's (its tasks, deadline, TTL), suspended when the array stops. Made once per
+        look (and again if the array stops during it): it is the same for every task."""
+        suspend = self.job.spec.suspend or self.stopped is not None
+        if self._spec_made is None or self._spec_made[0] != suspend:
+            spec = self.job.spec.model_copy(
+                update={
+                    "tasks": None,
+                    "active_deadline_seconds": None,
+                    "ttl_seconds_after_finished": None,
+                    "suspend": suspend,
+                }
+            )
+            self._spec_made = (suspend, spec)
+        return self._spec_made[1]
 
     def _file(self, index: int, before: TaskState, after: TaskState) -> None:
         """Puts the task where its new state says: active, succeeded or dead-lettered."""
