@@ -27,6 +27,7 @@ Times: `now` is monotonic seconds, `wall` a datetime; both are passed in.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections import OrderedDict
@@ -730,6 +731,7 @@ def virtual_pod(job: Mapping[str, Any], key: LeaseKey, phase: str, lease: Lease 
     return {"metadata": metadata, "spec": {"nodeName": node}, "status": status}
 
 
+@functools.lru_cache(maxsize=1024)  # the leases of one look or one request share their instants
 def _stamp(moment: datetime | None) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ") if moment is not None else ""
 
