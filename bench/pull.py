@@ -556,6 +556,7 @@ class Arrays:
         self.done: dict[str, tuple[str, float]] = {}  # name -> (phase, arrival)
         self.uncertain: set[tuple[str, int, int]] = set()
         self.lost: set[tuple[str, int, int]] = set()
+        self.lost_reasons: Counter[str] = Counter()  # events showing a Lost last attempt, by its reason
         self.events = 0
 
     def on_job(self, _type: str, job: dict, now: float) -> None:
@@ -569,8 +570,9 @@ class Arrays:
                 if record.get("phase") == "Uncertain":
                     self.uncertain.add((uid, int(record.get("index", -1)), attempt))
                 last = record.get("last") or {}
-                if "Lost" in str(last.get("outcome", "")) + str(last.get("reason", "")):
+                if last.get("outcome") == "Lost":
                     self.lost.add((uid, int(record.get("index", -1)), int(last.get("number") or 0)))
+                    self.lost_reasons[str(last.get("reason"))] += 1
             phase = status.get("phase")
             if phase in ("Succeeded", "DeadLettered") and name not in self.done:
                 self.done[name] = (phase, now)
@@ -862,6 +864,7 @@ def run_pool(
         "worker_requests_not_200": sum(v for k, v in statuses.items() if k != "200"),
         "tasks_seen_uncertain": len(seen.uncertain),
         "tasks_seen_lost": len(seen.lost),
+        "lost_reasons_seen": dict(seen.lost_reasons),
         "job_watch_events": seen.events,
         "workers_cpu_seconds": workers_cpu,
         "workers_cpu_ms_per_task": workers_cpu * 1000 / max(1, len(runs)),
