@@ -144,9 +144,7 @@ def watch_scopes(patterns: Collection[str]) -> tuple[list[str | None], Callable[
     return [None], matches
 
 
-def _watcher(
-    client: ApiClient, namespaces: Collection[str], metrics: Metrics, clock: Clock
-) -> Callable[..., Watches]:
+def _watcher(client: ApiClient, namespaces: Collection[str], metrics: Metrics, clock: Clock) -> Callable[..., Watches]:
     """`watches(name, group, version, plural, **options)`: one informer of that resource per
     watched scope, keeping what the scopes' filter accepts."""
     scopes, accept = watch_scopes(namespaces)

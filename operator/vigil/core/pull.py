@@ -301,9 +301,12 @@ class PullState:
         timing: Callable[[str, str], PoolTiming] = lambda namespace, pool: PoolTiming(),
         adoption_seconds: float | None = None,
         claimed: Callable[[float], None] = lambda waited: None,
+        adoptable: Callable[[str, str, str], bool] = lambda namespace, pool, job_uid: True,
     ) -> None:
-        """`claimed(seconds)` hears, for each lease given, how long its task waited for a worker."""
-        self.started_at, self.claimed = started_at, claimed
+        """`claimed(seconds)` hears, for each lease given, how long its task waited for a worker.
+        `adoptable(namespace, pool, job uid)`: whether that job is a pulled array of that pool in
+        that namespace, so that a worker's lease of it may be adopted."""
+        self.started_at, self.claimed, self.adoptable = started_at, claimed, adoptable
         self.timing = timing
         self.adoption_seconds = adoption_seconds
         self.leases: dict[LeaseKey, Lease] = {}
@@ -394,11 +397,13 @@ class PullState:
         for each task its status says is running that no worker has named yet."""
         job_uid = fields.uid(job)
         pods = []
+        pool = str(fields.spec(job).get("pool") or "")
         for key in sorted(self.by_job.get(job_uid, ())):
             lease = self.leases[key]
+            if (lease.namespace, lease.pool) != (fields.namespace(job), pool):
+                continue  # not this job's, whatever UID a worker named
             lease.job_name = lease.job_name or fields.name(job)
             pods.append(virtual_pod(job, key, _phase_of(lease), lease))
-        pool = str(fields.spec(job).get("pool") or "")
         if pool and self.adopting(now, fields.namespace(job), pool):
             known = {(lease_index, attempt) for _, lease_index, attempt in self.by_job.get(job_uid, ())}
             # An attempt seen running (its UID recorded) may be held by a worker that has not
@@ -495,14 +500,25 @@ class PullState:
         worker.boot = request.boot or worker.boot
         worker.last_seen, worker.last_seen_wall = now, wall
         cancel: list[list[Any]] = []
-        held = set(request.held)
+        held = dict.fromkeys(request.held)  # in the worker's order: the answer is deterministic
         acked: list[list[Any]] = []
+        adopting = self.adopting(now, request.namespace, pool)
+
+        def may_adopt(key: LeaseKey) -> bool:
+            """Only while a new leader waits for its workers, only a job of the worker's own
+            namespace and pool, and no more than a worker may hold: a worker's word costs memory,
+            and names any job UID it likes."""
+            return adopting and len(worker.leases) < MAX_HELD and self.adoptable(request.namespace, pool, key[0])
+
         for key, code, message in request.results:
             if self.gone.get(key[0]):
                 acked.append(list(key))  # its job is deleted: nothing to record it in
                 continue
             lease = self.leases.get(key)
             if lease is None:
+                if not may_adopt(key):
+                    acked.append(list(key))  # nothing this leader offered or waits for: dropped
+                    continue
                 lease = self._adopt(key, worker, wall)
             elif lease.worker != worker.name:
                 continue  # not this worker's lease: its result is not this attempt's
@@ -521,8 +537,14 @@ class PullState:
                 continue
             lease = self.leases.get(key)
             if lease is None:
+                if not may_adopt(key):
+                    cancel.append(list(key))
+                    continue
                 lease = self._adopt(key, worker, wall)
                 touched.add(key[0])
+            elif (lease.namespace, lease.pool) != (request.namespace, pool):
+                cancel.append(list(key))  # another pool's task: never this worker's
+                continue
             elif lease.worker is None and lease.vanished is None and lease.cancelled_wall is None:
                 # Offered again by a new leader, and named by the worker the old one gave it to
                 # before anyone claimed it: it stays with that worker.

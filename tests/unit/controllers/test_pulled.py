@@ -1,6 +1,6 @@
-"""The leader's side of pulled arrays (controllers.jobs.pulled.Pulled), on the fake clock: what a
-worker names of a job the view does not hold is adopted while a new leader waits for its workers,
-and stopped once that window is over (a job deleted while nobody led)."""
+"""The leader's side of pulled arrays (controllers.jobs.pulled.Pulled), on the fake clock: after a
+failover a worker's leases are adopted only for the arrays of its own pool that the view holds; a
+lease of any other job (deleted while nobody led, another pool's, or made up) is stopped."""
 
 from __future__ import annotations
 
@@ -21,14 +21,13 @@ def holding(seq: int, *keys: list) -> pull.PullRequest:
     return pull.read_request(json.dumps(body).encode())
 
 
-def test_a_lease_of_a_job_the_view_does_not_hold_is_stopped_once_the_adoption_window_is_over() -> None:
+def test_a_new_leader_adopts_only_its_pools_arrays_that_the_view_holds() -> None:
     clock = FakeClock()
-    known = {"live-uid"}
-    pulled = Pulled(clock, lambda key: None, knows_job=lambda namespace, uid: uid in known)
+    pools = {("team-a", "live-uid"): "etl", ("team-a", "other-pool-uid"): "batch"}
+    pulled = Pulled(clock, lambda key: None, pool_of_job=lambda namespace, uid: pools.get((namespace, uid)))
     pulled.start()
-    first = asyncio.run(pulled.request("etl", holding(1, ["gone-uid", 0, 1], ["live-uid", 3, 1])))
-    assert first.body["cancel"] == []  # adopting: both kept for now
-    clock.tick(pull.PoolTiming().timeout + pull.PoolTiming().interval + 1)
-    second = asyncio.run(pulled.request("etl", holding(2, ["gone-uid", 0, 1], ["live-uid", 3, 1])))
-    assert second.body["cancel"] == [["gone-uid", 0, 1]]
+    answer = asyncio.run(
+        pulled.request("etl", holding(1, ["gone-uid", 0, 1], ["live-uid", 3, 1], ["other-pool-uid", 0, 1]))
+    )
+    assert answer.body["cancel"] == [["gone-uid", 0, 1], ["other-pool-uid", 0, 1]]
     assert pulled.state is not None and set(pulled.state.by_job) == {"live-uid"}

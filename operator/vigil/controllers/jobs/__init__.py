@@ -41,6 +41,11 @@ from vigil.runtime.clock import Clock
 from vigil.runtime.workqueue import WorkQueue, namespace_of
 
 
+def pool_of(job: Mapping[str, Any] | None) -> str | None:
+    """A pulled array's spec.pool (None for any other job, or none)."""
+    return (fields.spec(job).get("pool") or None) if job is not None else None
+
+
 def job_queue(clock: Clock, metrics: Metrics) -> WorkQueue[Key]:
     """The job controller's work queue (the dispatcher wakes jobs into it too), fair across
     namespaces: one namespace's flood of jobs does not hold back another's."""
@@ -115,7 +120,7 @@ class JobController:
             self.queue.add,
             pool_timing,
             metrics.pull_claim_latency.observe,
-            knows_job=lambda namespace, uid: self.view.knows_job((namespace, uid)),
+            pool_of_job=lambda namespace, uid: pool_of(self.view.job_by_uid(namespace, uid)),
         )
         self.reconciler = JobReconciler(
             kube,

@@ -39,11 +39,12 @@ class Pulled:
         poke: Callable[[Key], None],
         timing: Callable[[str, str], PoolTiming] = lambda namespace, pool: PoolTiming(),
         claimed: Callable[[float], None] = lambda waited: None,
-        knows_job: Callable[[str, str], bool] = lambda namespace, uid: True,
+        pool_of_job: Callable[[str, str], str | None] = lambda namespace, uid: None,
     ) -> None:
-        """`knows_job(namespace, uid)`: whether the view holds that job (`ClusterView.knows_job`)."""
+        """`pool_of_job(namespace, uid)`: that job's spec.pool, if the view holds it (a worker
+        adopts, after a failover, only leases of its own pool's arrays)."""
         self.clock, self.poke, self.timing, self.claimed = clock, poke, timing, claimed
-        self.knows_job = knows_job
+        self.pool_of_job = pool_of_job
         # Told (namespace, pool) when a pool's backlog may have changed (an offer, a claim, a
         # result): the pool controller's `poke`, which batches them.
         self.backlog_changed: Callable[[str, str], None] = lambda namespace, pool: None
@@ -51,14 +52,18 @@ class Pulled:
         self.keys: dict[str, Key] = {}  # job UID -> key, for the pulled jobs looked at
         self.waiting: dict[tuple[str, str], set[asyncio.Future[None]]] = {}
         self.waiters = 0
-        self.swept = False
 
     # --- leading --------------------------------------------------------------------------------
 
     def start(self) -> None:
         """This process leads from now: its lease state starts empty (and adopts, docs/pull.md)."""
-        self.state = PullState(started_at=self.clock.monotonic(), timing=self.timing, claimed=self.claimed)
-        self.swept = False  # the leases adopted for jobs no look knows, forgotten once after adopting
+        self.state = PullState(
+            started_at=self.clock.monotonic(),
+            timing=self.timing,
+            claimed=self.claimed,
+            # A worker adopts only a pulled array of its own pool and namespace, as the view has it.
+            adoptable=lambda namespace, pool, uid: self.pool_of_job(namespace, uid) == pool,
+        )
 
     def stop(self) -> None:
         self.state = None
@@ -132,8 +137,6 @@ class Pulled:
         state = self.state
         if state is None:
             raise RuntimeError("not leading")
-        named = {key[0] for key in request.held} | {result[0][0] for result in request.results}
-        self._forget_unknown(state, request.namespace, pool, named)
         answer = state.request(pool, request, self.clock.monotonic(), self.clock.wall())
         self._touch(answer.touched)
         if answer.claimed or request.results:
@@ -171,23 +174,6 @@ class Pulled:
         body["acked"] = answer.body["acked"] + again.body["acked"]
         body["cancel"] = [*answer.body["cancel"], *(c for c in again.body["cancel"] if c not in answer.body["cancel"])]
         return Answer(body, answer.touched | again.touched, again.claimed)
-
-    def _forget_unknown(self, state: PullState, namespace: str, pool: str, job_uids: Any) -> None:
-        """A lease a worker names of a job the view does not hold, once the watches have listed
-        and the adoption window is over, is of a job deleted while nobody led: forgotten, and its
-        worker told to stop it (no look would ever settle it)."""
-        if state.adopting(self.clock.monotonic(), namespace, pool):
-            return
-        unknown = [uid for uid in job_uids if not self.knows_job(namespace, uid) and not state.gone.get(uid)]
-        if not self.swept:
-            self.swept = True
-            unknown += [uid for uid, keys in state.by_job.items() if not self._known_lease(state, uid, keys)]
-        for uid in unknown:
-            state.forget_job(uid)
-
-    def _known_lease(self, state: PullState, uid: str, keys: set[Any]) -> bool:
-        namespace = state.leases[next(iter(keys))].namespace
-        return self.knows_job(namespace, uid)
 
     def _wake(self, namespace: str, pool: str) -> None:
         for future in self.waiting.get((namespace, pool), ()):

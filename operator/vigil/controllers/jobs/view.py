@@ -58,6 +58,11 @@ class ClusterView:
     def job(self, key: Key) -> Job | None:
         return self.jobs.get(key)
 
+    def job_by_uid(self, namespace: str, uid: str) -> Job | None:
+        """The job of that UID in that namespace, if the view holds it."""
+        key = self._uids.get(uid)
+        return self.jobs.get(key) if key is not None and key[0] == namespace else None
+
     def knows_job(self, job: tuple[str, str]) -> bool:
         """Whether a job of that (namespace, UID) is in the view."""
         key = self._uids.get(job[1])
