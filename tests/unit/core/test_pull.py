@@ -190,6 +190,40 @@ def test_a_failing_task_is_retried_with_backoff_and_dead_lettered_alone() -> Non
     assert bed.tasks["failed"][0]["attempts"] == 3 and bed.tasks["failed"][0]["exitCode"] == 3
 
 
+def test_a_checkpoint_a_task_reported_is_given_to_its_next_attempt() -> None:
+    bed = Bed(pulled_job(1, retry={"maxAttempts": 3, "backoff": {"initialSeconds": 1, "jitter": 0}}))
+    worker = Worker("w-a", 1)
+    bed.look()
+    bed.ask(worker)
+    (first,) = worker.running
+    body = json.loads(worker.body(claim=False))
+    body["checkpoints"] = [{"lease": list(first), "value": '{"row": 1200}'}]
+    worker.take(bed.state.request(POOL, pull.read_request(json.dumps(body).encode()), bed.now, bed.wall).body)
+    worker.finish(first, 1)
+    for _ in range(6):
+        bed.ask(worker)
+        bed.tick(1.0)
+        bed.look()
+    (second,) = worker.running.values()
+    assert second["attempt"] == 2 and second["env"]["VIGIL_CHECKPOINT"] == '{"row": 1200}'
+    assert bed.tasks["active"][0]["lastCheckpoint"] == '{"row": 1200}'
+
+
+def test_an_attempt_deadline_stops_a_pulled_task_and_retries_it() -> None:
+    bed = Bed(
+        pulled_job(1, attemptDeadlineSeconds=5, retry={"maxAttempts": 2, "backoff": {"initialSeconds": 1, "jitter": 0}})
+    )
+    worker = Worker("w-a", 1)
+    bed.look()
+    bed.ask(worker)
+    for _ in range(10):
+        bed.tick(1.0)
+        bed.look()
+        bed.ask(worker)
+    assert len(worker.cancelled) == 1 and worker.cancelled[0][2] == 1  # attempt 1 stopped by its deadline
+    assert [key[2] for key in worker.running] == [2]
+
+
 def test_a_non_retryable_exit_code_dead_letters_the_task_at_once() -> None:
     bed = Bed(pulled_job(2, retry={"maxAttempts": 5, "nonRetryableExitCodes": [42]}))
     run(bed, [Worker("w-a", 2)], outcome=lambda key: 42 if key[1] == 0 else 0)
