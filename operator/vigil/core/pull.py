@@ -157,6 +157,9 @@ class Worker:
     leases: set[LeaseKey] = field(default_factory=set)
     acks: set[LeaseKey] = field(default_factory=set)  # settled results to acknowledge
     gone: bool = False
+    # The newest request taken from this worker process: an older one arriving late (its two
+    # requests go on two connections) says nothing of what it holds now.
+    last_seq: int = -1
 
 
 @dataclass(frozen=True)
@@ -497,7 +500,10 @@ class PullState:
             for key in list(worker.leases):
                 if key not in request.held and self._running(key):
                     touched.add(self._vanish(self.leases[key], "WorkerRestarted", wall))
+            worker.last_seq = -1
         worker.boot = request.boot or worker.boot
+        in_order = request.seq > worker.last_seq
+        worker.last_seq = max(worker.last_seq, request.seq)
         worker.last_seen, worker.last_seen_wall = now, wall
         cancel: list[list[Any]] = []
         held = dict.fromkeys(request.held)  # in the worker's order: the answer is deterministic
@@ -520,6 +526,8 @@ class PullState:
                     acked.append(list(key))  # nothing this leader offered or waits for: dropped
                     continue
                 lease = self._adopt(key, worker, wall)
+            elif self._unclaimed(lease, request.namespace, pool):
+                self._take_back(lease, worker, wall)  # see the same case of `held` below
             elif lease.worker != worker.name:
                 continue  # not this worker's lease: its result is not this attempt's
             if lease.result is None:
@@ -531,7 +539,7 @@ class PullState:
             if lease is not None and lease.worker == worker.name and lease.checkpoint != value:
                 lease.checkpoint = value
                 touched.add(key[0])
-        for key in held:
+        for key in held if in_order else ():
             if self.gone.get(key[0]):
                 cancel.append(list(key))
                 continue
@@ -545,19 +553,17 @@ class PullState:
             elif (lease.namespace, lease.pool) != (request.namespace, pool):
                 cancel.append(list(key))  # another pool's task: never this worker's
                 continue
-            elif lease.worker is None and lease.vanished is None and lease.cancelled_wall is None:
+            elif self._unclaimed(lease, request.namespace, pool):
                 # Offered again by a new leader, and named by the worker the old one gave it to
                 # before anyone claimed it: it stays with that worker.
-                self.ready.get((lease.namespace, lease.pool), OrderedDict()).pop(key, None)
-                lease.worker, lease.granted_boot, lease.claimed_wall = worker.name, worker.boot, wall
-                worker.leases.add(key)
+                self._take_back(lease, worker, wall)
                 touched.add(key[0])
             if lease.worker != worker.name or lease.vanished is not None:
                 cancel.append(list(key))  # someone else's, or ended: this worker must not run it
             elif lease.cancelled_wall is not None:
                 cancel.append(list(key))
                 lease.cancel_sent = True
-        for key in list(worker.leases):
+        for key in list(worker.leases) if in_order else ():
             lease = self.leases[key]
             if (
                 key not in held
@@ -570,16 +576,49 @@ class PullState:
         acked += [list(key) for key in sorted(worker.acks)]
         worker.acks.clear()
         given = self.claim(worker, request.free, request.seq, request.boot, now, wall) if request.free else []
-        timing = self.timing(request.namespace, pool)
-        body = {
-            "leases": [lease.wire() for lease in given],
+        body = self._body([lease.wire() for lease in given], cancel, acked, request.namespace, pool)
+        touched.update(lease.key[0] for lease in given)
+        return Answer(body, frozenset(touched), len(given))
+
+    def claim_more(self, pool: str, request: PullRequest, now: float, wall: datetime) -> Answer:
+        """The rest of a long poll, once a task was offered to its pool or its wait ran out: only
+        the claim, and the acknowledgements due since. What the request said of its leases and
+        results was taken when it came (`request`); the worker has said more since, on its other
+        connection, so its `held` is not read again."""
+        worker = self.workers.get((request.namespace, request.name))
+        if worker is None or worker.gone or worker.boot != request.boot or worker.pool != pool:
+            return Answer(self._body([], [], [], request.namespace, pool), frozenset(), 0)
+        acked = [list(key) for key in sorted(worker.acks)]
+        worker.acks.clear()
+        given = self.claim(worker, request.free, request.seq, request.boot, now, wall)
+        body = self._body([lease.wire() for lease in given], [], acked, request.namespace, pool)
+        return Answer(body, frozenset(lease.key[0] for lease in given), len(given))
+
+    def _body(
+        self, leases: list[dict[str, Any]], cancel: list[list[Any]], acked: list[list[Any]], namespace: str, pool: str
+    ) -> dict[str, Any]:
+        timing = self.timing(namespace, pool)
+        return {
+            "leases": leases,
             "cancel": cancel,
             "acked": acked,
             "beatSeconds": timing.interval,
             "leaseSeconds": timing.timeout,
         }
-        touched.update(lease.key[0] for lease in given)
-        return Answer(body, frozenset(touched), len(given))
+
+    def _unclaimed(self, lease: Lease, namespace: str, pool: str) -> bool:
+        """An offer of this pool nobody has claimed, still running for all the leader knows."""
+        return (
+            lease.worker is None
+            and lease.vanished is None
+            and lease.cancelled_wall is None
+            and (lease.namespace, lease.pool) == (namespace, pool)
+        )
+
+    def _take_back(self, lease: Lease, worker: Worker, wall: datetime) -> None:
+        self.ready.get((lease.namespace, lease.pool), OrderedDict()).pop(lease.key, None)
+        lease.worker, lease.granted_boot, lease.claimed_wall = worker.name, worker.boot, wall
+        worker.leases.add(lease.key)
 
     def claim(self, worker: Worker, free: int, seq: int, boot: str, now: float, wall: datetime) -> list[Lease]:
         """Up to `free` ready tasks of the worker's pool, oldest offer first, leased to it."""

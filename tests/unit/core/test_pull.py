@@ -492,6 +492,55 @@ def test_a_new_leader_adopts_only_jobs_of_the_workers_own_pool() -> None:
     assert worker.cancelled == [(job["metadata"]["uid"], 0, 1)] and bed.state.leases == {}
 
 
+def test_a_long_polls_end_claims_only_and_reruns_nothing_the_worker_finished_meanwhile() -> None:
+    bed = Bed(pulled_job(2, parallelism=1))
+    worker = Worker("w-a", 2)
+    bed.look()
+    bed.ask(worker)  # claims task 0 (the only offer: parallelism 1)
+    (first,) = worker.running
+    poll = pull.read_request(worker.body())  # a claim of one more slot: nothing ready, it waits
+    bed.state.request(POOL, poll, bed.now, bed.wall)
+    worker.finish(first, 0)
+    bed.ask(worker, claim=False)  # its beat on the other connection reports task 0's end
+    bed.tick(1.0)
+    bed.look()  # recorded, settled; task 1 offered
+    late = bed.state.claim_more(POOL, poll, bed.now, bed.wall)  # the long poll's end
+    worker.take(late.body)
+    assert [lease["index"] for lease in late.body["leases"]] == [1]
+    bed.ask(worker, claim=False)
+    assert all(lease.vanished is None for lease in bed.state.leases.values())  # task 0 not adopted back
+    assert bed.tasks["succeeded"] == 1 and first not in bed.state.leases
+
+
+def test_a_request_that_arrives_after_a_newer_one_says_nothing_of_what_is_held() -> None:
+    bed = Bed(pulled_job(1))
+    worker = Worker("w-a", 1)
+    bed.look()
+    bed.ask(worker)
+    (first,) = worker.running
+    stale = pull.read_request(worker.body(claim=False))  # held: task 0; delayed on its connection
+    worker.finish(first, 0)
+    bed.ask(worker, claim=False)
+    bed.tick(1.0)
+    bed.look()  # task 0 recorded and settled
+    answer = bed.state.request(POOL, stale, bed.now, bed.wall)
+    assert answer.body["cancel"] == [] and bed.state.leases == {}  # not adopted back, not dropped
+
+
+def test_a_result_for_a_task_a_new_leader_offered_again_is_recorded() -> None:
+    bed = Bed(pulled_job(1))
+    worker = Worker("w-a", 1)
+    bed.look()
+    bed.ask(worker)  # claimed; the leader crashes before a look sees it running
+    (first,) = worker.running
+    bed.state = pull.PullState(started_at=bed.now, timing=lambda ns, pool: TIMING)
+    bed.look()  # offered again, unclaimed
+    worker.finish(first, 0)
+    bed.ask(worker, claim=False)  # its result, before anyone claims the offer
+    bed.look()
+    assert bed.tasks["succeeded"] == 1 and bed.job["status"]["phase"] == "Succeeded"
+
+
 def test_two_workers_naming_one_lease_the_second_is_told_to_stop() -> None:
     bed = Bed(pulled_job(1))
     a, b = Worker("w-a", 1), Worker("w-b", 1)

@@ -11,7 +11,6 @@ job's decision would see puts that job in the work queue.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -160,19 +159,14 @@ class Pulled:
                     del self.waiting[where]
         if self.state is not state:
             raise RuntimeError("not leading")
-        # What came in the meantime: the claim again, with nothing else of the request taken twice.
-        again = state.request(
-            pool,
-            dataclasses.replace(request, results=(), checkpoints=()),
-            self.clock.monotonic(),
-            self.clock.wall(),
-        )
+        # What came in the meantime: the claim alone (its leases and results were taken above).
+        again = state.claim_more(pool, request, self.clock.monotonic(), self.clock.wall())
         self._touch(again.touched)
         if again.claimed:
             self.backlog_changed(request.namespace, pool)
         body = dict(again.body)
         body["acked"] = answer.body["acked"] + again.body["acked"]
-        body["cancel"] = [*answer.body["cancel"], *(c for c in again.body["cancel"] if c not in answer.body["cancel"])]
+        body["cancel"] = answer.body["cancel"]
         return Answer(body, answer.touched | again.touched, again.claimed)
 
     def _wake(self, namespace: str, pool: str) -> None:
