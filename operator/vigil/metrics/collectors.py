@@ -214,6 +214,8 @@ def count_transition(
     """Counts what a status write did to a job: attempts started and finished, retries, Lost,
     Uncertain, dead letters, the queue wait of a start. `before` and `after` are statuses;
     `created` is the job's creationTimestamp (a first attempt could start from then on)."""
+    if after.get("tasks") is not None:
+        count_task_transitions(metrics, before, after)
     started = int(after.get("attempts") or 0) - int(before.get("attempts") or 0)
     if started > 0:
         metrics.attempts_started.inc(started)
@@ -244,6 +246,37 @@ def count_transition(
         metrics.uncertain.inc()
     elif phase == "DeadLettered":
         metrics.dead_letters.labels(after.get("reason") or "Unknown").inc()
+
+
+def count_task_transitions(metrics: Metrics, before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
+    """What a task array's status write did to its tasks' attempts (`status.tasks`, before and
+    after), counted as a job's are: each active task's newly finished attempt (its `last`) by
+    outcome, with its duration and a Lost's reason; each task newly Uncertain; each newly backing
+    off, as a retry; each task that succeeded, as a finished attempt (its record leaves `active`)."""
+    was = {task.get("index"): task for task in (before.get("tasks") or {}).get("active") or []}
+    for task in (after.get("tasks") or {}).get("active") or []:
+        old = was.get(task.get("index")) or {}
+        last = task.get("last") or {}
+        if last and last.get("number") != (old.get("last") or {}).get("number"):
+            outcome = last.get("outcome") or "Unknown"
+            metrics.attempts_finished.labels(outcome).inc()
+            if last.get("startedAt") and last.get("finishedAt"):
+                seconds = (_time(last["finishedAt"]) - _time(last["startedAt"])).total_seconds()
+                metrics.attempt_duration.labels(outcome).observe(max(0.0, seconds))
+            if outcome == "Lost":
+                metrics.lost.labels(last.get("reason") or "Unknown").inc()
+        phase = task.get("phase")
+        if phase == old.get("phase"):
+            continue
+        if phase == "Uncertain":
+            metrics.uncertain.inc()
+        elif phase == "BackingOff" and last:
+            metrics.retries.labels(last.get("outcome") or "Unknown").inc()
+    succeeded = int((after.get("tasks") or {}).get("succeeded") or 0) - int(
+        (before.get("tasks") or {}).get("succeeded") or 0
+    )
+    if succeeded > 0:
+        metrics.attempts_finished.labels("Succeeded").inc(succeeded)
 
 
 def _time(value: Any) -> datetime:

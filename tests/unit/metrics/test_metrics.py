@@ -36,6 +36,31 @@ def record(number: int, outcome: str, reason: str = "Error") -> dict:
     }
 
 
+def test_a_task_arrays_uncertain_lost_retried_and_succeeded_tasks_are_counted_as_a_jobs_attempts():
+    m = Metrics()
+    queue = {"queue": ("ns", "batch"), "created": "2025-03-01T12:00:50+00:00", "now": NOW}
+
+    def array(succeeded: int, *active: dict) -> dict:
+        return {
+            "attempts": 3,
+            "phase": "Running",
+            "tasks": {"total": 9, "succeeded": succeeded, "active": list(active)},
+        }
+
+    running = array(0, {"index": 0, "phase": "Running"}, {"index": 1, "phase": "Running"})
+    doubtful = array(0, {"index": 0, "phase": "Uncertain"}, {"index": 1, "phase": "Running"})
+    count_transition(m, running, doubtful, **queue)
+    count_transition(m, doubtful, doubtful, **queue)  # the same again: nothing new
+    assert value(m, "vigil_attempts_uncertain_total") == 1
+    lost = array(1, {"index": 0, "phase": "BackingOff", "last": record(1, "Lost", "HeartbeatLost")})
+    count_transition(m, doubtful, lost, **queue)
+    count_transition(m, lost, lost, **queue)
+    assert value(m, "vigil_attempts_lost_total", reason="HeartbeatLost") == 1
+    assert value(m, "vigil_attempts_finished_total", outcome="Lost") == 1
+    assert value(m, "vigil_retries_total", reason="Lost") == 1
+    assert value(m, "vigil_attempts_finished_total", outcome="Succeeded") == 1  # task 1 left active, succeeded
+
+
 def test_a_start_a_failure_a_retry_and_a_dead_letter_are_counted_once_each():
     m = Metrics()
     queue = {"queue": ("ns", "batch"), "created": "2025-03-01T12:00:50+00:00", "now": NOW}
