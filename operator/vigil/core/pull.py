@@ -119,6 +119,8 @@ class Lease:
     cancelled_wall: datetime | None = None
     cancel_sent: bool = False
     vanished: str | None = None  # why it ended without a result (its worker gone or restarted)
+    # Its worker has named it (in held, a result or a checkpoint) since it was given: it got it.
+    confirmed: bool = False
 
     @property
     def uid(self) -> str:
@@ -530,15 +532,18 @@ class PullState:
                 self._take_back(lease, worker, wall)  # see the same case of `held` below
             elif lease.worker != worker.name:
                 continue  # not this worker's lease: its result is not this attempt's
+            lease.confirmed = True
             if lease.result is None:
                 lease.result = {"exitCode": code, "message": message}
                 lease.finished_wall = wall
                 touched.add(key[0])
         for key, value in request.checkpoints:
             lease = self.leases.get(key)
-            if lease is not None and lease.worker == worker.name and lease.checkpoint != value:
-                lease.checkpoint = value
-                touched.add(key[0])
+            if lease is not None and lease.worker == worker.name:
+                lease.confirmed = True
+                if lease.checkpoint != value:
+                    lease.checkpoint = value
+                    touched.add(key[0])
         for key in held if in_order else ():
             if self.gone.get(key[0]):
                 cancel.append(list(key))
@@ -560,7 +565,9 @@ class PullState:
                 touched.add(key[0])
             if lease.worker != worker.name or lease.vanished is not None:
                 cancel.append(list(key))  # someone else's, or ended: this worker must not run it
-            elif lease.cancelled_wall is not None:
+                continue
+            lease.confirmed = True
+            if lease.cancelled_wall is not None:
                 cancel.append(list(key))
                 lease.cancel_sent = True
         for key in list(worker.leases) if in_order else ():
@@ -572,7 +579,10 @@ class PullState:
                 and lease.granted_boot == request.boot
                 and request.seen >= lease.granted_seq
             ):
-                touched.add(self._vanish(lease, "LeaseDropped", wall))  # docs/pull.md: held is the truth
+                if lease.confirmed:
+                    touched.add(self._vanish(lease, "LeaseDropped", wall))  # docs/pull.md: held is the truth
+                else:
+                    self._undelivered(lease, worker)
         acked += [list(key) for key in sorted(worker.acks)]
         worker.acks.clear()
         given = self.claim(worker, request.free, request.seq, request.boot, now, wall) if request.free else []
@@ -614,6 +624,17 @@ class PullState:
             and lease.cancelled_wall is None
             and (lease.namespace, lease.pool) == (namespace, pool)
         )
+
+    def _undelivered(self, lease: Lease, worker: Worker) -> None:
+        """A lease its worker never named and now leaves out: the answer that gave it never
+        reached the worker (its request timed out on a busy leader, its connection broke), so
+        nothing ran it. It is offered again, first in line, with the same attempt number: a retry
+        would spend an attempt of the task's, and its backoff, on a task that never started."""
+        worker.leases.discard(lease.key)
+        lease.worker, lease.granted_seq, lease.granted_boot, lease.claimed_wall = None, 0, "", None
+        ready = self.ready.setdefault((lease.namespace, lease.pool), OrderedDict())
+        ready[lease.key] = None
+        ready.move_to_end(lease.key, last=False)
 
     def _take_back(self, lease: Lease, worker: Worker, wall: datetime) -> None:
         self.ready.get((lease.namespace, lease.pool), OrderedDict()).pop(lease.key, None)
@@ -687,6 +708,7 @@ class PullState:
             worker=worker.name,
             claimed_wall=wall,
             granted_boot=worker.boot,
+            confirmed=True,
         )
         self._add(lease)
         worker.leases.add(key)

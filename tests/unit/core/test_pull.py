@@ -316,7 +316,8 @@ def test_a_lease_the_worker_no_longer_holds_is_retried() -> None:
     bed.look()
     bed.ask(worker)
     key = next(iter(worker.running))
-    worker.running.clear()  # it lost it (never started it, say) and says so by leaving it out
+    bed.ask(worker, claim=False)  # it names it: it has it
+    worker.running.clear()  # then loses it, and says so by leaving it out
     answer = bed.ask(worker, claim=False)
     assert key[0] in answer.touched
     for _ in range(5):
@@ -324,6 +325,20 @@ def test_a_lease_the_worker_no_longer_holds_is_retried() -> None:
         bed.look()
         bed.ask(worker)
     assert [k[2] for k in worker.running] == [2]
+
+
+def test_a_lease_whose_answer_never_reached_its_worker_is_offered_again_with_its_attempt() -> None:
+    bed = Bed(pulled_job(1, retry={"maxAttempts": 1}))
+    worker, other = Worker("w-a", 1), Worker("w-b", 1)
+    bed.look()
+    lost_answer = pull.read_request(worker.body())
+    bed.state.request(POOL, lost_answer, bed.now, bed.wall)  # leased; the answer times out on the way
+    worker.seen = worker.seq  # the worker gave up on that request
+    bed.ask(worker, claim=False)  # and, not holding it, leaves it out
+    bed.ask(other)
+    assert [key[2] for key in other.running] == [1]  # attempt 1 again: no attempt spent, no backoff
+    bed.look()
+    assert bed.job["status"]["phase"] == "Running" and bed.tasks["running"] == 1
 
 
 def test_a_lease_given_in_an_answer_the_worker_has_not_seen_is_not_taken_as_dropped() -> None:
@@ -595,9 +610,14 @@ def test_whatever_the_interleaving_no_task_is_held_by_two_live_workers_and_all_e
         )
     )
     workers = {"a": Worker("w-a", 2), "b": Worker("w-b", 2)}
+    answered = {"a": 0.0, "b": 0.0}  # when each last had an answer
     for step, n in steps:
+        for name, worker in workers.items():
+            if bed.now - answered[name] >= TIMING.timeout:  # no answer for leaseSeconds: it fences itself
+                worker.running.clear()
         if step.startswith("ask-"):
             bed.ask(workers[step[-1]])
+            answered[step[-1]] = bed.now
         elif step.startswith(("finish-", "fail-")):
             worker = workers[step[-1]]
             for key in sorted(worker.running)[: n % 2 + 1]:
