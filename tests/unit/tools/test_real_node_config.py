@@ -62,7 +62,12 @@ def test_the_kubelet_is_configured_for_this_machine_and_listens_on_its_own_ports
         "readOnlyPort": 0,
     }.items():
         assert config[key] == value, key
-    assert config["port"] == 29463 and config["healthzPort"] == 29464  # past the cluster's and the demo's ports
+    assert config["port"] == 29449 and config["healthzPort"] == 29450  # past the cluster's own, before the demo's
+    # No port of the kubelet is a port of another xdist worker's cluster (10 ports apart): one was,
+    # and a restart of that cluster's etcd found its port taken by this kubelet's healthz.
+    base = CLUSTER.ports.apiserver
+    others = {port for worker in range(-9, 10) if worker for port in range(base + 10 * worker, base + 10 * worker + 6)}
+    assert not {config["port"], config["healthzPort"]} & others
     assert config["address"] == node.gateway(CLUSTER)
     assert config["authentication"]["anonymous"]["enabled"] is False
     assert config["containerRuntimeEndpoint"] == f"unix://{node.socket_path(CLUSTER)}"
