@@ -63,7 +63,7 @@ pytestmark = pytest.mark.e2e
 
 V = vigil.__version__
 IMAGE = f"localhost/vigil:{V}"  # the chart's default, the archive's one name
-CRDS = ("vigiljobs.vigil.dev", "vigilqueues.vigil.dev")
+CRDS = ("vigiljobs.vigil.dev", "vigilqueues.vigil.dev", "vigilworkerpools.vigil.dev")
 # A user's PATH: the system's tools, no virtualenv, no checkout.
 USER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8"}
 SYSTEM_PYTHON = shutil.which("python3", path=USER_ENV["PATH"])
