@@ -21,7 +21,6 @@ from __future__ import annotations
 import http.client
 import json
 import ssl
-import time
 from pathlib import Path
 
 import pytest
@@ -173,7 +172,6 @@ def test_a_new_leader_adopts_what_the_workers_hold_and_runs_no_task_twice(
     create(kube, ns, pulled_array("adopted", "etl", 24, parallelism=8))
     wait_until(lambda: (tasks_of(kube, ns, "adopted").get("running") or 0) >= 6, 60, "tasks running on the workers")
     operator.kill()
-    time.sleep(1.0)
     pulling()  # a new leader, with an empty lease state
     wait_phase(kube, ns, "adopted", "Succeeded", timeout=120)
     assert workers.successes() == {index: 1 for index in range(24)}, workers.runs()

@@ -1,4 +1,4 @@
-"""`kubectl vigil` for the tests: VigilJobs and VigilQueues as the API server sends them (unit
+"""`kubectl vigil` for the tests: VigilJobs, VigilQueues and VigilWorkerPools as the API server sends them (unit
 tests), and the plugin as kubectl finds it on PATH (end-to-end tests)."""
 
 from __future__ import annotations
@@ -165,6 +165,17 @@ def queue(name: str, namespace: str = "ns", spec: dict | None = None, status: di
         "kind": "VigilQueue",
         "metadata": {"name": name, "namespace": namespace, "resourceVersion": "3"},
         "spec": spec or {},
+        "status": status or {},
+    }
+
+
+def worker_pool(name: str, namespace: str = "ns", spec: dict | None = None, status: dict | None = None) -> dict:
+    """A VigilWorkerPool as the API server sends it."""
+    return {
+        "apiVersion": "vigil.dev/v1beta1",
+        "kind": "VigilWorkerPool",
+        "metadata": {"name": name, "namespace": namespace, "resourceVersion": "4"},
+        "spec": {"template": {"spec": {"containers": [{"name": "w", "image": "etl:1"}]}}, **(spec or {})},
         "status": status or {},
     }
 

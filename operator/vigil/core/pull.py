@@ -31,7 +31,7 @@ import functools
 import json
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -117,7 +117,6 @@ class Lease:
     finished_wall: datetime | None = None
     checkpoint: str | None = None
     cancelled_wall: datetime | None = None
-    cancel_sent: bool = False
     vanished: str | None = None  # why it ended without a result (its worker gone or restarted)
     # Its worker has named it (in held, a result or a checkpoint) since it was given: it got it.
     confirmed: bool = False
@@ -569,7 +568,6 @@ class PullState:
             lease.confirmed = True
             if lease.cancelled_wall is not None:
                 cancel.append(list(key))
-                lease.cancel_sent = True
         for key in list(worker.leases) if in_order else ():
             lease = self.leases[key]
             if (
@@ -817,10 +815,6 @@ def virtual_pod(job: Mapping[str, Any], key: LeaseKey, phase: str, lease: Lease 
 @functools.lru_cache(maxsize=1024)  # the leases of one look or one request share their instants
 def _stamp(moment: datetime | None) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ") if moment is not None else ""
-
-
-def virtual_uids(pods: Iterable[Mapping[str, Any]]) -> list[str]:
-    return [fields.uid(pod) for pod in pods if is_virtual(fields.uid(pod))]
 
 
 def carry_out(state: PullState, action: Any, pool: str, now: float, wall: datetime) -> bool:

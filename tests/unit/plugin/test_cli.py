@@ -15,8 +15,7 @@ import pytest
 
 from tests.support.clock import WALL_START, FakeClock
 from tests.support.plugin import KeptOut as Out
-from tests.support.plugin import array_job, array_tasks, dead_job, queue, sample_job
-from tests.unit.plugin.test_top_pools import worker_pool
+from tests.support.plugin import array_job, array_tasks, dead_job, queue, sample_job, worker_pool
 from vigil.kube.errors import Conflict, NotFound, Refused, Unauthorized, Unreachable, from_status
 from vigil.plugin import cli, render
 

@@ -10,21 +10,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.plugin import queue
+from tests.support.plugin import queue, worker_pool
 from vigil.plugin import render, report
 
 pytestmark = pytest.mark.unit
-
-
-def worker_pool(name: str, namespace: str = "ns", spec: dict | None = None, status: dict | None = None) -> dict:
-    """A VigilWorkerPool as the API server sends it."""
-    return {
-        "apiVersion": "vigil.dev/v1beta1",
-        "kind": "VigilWorkerPool",
-        "metadata": {"name": name, "namespace": namespace, "resourceVersion": "4"},
-        "spec": {"template": {"spec": {"containers": [{"name": "w", "image": "etl:1"}]}}, **(spec or {})},
-        "status": status or {},
-    }
 
 
 def condition(type_: str, status: str, reason: str, message: str) -> dict[str, Any]:

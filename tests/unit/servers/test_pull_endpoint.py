@@ -102,7 +102,8 @@ def post_all(
                     if during is not None:
                         async with asyncio.timeout(10):
                             task = asyncio.ensure_future(post.__aenter__())
-                            await asyncio.sleep(0.2)
+                            while not bed.pulled.waiters:  # the long poll waits for an offer
+                                await asyncio.sleep(0.01)
                             during()
                             response = await task
                     else:
