@@ -13,12 +13,12 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.unit.worker.leader import JOB_UID, FakeLeader, leader, lease_of
+from tests.support.pull_leader import JOB_UID, FakeLeader, leader, lease_of
+from tests.support.waits import wait_until
 from vigil.servers.webhook import make_self_signed
 from vigil.worker import TaskFailed
 from vigil.worker.client import ConfigError, Reply, Settings
@@ -439,8 +439,5 @@ def test_a_request_that_fails_unexpectedly_leaves_the_flight_and_the_worker_goes
         wait_seconds=0,  # type: ignore[arg-type]
     )
     with running(worker):
-        wait_until = time.monotonic() + 20
-        while not any(b["seen"] >= 2 for b in list(client.bodies)):
-            assert time.monotonic() < wait_until, client.bodies
-            time.sleep(0.02)
+        wait_until(lambda: any(b["seen"] >= 2 for b in list(client.bodies)), 20, "a request past the failed one", 0.02)
     assert "failed unexpectedly" in caplog.text

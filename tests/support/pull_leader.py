@@ -15,6 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from tests.support.waits import wait_until
+
 JOB_UID = "job-uid-1"
 
 
@@ -121,14 +123,12 @@ class FakeLeader:
 
     def wait_for(self, condition, within: float = 20.0) -> Any:
         """Polls `condition()` (under the leader's lock) until it holds; fails after `within` s."""
-        end = time.monotonic() + within
-        while True:
+
+        def held() -> Any:
             with self.cond:
-                value = condition()
-            if value:
-                return value
-            assert time.monotonic() < end, f"not within {within}s: {condition}"
-            time.sleep(0.02)
+                return condition()
+
+        return wait_until(held, within, str(condition), interval=0.02)
 
     def held(self) -> set[tuple]:
         """What the last request said runs."""
